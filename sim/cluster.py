@@ -1,0 +1,120 @@
+"""The cluster: devices, the workers on them, and the router in front; requests in, records out."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import simpy
+
+from sim.block_pool import BlockHash
+from sim.device import Device
+from sim.kv_cache_manager import KVCacheManager
+from sim.records import RequestRecord, WorkerCounters
+from sim.request import Request, RequestState
+from sim.router import Router
+from sim.scenario import Scenario
+from sim.scheduler import Scheduler, SchedulerLimits
+from sim.time_model import LinearStepTimeModel
+from sim.vllm_behaviour import VllmBehaviour
+from sim.worker import Worker
+
+
+class Cluster:
+    """Routes each request as it is sent, delivers it to its worker after the router hop and the per-request
+    overhead, and completes the sender's event with the request's record when its last token is out.
+
+    Also the router's `ClusterView`: cache queries are peeks into the workers' prefix caches.
+    """
+
+    def __init__(self, env: simpy.Environment, scenario: Scenario, router: Router) -> None:
+        self.env = env
+        self.router = router
+        engine = scenario.engine
+        self._block_size = engine.block_size
+        behaviour = VllmBehaviour.for_version(engine.vllm_version)
+        limits = SchedulerLimits(engine.max_num_batched_tokens, engine.max_num_seqs, engine.max_model_len)
+        tm = scenario.time_model
+        time_model = LinearStepTimeModel(
+            base_s=tm.base_s, prefill_token_s=tm.prefill_token_s,
+            decode_seq_s=tm.decode_seq_s, context_token_s=tm.context_token_s,
+        )
+        self._delivery_delay_s = scenario.cluster.router_hop_s + tm.request_overhead_s
+        self.devices: list[Device] = []
+        self.workers: list[Worker] = []
+        for dev in scenario.cluster.devices():
+            device = Device(env, dev.name, speed=dev.speed, sharing_efficiency=dev.sharing_efficiency,
+                            num_workers=dev.workers)
+            self.devices.append(device)
+            for _ in range(dev.workers):
+                kv = KVCacheManager(
+                    num_blocks=scenario.num_gpu_blocks, block_size=engine.block_size,
+                    max_model_len=engine.max_model_len, unhashed_to_head=behaviour.unhashed_to_head,
+                    free_tail_first=engine.free_order == "tail-first",
+                )
+                worker = Worker(
+                    env, len(self.workers), Scheduler(limits, kv, behaviour), device, time_model,
+                    on_first_token=self._first_token, on_finished=self._finished,
+                )
+                self.workers.append(worker)
+        self._in_flight = [0] * len(self.workers)
+        self._pending: dict[int, tuple[float, simpy.Event]] = {}
+
+    # ------------------------------------------------------------------ ClusterView
+    @property
+    def num_workers(self) -> int:
+        return len(self.workers)
+
+    @property
+    def block_size(self) -> int:
+        return self._block_size
+
+    def holds_block(self, worker: int, block_hash: BlockHash) -> bool:
+        return self.workers[worker].kv.holds_block(block_hash)
+
+    def cached_prefix_blocks(self, worker: int, block_hashes: Sequence[BlockHash]) -> int:
+        return self.workers[worker].kv.peek_hit_blocks(block_hashes)
+
+    def in_flight(self, worker: int) -> int:
+        return self._in_flight[worker]
+
+    # ------------------------------------------------------------------ requests
+    def send(self, request: Request) -> simpy.Event:
+        """Route and dispatch `request` now; the returned event's value is its `RequestRecord`."""
+        env = self.env
+        worker = self.router.route(request, self)
+        if not 0 <= worker < len(self.workers):
+            raise RuntimeError(f"router {self.router.name!r} chose worker {worker}; valid: 0..{len(self.workers) - 1}")
+        self.router.on_dispatch(request, worker)
+        self._in_flight[worker] += 1
+        done = env.event()
+        self._pending[request.request_id] = (env.now, done)
+        state = RequestState(request, self._block_size, worker, arrival_s=env.now + self._delivery_delay_s)
+        target = self.workers[worker]
+        if self._delivery_delay_s > 0:
+            env.timeout(self._delivery_delay_s).callbacks.append(lambda _e: target.submit(state))
+        else:
+            target.submit(state)
+        return done
+
+    def _first_token(self, state: RequestState) -> None:
+        self.router.on_first_token(state.request, state.worker)
+
+    def _finished(self, state: RequestState) -> None:
+        self._in_flight[state.worker] -= 1
+        self.router.on_complete(state.request, state.worker)
+        sent_s, done = self._pending.pop(state.request.request_id)
+        done.succeed(RequestRecord.from_state(state, sent_s))
+
+    # ------------------------------------------------------------------ counters
+    def counters(self) -> tuple[WorkerCounters, ...]:
+        return tuple(
+            WorkerCounters(
+                worker=w.index,
+                device=w.device.name,
+                prefix_cache=w.kv.stats.copy(),
+                evicted_blocks=w.kv.pool.num_evicted_blocks,
+                preemptions=w.scheduler.num_preemptions,
+                steps=w.num_steps,
+            )
+            for w in self.workers
+        )

@@ -1,0 +1,102 @@
+"""What a run leaves behind: one record per request and counters per worker (rates are derived later)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sim.kv_cache_manager import PrefixCacheStats
+from sim.request import RequestState
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """One served request. Times are simulated seconds; `cached_tokens` is the hit at first admission."""
+
+    request_id: int
+    prefix_id: int | None
+    warmup: bool
+    worker: int
+    prompt_tokens: int
+    output_tokens: int
+    cached_tokens: int
+    shareable_tokens: int
+    sent_s: float
+    admitted_s: float
+    first_token_s: float
+    finished_s: float
+    num_preemptions: int
+
+    @property
+    def ttft_s(self) -> float:
+        return self.first_token_s - self.sent_s
+
+    @property
+    def e2e_s(self) -> float:
+        return self.finished_s - self.sent_s
+
+    @property
+    def is_hit(self) -> bool:
+        return self.cached_tokens > 0
+
+    @property
+    def is_full_hit(self) -> bool:
+        return self.shareable_tokens > 0 and self.cached_tokens >= self.shareable_tokens
+
+    @classmethod
+    def from_state(cls, state: RequestState, sent_s: float) -> RequestRecord:
+        req = state.request
+        assert state.num_cached_tokens is not None and state.admitted_s is not None
+        assert state.first_token_s is not None and state.finished_s is not None
+        return cls(
+            request_id=req.request_id,
+            prefix_id=req.prefix_id,
+            warmup=req.warmup,
+            worker=state.worker,
+            prompt_tokens=req.prompt_tokens,
+            output_tokens=req.output_tokens,
+            cached_tokens=state.num_cached_tokens,
+            shareable_tokens=req.num_shareable_tokens,
+            sent_s=sent_s,
+            admitted_s=state.admitted_s,
+            first_token_s=state.first_token_s,
+            finished_s=state.finished_s,
+            num_preemptions=state.num_preemptions,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerCounters:
+    """One worker's counters over the measured phase (deltas from the end of the warm-ups to the end)."""
+
+    worker: int
+    device: str
+    prefix_cache: PrefixCacheStats
+    evicted_blocks: int
+    preemptions: int
+    steps: int
+
+    def minus(self, earlier: WorkerCounters) -> WorkerCounters:
+        return WorkerCounters(
+            worker=self.worker,
+            device=self.device,
+            prefix_cache=self.prefix_cache.minus(earlier.prefix_cache),
+            evicted_blocks=self.evicted_blocks - earlier.evicted_blocks,
+            preemptions=self.preemptions - earlier.preemptions,
+            steps=self.steps - earlier.steps,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    """Everything `run(scenario)` produces; nothing is written anywhere."""
+
+    scenario_name: str
+    num_workers: int
+    records: tuple[RequestRecord, ...]
+    workers: tuple[WorkerCounters, ...]
+    measured_start_s: float
+    measured_end_s: float
+
+    @property
+    def measured(self) -> tuple[RequestRecord, ...]:
+        return tuple(r for r in self.records if not r.warmup)
