@@ -1,0 +1,110 @@
+"""NVIDIA Dynamo's KV router with its default cost (`lib/kv-router/src/scheduling/selector/default.rs`).
+
+For each worker w, with B the block size and ISL the prompt length in tokens:
+    overlap_w   = leading request blocks cached on w (walking the request's full blocks while any worker has
+                  the block, as Dynamo's radix-tree indexer does)
+    prefill_w   = (active_prefill_tokens_w + ISL - overlap_w * B) / B          (blocks, a float)
+    decode_w    = active_blocks_w + new_blocks_w
+    cost_w      = overlap_score_weight * prefill_w + decode_w
+argmin with uniform random tie-break (temperature 0), or softmax sampling at temperature T > 0.
+Router-side load (Dynamo's active-sequence tracking): at dispatch a request adds ISL - overlap * B prefill tokens
+(removed at its first token) and its full-block hashes to the worker's active set (ref-counted, removed at
+completion); `active_blocks_w` is that set's size and `new_blocks_w` the request's blocks not in it.
+Cache state is exact (KV events without lag): overlaps are peeks into the workers' caches.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+from pydantic import Field
+
+from policies.base import RouterBase, RouterOptions
+from sim.request import Request
+from sim.router import ClusterView
+
+
+class KvAwareOptions(RouterOptions):
+    overlap_score_weight: float = Field(1.0, ge=0, description="Weight of the prefill term (Dynamo --router-kv-overlap-score-weight); 0 = load only, no prefix state.")
+    temperature: float = Field(0.0, ge=0, description="Softmax temperature over costs; 0 = argmin with random tie-break.")
+
+
+class KvAwareRouter(RouterBase):
+    name = "kv-aware"
+    summary = "Dynamo KV router default cost: prefill blocks after overlap + active blocks"
+    Options = KvAwareOptions
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._prefill_tokens = [0] * self.num_workers
+        self._active = [Counter() for _ in range(self.num_workers)]
+        self._pending_prefill: dict[int, int] = {}
+        self._chosen_overlap: dict[int, int] = {}
+
+    def overlaps(self, request: Request, view: ClusterView) -> list[int]:
+        overlap = [0] * self.num_workers
+        if self.options.overlap_score_weight == 0:
+            return overlap
+        workers = range(self.num_workers)
+        for h in request.block_hashes:
+            holders = [w for w in workers if view.holds_block(w, h)]
+            if not holders:
+                break
+            for w in holders:
+                overlap[w] += 1
+        return overlap
+
+    def costs(self, request: Request, view: ClusterView) -> tuple[list[float], list[int]]:
+        B = self.block_size
+        isl = request.prompt_tokens
+        weight = self.options.overlap_score_weight
+        overlap = self.overlaps(request, view)
+        costs = []
+        for w in range(self.num_workers):
+            active = self._active[w]
+            prefill_blocks = (self._prefill_tokens[w] + isl - overlap[w] * B) / B
+            new_blocks = sum(1 for h in request.block_hashes if h not in active)
+            costs.append(weight * prefill_blocks + len(active) + new_blocks)
+        return costs, overlap
+
+    def route(self, request: Request, view: ClusterView) -> int:
+        costs, overlap = self.costs(request, view)
+        worker = self._select(costs)
+        self._chosen_overlap[request.request_id] = overlap[worker]
+        return worker
+
+    def _select(self, costs: list[float]) -> int:
+        lo, hi = min(costs), max(costs)
+        if self.options.temperature > 0 and hi > lo:
+            t = self.options.temperature
+            weights = [math.exp(-(c - lo) / (t * (hi - lo))) for c in costs]
+            u = self.rng.random() * sum(weights)
+            acc = 0.0
+            for w, p in enumerate(weights):
+                acc += p
+                if acc >= u:
+                    return w
+            return len(costs) - 1
+        ties = [w for w, c in enumerate(costs) if c == lo]
+        return ties[0] if len(ties) == 1 else self.rng.choice(ties)
+
+    def on_dispatch(self, request: Request, worker: int) -> None:
+        overlap = self._chosen_overlap.pop(request.request_id, 0)
+        tokens = max(request.prompt_tokens - overlap * self.block_size, 0)
+        self._pending_prefill[request.request_id] = tokens
+        self._prefill_tokens[worker] += tokens
+        self._active[worker].update(request.block_hashes)
+
+    def on_first_token(self, request: Request, worker: int) -> None:
+        self._prefill_tokens[worker] -= self._pending_prefill.pop(request.request_id, 0)
+
+    def on_complete(self, request: Request, worker: int) -> None:
+        self.on_first_token(request, worker)
+        active = self._active[worker]
+        for h in request.block_hashes:
+            left = active[h] - 1
+            if left > 0:
+                active[h] = left
+            else:
+                del active[h]

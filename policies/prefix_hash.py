@@ -1,0 +1,77 @@
+"""Consistent hashing of the first K prompt blocks, optionally with bounded loads (CHWBL).
+
+Strict mode is SGLang gateway's `prefix_hash` ring without its load check; with `load_factor` c set it is
+consistent hashing with bounded loads (Mirrokni, Thorup, Zadimoghaddam, SODA'18), as KubeAI's `PrefixHash` walks
+it: from the key, clockwise, the first worker whose in-flight count + 1 <= ceil(c * (total in flight + 1) / workers);
+if none qualifies, the key's own worker.
+NOTE: the bin capacity is rounded up as in the paper; KubeAI's unrounded bound would send every request home
+whenever the cluster is nearly idle (no worker could take one more).
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import math
+
+from pydantic import Field
+
+from policies.base import RouterBase, RouterOptions
+from sim.request import Request
+from sim.router import ClusterView
+
+
+def stable_hash64(value: object) -> int:
+    """A 64-bit hash that is the same in every process (unlike `hash()` of a str)."""
+    return int.from_bytes(hashlib.blake2b(repr(value).encode(), digest_size=8).digest(), "big")
+
+
+class PrefixHashOptions(RouterOptions):
+    prefix_blocks: int = Field(16, ge=1, description="Leading full prompt blocks that form the key (16 x 16 = SGLang's 256 tokens).")
+    load_factor: float | None = Field(None, gt=1.0, description="Bounded-load factor c > 1 (KubeAI 1.25); null = strict consistent hashing.")
+    virtual_nodes: int = Field(256, ge=1, description="Ring points per worker (KubeAI replication 256).")
+
+
+class PrefixHashRouter(RouterBase):
+    name = "prefix-hash"
+    summary = "consistent hash of the first K blocks, optional bounded load (CHWBL)"
+    Options = PrefixHashOptions
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        points = sorted(
+            (stable_hash64(("worker", w, v)), w)
+            for w in range(self.num_workers)
+            for v in range(self.options.virtual_nodes)
+        )
+        self._ring_keys = [p for p, _ in points]
+        self._ring_workers = [w for _, w in points]
+
+    def ring_walk(self, request: Request):
+        """Workers in ring order from the request's key, each once."""
+        key = stable_hash64(request.block_hashes[: self.options.prefix_blocks])
+        start = bisect.bisect_left(self._ring_keys, key)
+        seen: set[int] = set()
+        n = len(self._ring_workers)
+        for k in range(n):
+            w = self._ring_workers[(start + k) % n]
+            if w not in seen:
+                seen.add(w)
+                yield w
+                if len(seen) == self.num_workers:
+                    return
+
+    def route(self, request: Request, view: ClusterView) -> int:
+        walk = self.ring_walk(request)
+        home = next(walk)
+        factor = self.options.load_factor
+        if factor is None:
+            return home
+        total = sum(view.in_flight(w) for w in range(self.num_workers))
+        capacity = math.ceil(factor * (total + 1) / self.num_workers)
+        if view.in_flight(home) + 1 <= capacity:
+            return home
+        for w in walk:
+            if view.in_flight(w) + 1 <= capacity:
+                return w
+        return home

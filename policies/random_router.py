@@ -1,0 +1,15 @@
+"""A Kubernetes Service (iptables/nftables mode) with a new connection per request: a uniform random pod."""
+
+from __future__ import annotations
+
+from policies.base import RouterBase
+from sim.request import Request
+from sim.router import ClusterView
+
+
+class RandomRouter(RouterBase):
+    name = "random"
+    summary = "uniform random worker per request (a Service with a new connection per request)"
+
+    def route(self, request: Request, view: ClusterView) -> int:
+        return self.rng.randrange(self.num_workers)

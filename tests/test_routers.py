@@ -1,0 +1,195 @@
+"""Router tests: each decision rule on a small fake cluster view with exact expected choices and costs."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+from policies import ROUTERS, _registry
+from policies.kv_aware import KvAwareRouter
+from policies.prefix_hash import PrefixHashRouter
+from policies.random_router import RandomRouter
+from policies.round_robin import RoundRobinRouter
+from sim.request import Request
+
+B = 16
+
+
+class FakeView:
+    """Workers' cached hashes and in-flight counts, set by the test."""
+
+    def __init__(self, num_workers, cached=None, in_flight=None):
+        self.num_workers = num_workers
+        self.block_size = B
+        self.cached = cached or {w: set() for w in range(num_workers)}
+        self.loads = in_flight or [0] * num_workers
+        self.peeks = 0
+
+    def holds_block(self, worker, h):
+        self.peeks += 1
+        return h in self.cached[worker]
+
+    def cached_prefix_blocks(self, worker, hashes):
+        n = 0
+        for h in hashes:
+            if h not in self.cached[worker]:
+                break
+            n += 1
+        return n
+
+    def in_flight(self, worker):
+        return self.loads[worker]
+
+
+def prompt(rid, prefix, prompt_tokens=2371, shared_blocks=127):
+    hashes = tuple(("p", prefix, i) if i < shared_blocks else ("u", rid, i) for i in range(prompt_tokens // B))
+    return Request(rid, prompt_tokens, 64, hashes, prefix_id=prefix)
+
+
+def build(cls, n=6, seed=0, **options):
+    return cls(num_workers=n, block_size=B, rng=random.Random(seed), options=options)
+
+
+def test_registry_lists_the_four_routers_and_refuses_duplicates():
+    assert sorted(ROUTERS) == ["kv-aware", "prefix-hash", "random", "round-robin"]
+    with pytest.raises(RuntimeError, match="registered twice"):
+        _registry(RandomRouter, RandomRouter)
+
+
+def test_unknown_option_names_the_field_and_the_allowed_ones():
+    with pytest.raises(ValueError, match="bogus.*options of prefix-hash: prefix_blocks, load_factor, virtual_nodes"):
+        build(PrefixHashRouter, bogus=1)
+    with pytest.raises(ValueError, match="load_factor"):
+        build(PrefixHashRouter, load_factor=0.5)
+
+
+def test_random_is_uniform_and_seeded():
+    view = FakeView(6)
+    r1, r2 = build(RandomRouter, seed=3), build(RandomRouter, seed=3)
+    picks = [r1.route(prompt(i, 0), view) for i in range(6000)]
+    assert picks[:50] == [r2.route(prompt(i, 0), view) for i in range(50)]
+    counts = Counter(picks)
+    assert set(counts) == set(range(6)) and all(900 < c < 1100 for c in counts.values())
+
+
+def test_round_robin_cycles():
+    r = build(RoundRobinRouter, n=3)
+    assert [r.route(prompt(i, 0), FakeView(3)) for i in range(7)] == [0, 1, 2, 0, 1, 2, 0]
+
+
+def test_prefix_hash_is_sticky_per_prefix_and_spreads_prefixes():
+    r = build(PrefixHashRouter)
+    view = FakeView(6)
+    homes = {p: r.route(prompt(0, p), view) for p in range(60)}
+    assert all(r.route(prompt(i, p), view) == homes[p] for i in range(1, 5) for p in range(60))
+    assert len(set(homes.values())) == 6
+
+
+def test_prefix_hash_key_is_the_first_k_blocks_only():
+    r = build(PrefixHashRouter, prefix_blocks=4)
+    view = FakeView(6)
+    a = Request(1, 100, 1, (("x", 0), ("x", 1), ("x", 2), ("x", 3), ("a", 4), ("a", 5)))
+    b = Request(2, 100, 1, (("x", 0), ("x", 1), ("x", 2), ("x", 3), ("b", 4), ("b", 5)))
+    assert r.route(a, view) == r.route(b, view)
+
+
+def test_prefix_hash_bounded_load_spills_clockwise():
+    r = build(PrefixHashRouter, load_factor=1.25)
+    req = prompt(0, 5)
+    ring = list(r.ring_walk(req))
+    assert sorted(ring) == list(range(6))
+    loads = [0] * 6
+    loads[ring[0]] = 3  # total 3 -> capacity ceil(1.25 * 4 / 6) = 1: the home (3 + 1 > 1) is skipped
+    view = FakeView(6, in_flight=loads)
+    assert r.route(req, view) == ring[1]
+    loads[ring[1]] = 2  # total 5 -> capacity ceil(1.25 * 6 / 6) = 2: ring[1] (2 + 1) is full, ring[2] takes it
+    assert r.route(req, view) == ring[2]
+    strict = build(PrefixHashRouter)
+    assert strict.route(req, view) == ring[0]
+
+
+def test_kv_aware_cost_is_prefill_blocks_after_overlap_plus_active_blocks():
+    # Worker 1 holds the request's 127 prefix blocks; nobody is busy.
+    # cost = (0 + 2371 - overlap*16)/16 + (0 + 148 new blocks): worker 1 = 21.1875 + 148, others 148.1875 + 148.
+    r = build(KvAwareRouter)
+    req = prompt(1, 7)
+    view = FakeView(6, cached={w: ({("p", 7, i) for i in range(127)} if w == 1 else set()) for w in range(6)})
+    costs, overlap = r.costs(req, view)
+    assert overlap == [0, 127, 0, 0, 0, 0]
+    assert costs[1] == pytest.approx(2371 / 16 - 127 + 148)
+    assert costs[0] == pytest.approx(2371 / 16 + 148)
+    assert r.route(req, view) == 1
+
+
+def test_kv_aware_a_busy_prefix_holder_loses_to_an_idle_worker():
+    # The trade-off of Dynamo's default cost: the prefix saves 127 prefill blocks, but one in-flight request with
+    # another prefix on that worker adds its 148 active blocks.
+    r = build(KvAwareRouter, n=2)
+    view = FakeView(2, cached={0: {("p", 7, i) for i in range(127)}, 1: set()})
+    other = prompt(50, 3)
+    r.on_dispatch(other, 0)
+    r.on_first_token(other, 0)  # its prefill is done; its blocks stay active until completion
+    costs, _ = r.costs(prompt(1, 7), view)
+    assert costs == [pytest.approx(2371 / 16 - 127 + 148 + 148), pytest.approx(2371 / 16 + 148)]
+    assert r.route(prompt(1, 7), view) == 1
+    r.on_complete(other, 0)
+    assert r.route(prompt(2, 7), view) == 0
+
+
+def test_kv_aware_tracks_prefill_tokens_until_the_first_token():
+    r = build(KvAwareRouter, n=2)
+    view = FakeView(2)
+    a = prompt(1, 7)
+    w = r.route(a, view)
+    r.on_dispatch(a, w)
+    costs, _ = r.costs(prompt(2, 8), view)
+    # The loaded worker carries a's 2371 prefill tokens and 148 active blocks.
+    assert costs[w] - costs[1 - w] == pytest.approx(2371 / 16 + 148)
+    r.on_first_token(a, w)
+    costs, _ = r.costs(prompt(2, 8), view)
+    assert costs[w] - costs[1 - w] == pytest.approx(148)
+
+
+def test_kv_aware_shares_active_blocks_of_the_same_prefix():
+    r = build(KvAwareRouter, n=2)
+    view = FakeView(2)
+    a = prompt(1, 7)
+    r.on_dispatch(a, 0)
+    r.on_first_token(a, 0)
+    costs, _ = r.costs(prompt(2, 7), view)
+    # On worker 0 only the 21 unique blocks of the new request are new: 148 active + 21 new.
+    assert costs[0] == pytest.approx(2371 / 16 + 148 + 21)
+
+
+def test_kv_aware_ties_are_broken_uniformly_at_random():
+    r = build(KvAwareRouter, n=4, seed=1)
+    view = FakeView(4)
+    picks = Counter(r.route(prompt(i, 0), view) for i in range(4000))
+    assert set(picks) == {0, 1, 2, 3} and all(850 < c < 1150 for c in picks.values())
+
+
+def test_kv_aware_overlap_walk_stops_where_no_worker_has_the_block():
+    # Worker 0 has blocks 0-1, worker 1 has blocks 0-3: overlaps 2 and 4. Worker 2 has only block 3 (no block 0):
+    # Dynamo's tree walk still credits it at depth 3 because worker 1 keeps the path alive.
+    r = build(KvAwareRouter, n=3)
+    h = [("p", 0, i) for i in range(6)]
+    view = FakeView(3, cached={0: set(h[:2]), 1: set(h[:4]), 2: {h[3]}})
+    _, overlap = r.costs(Request(1, 100, 1, tuple(h)), view)
+    assert overlap == [2, 4, 1]
+
+
+def test_kv_aware_weight_zero_routes_by_load_and_peeks_nothing():
+    r = build(KvAwareRouter, n=2, overlap_score_weight=0.0)
+    view = FakeView(2, cached={0: {("p", 7, i) for i in range(127)}, 1: set()})
+    _, overlap = r.costs(prompt(1, 7), view)
+    assert overlap == [0, 0] and view.peeks == 0
+
+
+def test_kv_aware_temperature_spreads_choices():
+    r = build(KvAwareRouter, n=2, seed=0, temperature=1.0)
+    view = FakeView(2, cached={0: {("p", 7, i) for i in range(127)}, 1: set()})
+    picks = Counter(r.route(prompt(i, 7), view) for i in range(2000))
+    # p1/p0 = exp(-1): worker 1 gets about 27% of the requests.
+    assert 0.22 < picks[1] / 2000 < 0.32
