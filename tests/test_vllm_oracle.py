@@ -1,0 +1,52 @@
+"""kvsim vs vLLM's own scheduler and KV cache manager, block for block.
+
+* In CI: kvsim replays each stream of `oracle_streams.STREAMS` and must reproduce the answer recorded from vLLM
+  (tests/golden/vllm_oracle/*.json) exactly: every request's hit tokens, admission/first-token/finish steps and
+  preemptions, every worker's prefix-cache counters, and every worker's final free queue.
+* Opt-in (`-m vllm_oracle`, with KVSIM_VLLM_PYTHON naming the oracle venv's python, see
+  benchmarks/vllm-oracle/README.md): the same comparison against vLLM running live; the golden files are
+  regenerated with `KVSIM_VLLM_PYTHON=... python tests/oracle_streams.py`.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from oracle_streams import (
+    ORACLE_VLLM_VERSION, STREAMS, build_stream, differences, golden_path, oracle_python, replay_kvsim,
+    run_oracle, stream_digest,
+)
+
+
+@pytest.mark.parametrize("name", sorted(STREAMS))
+def test_kvsim_reproduces_recorded_vllm_answer(name):
+    golden = json.loads(golden_path(name).read_text())
+    stream = build_stream(name)
+    assert golden["stream_digest"] == stream_digest(stream), "stream generator changed: regenerate the golden file"
+    assert golden["vllm_version"] == ORACLE_VLLM_VERSION
+    diffs = differences(golden["answer"], replay_kvsim(stream))
+    assert not diffs, "\n".join(diffs)
+
+
+def test_the_recorded_streams_exercise_what_they_claim():
+    answers = {n: json.loads(golden_path(n).read_text())["answer"] for n in STREAMS}
+    assert sum(r["num_preemptions"] for r in answers["pressure"]["requests"]) > 0
+    edge = {r["id"]: r["hit_tokens"] for r in answers["edge_cases"]["requests"]}
+    assert (edge["a_repeat"], edge["a_ext2"], edge["p_exact"]) == (2032, 2048, 2016)
+    ref = answers["reference_n7_c8"]["requests"]
+    assert 0 < sum(1 for r in ref if r["hit_tokens"]) < len(ref)
+
+
+@pytest.mark.vllm_oracle
+@pytest.mark.parametrize("name", sorted(STREAMS))
+def test_kvsim_matches_live_vllm(name):
+    python = oracle_python()
+    if not python:
+        pytest.skip("KVSIM_VLLM_PYTHON is not set (see benchmarks/vllm-oracle/README.md)")
+    stream = build_stream(name)
+    answer = run_oracle(stream, python)
+    assert answer["vllm_version"] == ORACLE_VLLM_VERSION
+    diffs = differences(answer, replay_kvsim(stream))
+    assert not diffs, "\n".join(diffs)
