@@ -18,7 +18,8 @@ from pathlib import Path
 SUMMARY_COLUMNS = (
     "workers", "prefixes", "concurrency", "router", "repeat", "seed", "requests",
     "request_hit_rate", "full_hit_rate", "token_hit_rate",
-    "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "ttft_hit_p50_ms", "ttft_miss_p50_ms", "throughput_rps",
+    "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "throughput_rps",
+    "ttft_hit_p50_ms", "ttft_hit_p90_ms", "ttft_hit_p99_ms", "ttft_miss_p50_ms", "ttft_miss_p90_ms", "ttft_miss_p99_ms",
     "hit_requests", "full_hit_requests", "prefix_cache_queries", "prefix_cache_hits",
     "evicted_blocks", "preemptions", "max_worker_share",
 )

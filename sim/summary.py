@@ -62,8 +62,7 @@ class Summary:
             "ttft_p50_ms": self.ttft_ms["p50"],
             "ttft_p90_ms": self.ttft_ms["p90"],
             "ttft_p99_ms": self.ttft_ms["p99"],
-            "ttft_hit_p50_ms": self.ttft_ms["hit_p50"],
-            "ttft_miss_p50_ms": self.ttft_ms["miss_p50"],
+            **{f"ttft_{split}_p{q}_ms": self.ttft_ms[f"{split}_p{q}"] for split in ("hit", "miss") for q in (50, 90, 99)},
             "throughput_rps": self.throughput_rps,
             "hit_requests": self.hit_requests,
             "full_hit_requests": self.full_hit_requests,
@@ -95,11 +94,9 @@ def summarize(result: RunResult) -> Summary:
         preemptions=sum(w.preemptions for w in result.workers),
         duration_s=result.measured_end_s - result.measured_start_s,
         ttft_ms={
-            "p50": _percentile_ms(ttft_all, 50),
-            "p90": _percentile_ms(ttft_all, 90),
-            "p99": _percentile_ms(ttft_all, 99),
-            "hit_p50": _percentile_ms(ttft_hit, 50),
-            "miss_p50": _percentile_ms(ttft_miss, 50),
+            f"{prefix}p{q}": _percentile_ms(values, q)
+            for prefix, values in (("", ttft_all), ("hit_", ttft_hit), ("miss_", ttft_miss))
+            for q in (50, 90, 99)
         },
         requests_per_worker=tuple(per_worker),
     )
