@@ -26,7 +26,7 @@ def main() -> None:
     timings = {}
     for jobs in sorted({1, args.jobs}):
         t0 = time.perf_counter()
-        rows = run_sweep(scenario, points, jobs=jobs)
+        rows = [o.row for o in run_sweep(scenario, points, jobs=jobs)]
         timings[jobs] = time.perf_counter() - t0
         requests = sum(int(r["requests"]) for r in rows)
         print(f"jobs={jobs}: {len(points)} runs, {requests} measured requests in {timings[jobs]:.2f} s "

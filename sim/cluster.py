@@ -12,11 +12,15 @@ from sim.kv_cache_manager import KVCacheManager
 from sim.records import RequestRecord, WorkerCounters
 from sim.request import Request, RequestState
 from sim.router import Router
-from sim.scenario import Scenario
+from sim.scenario import Scenario, TimeModelSpec
 from sim.scheduler import Scheduler, SchedulerLimits
 from sim.time_model import LinearStepTimeModel
 from sim.vllm_behaviour import VllmBehaviour
 from sim.worker import Worker
+
+
+def build_time_model(spec: TimeModelSpec) -> LinearStepTimeModel:
+    return LinearStepTimeModel(**spec.model_dump())
 
 
 class Cluster:
@@ -33,17 +37,14 @@ class Cluster:
         self._block_size = engine.block_size
         behaviour = VllmBehaviour.for_version(engine.vllm_version)
         limits = SchedulerLimits(engine.max_num_batched_tokens, engine.max_num_seqs, engine.max_model_len)
-        tm = scenario.time_model
-        time_model = LinearStepTimeModel(
-            base_s=tm.base_s, prefill_token_s=tm.prefill_token_s,
-            decode_seq_s=tm.decode_seq_s, context_token_s=tm.context_token_s,
-        )
-        self._delivery_delay_s = scenario.cluster.router_hop_s + tm.request_overhead_s
+        self._delivery_delay_s = scenario.cluster.router_hop_s + scenario.cluster.request_overhead_s
+        self._response_delay_s = scenario.cluster.response_overhead_s
         self.devices: list[Device] = []
         self.workers: list[Worker] = []
         for dev in scenario.cluster.devices():
             device = Device(env, dev.name, speed=dev.speed, sharing_efficiency=dev.sharing_efficiency,
-                            num_workers=dev.workers)
+                            num_workers=dev.workers, cores=dev.cores)
+            time_model = build_time_model(dev.time_model or scenario.time_model)
             self.devices.append(device)
             for _ in range(dev.workers):
                 kv = KVCacheManager(
@@ -90,20 +91,27 @@ class Cluster:
         self._pending[request.request_id] = (env.now, done)
         state = RequestState(request, self._block_size, worker, arrival_s=env.now + self._delivery_delay_s)
         target = self.workers[worker]
-        if self._delivery_delay_s > 0:
-            env.timeout(self._delivery_delay_s).callbacks.append(lambda _e: target.submit(state))
-        else:
-            target.submit(state)
+        self._after(self._delivery_delay_s, lambda: target.submit(state))
         return done
 
+    def _after(self, delay_s: float, action) -> None:
+        if delay_s > 0:
+            self.env.timeout(delay_s).callbacks.append(lambda _event: action())
+        else:
+            action()
+
+    # NOTE: the client and the router see a token `response_overhead_s` after the engine emits it.
     def _first_token(self, state: RequestState) -> None:
-        self.router.on_first_token(state.request, state.worker)
+        self._after(self._response_delay_s, lambda: self.router.on_first_token(state.request, state.worker))
 
     def _finished(self, state: RequestState) -> None:
+        self._after(self._response_delay_s, lambda: self._complete(state))
+
+    def _complete(self, state: RequestState) -> None:
         self._in_flight[state.worker] -= 1
         self.router.on_complete(state.request, state.worker)
         sent_s, done = self._pending.pop(state.request.request_id)
-        done.succeed(RequestRecord.from_state(state, sent_s))
+        done.succeed(RequestRecord.from_state(state, sent_s, response_delay_s=self._response_delay_s))
 
     # ------------------------------------------------------------------ counters
     def counters(self) -> tuple[WorkerCounters, ...]:

@@ -8,13 +8,14 @@ import simpy
 class Device:
     """Runs steps of `work_s` seconds (at speed 1.0) for the workers it hosts.
 
-    With k steps in flight, each progresses at `speed * efficiency / k` (time slicing between processes; with
-    `sharing_efficiency` < 1 switching costs part of the device when k > 1). A step alone on the device takes
-    `work_s / speed`. A device that hosts one worker never shares and takes the short path.
+    With k steps in flight on a device of `cores` parallel units, each progresses at
+    `speed * min(1, cores / k) * efficiency` (time slicing between processes once they outnumber the units; with
+    `sharing_efficiency` < 1 switching costs part of the device while it is time-sliced). A step alone on the device
+    takes `work_s / speed`. A device that hosts one worker never shares and takes the short path.
     """
 
     def __init__(self, env: simpy.Environment, name: str, *, speed: float = 1.0, sharing_efficiency: float = 1.0,
-                 num_workers: int = 1) -> None:
+                 num_workers: int = 1, cores: int = 1) -> None:
         if speed <= 0:
             raise ValueError(f"device {name}: speed must be > 0, got {speed}")
         if not 0 < sharing_efficiency <= 1:
@@ -24,6 +25,9 @@ class Device:
         self.speed = speed
         self.sharing_efficiency = sharing_efficiency
         self.num_workers = num_workers
+        if cores < 1:
+            raise ValueError(f"device {name}: cores must be >= 1, got {cores}")
+        self.cores = cores
         self.busy_s = 0.0
         self._jobs: dict[simpy.Event, float] = {}
         self._last_update_s = 0.0
@@ -31,7 +35,7 @@ class Device:
 
     def run(self, work_s: float) -> simpy.Event:
         """An event that fires when `work_s` seconds of full-speed work are done on this device."""
-        if self.num_workers == 1:
+        if self.num_workers <= self.cores:
             self.busy_s += work_s / self.speed
             return self.env.timeout(work_s / self.speed)
         done = self.env.event()
@@ -42,7 +46,7 @@ class Device:
 
     def _rate(self) -> float:
         k = len(self._jobs)
-        return self.speed if k <= 1 else self.speed * self.sharing_efficiency / k
+        return self.speed if k <= self.cores else self.speed * self.sharing_efficiency * self.cores / k
 
     def _advance(self) -> None:
         now = self.env.now

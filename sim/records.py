@@ -10,7 +10,8 @@ from sim.request import RequestState
 
 @dataclass(frozen=True, slots=True)
 class RequestRecord:
-    """One served request. Times are simulated seconds; `cached_tokens` is the hit at first admission."""
+    """One served request. Times are simulated seconds as the client sees them (sent, first token, last token);
+    `admitted_s` is engine time. `cached_tokens` is the hit at first admission."""
 
     request_id: int
     prefix_id: int | None
@@ -21,7 +22,11 @@ class RequestRecord:
     cached_tokens: int
     shareable_tokens: int
     sent_s: float
+    arrival_s: float
+    """When the request reached the engine's queue (after the router hop and the per-request overhead)."""
     admitted_s: float
+    engine_first_token_s: float
+    """When the engine emitted the first token (the client sees it `response_overhead_s` later)."""
     first_token_s: float
     finished_s: float
     num_preemptions: int
@@ -29,6 +34,11 @@ class RequestRecord:
     @property
     def ttft_s(self) -> float:
         return self.first_token_s - self.sent_s
+
+    @property
+    def engine_ttft_s(self) -> float:
+        """Queue time + engine time to the first token: what vLLM reports as queue_time + time_to_first_token."""
+        return self.engine_first_token_s - self.arrival_s
 
     @property
     def e2e_s(self) -> float:
@@ -43,7 +53,7 @@ class RequestRecord:
         return self.shareable_tokens > 0 and self.cached_tokens >= self.shareable_tokens
 
     @classmethod
-    def from_state(cls, state: RequestState, sent_s: float) -> RequestRecord:
+    def from_state(cls, state: RequestState, sent_s: float, *, response_delay_s: float = 0.0) -> RequestRecord:
         req = state.request
         assert state.num_cached_tokens is not None and state.admitted_s is not None
         assert state.first_token_s is not None and state.finished_s is not None
@@ -57,9 +67,11 @@ class RequestRecord:
             cached_tokens=state.num_cached_tokens,
             shareable_tokens=req.num_shareable_tokens,
             sent_s=sent_s,
+            arrival_s=state.arrival_s,
             admitted_s=state.admitted_s,
-            first_token_s=state.first_token_s,
-            finished_s=state.finished_s,
+            engine_first_token_s=state.first_token_s,
+            first_token_s=state.first_token_s + response_delay_s,
+            finished_s=state.finished_s + response_delay_s,
             num_preemptions=state.num_preemptions,
         )
 

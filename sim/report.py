@@ -106,3 +106,93 @@ def hit_rate_figure(
     fig.savefig(buf, format="png")
     plt.close(fig)
     return buf.getvalue()
+
+
+def ttft_cdf_figure(outcomes: Sequence, *, title: str) -> bytes:
+    """TTFT CDFs: a panel per (workers, router) x concurrency, a colour per N, hits solid and misses dashed
+    (repeats pooled)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pooled: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: {"hit": [], "miss": []})
+    for o in outcomes:
+        p = o.point
+        pooled[(p.workers, p.router, p.concurrency, p.prefixes)]["hit"] += o.ttft_hit_ms
+        pooled[(p.workers, p.router, p.concurrency, p.prefixes)]["miss"] += o.ttft_miss_ms
+    groups = sorted({(k[0], k[1]) for k in pooled})
+    concurrencies = sorted({k[2] for k in pooled})
+    prefixes = sorted({k[3] for k in pooled})
+    colours = {n: plt.cm.viridis(i / max(1, len(prefixes) - 1)) for i, n in enumerate(prefixes)}
+    fig, axes = plt.subplots(len(groups), len(concurrencies), squeeze=False, sharex=True, sharey=True,
+                             figsize=(4.2 * len(concurrencies), 3.2 * len(groups)), dpi=100)
+    for gi, (workers, router) in enumerate(groups):
+        for ci, conc in enumerate(concurrencies):
+            ax = axes[gi][ci]
+            for n in prefixes:
+                samples = pooled.get((workers, router, conc, n))
+                if samples is None:
+                    continue
+                for split, style in (("hit", "-"), ("miss", "--")):
+                    values = sorted(samples[split])
+                    if values:
+                        ys = [(i + 1) / len(values) for i in range(len(values))]
+                        ax.step(values, ys, style, where="post", color=colours[n], lw=1.2,
+                                label=f"N={n} {split}" if gi == 0 and ci == 0 else None)
+            ax.set_xscale("log")
+            ax.set_title(f"{workers} workers, {router}, C={conc}", fontsize=9)
+            ax.grid(alpha=0.3)
+            if gi == len(groups) - 1:
+                ax.set_xlabel("TTFT (ms)")
+            if ci == 0:
+                ax.set_ylabel("fraction of requests")
+    fig.legend(loc="upper right", fontsize=7, ncol=2)
+    fig.suptitle(title)
+    buf = io.BytesIO()
+    fig.tight_layout(rect=(0, 0, 0.88, 0.96))
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def plan_figure(plans: Sequence, *, target_hit_rate: float | None, target_ttft_p99_ms: float | None,
+                unit: str, title: str) -> bytes:
+    """The target metric(s) vs the varied quantity: simulated means with 95 % intervals (solid), the analytic
+    screen (dashed), one colour per router, the target as a horizontal line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [p for p in ("hit", "ttft") if (p == "hit" and target_hit_rate is not None)
+              or (p == "ttft" and target_ttft_p99_ms is not None)]
+    fig, axes = plt.subplots(1, len(panels), squeeze=False, figsize=(6.5 * len(panels), 4.5), dpi=100)
+    for ax, panel in zip(axes[0], panels):
+        for i, p in enumerate(plans):
+            colour = f"C{i}"
+            xs = [e.value for e in p.evaluations]
+            if panel == "hit":
+                ys = [e.hit_rate for e in p.evaluations]
+                err = [0 if e.hit_rate_ci95 != e.hit_rate_ci95 else e.hit_rate_ci95 for e in p.evaluations]
+                if p.analytic_curve:
+                    ax.plot([v for v, _ in p.analytic_curve], [h for _, h in p.analytic_curve], "--", color=colour,
+                            lw=1, label=f"{p.router}: analytic screen")
+            else:
+                ys = [e.ttft_p99 for e in p.evaluations]
+                err = [0 if e.ttft_p99_ci95 != e.ttft_p99_ci95 else e.ttft_p99_ci95 for e in p.evaluations]
+            ax.errorbar(xs, ys, yerr=err, fmt="o-", color=colour, capsize=3, label=f"{p.router}: simulated")
+            if p.answer is not None:
+                ax.axvline(p.answer, color=colour, alpha=0.3, lw=6)
+        target = target_hit_rate if panel == "hit" else target_ttft_p99_ms
+        ax.axhline(target, color="black", lw=1, label="target")
+        ax.set_xlabel(unit)
+        ax.set_ylabel("request hit rate" if panel == "hit" else "TTFT p99 (ms)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title)
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return buf.getvalue()

@@ -31,8 +31,10 @@ class StepPlan:
     num_prefill_tokens: int = 0
     """Tokens computed for prompts (first prefill, chunks, and recomputation after preemption)."""
     num_decode_seqs: int = 0
-    num_context_tokens: int = 0
-    """KV tokens already computed that the step's attention reads (sum over scheduled requests)."""
+    num_decode_context_tokens: int = 0
+    """KV tokens the step's decodes attend to (each decode's computed tokens, summed)."""
+    num_prefill_attention_pairs: int = 0
+    """Query-key pairs of the prefill tokens: n x (p + (n + 1) / 2) for n new tokens after p computed ones."""
 
     @property
     def is_empty(self) -> bool:
@@ -111,12 +113,14 @@ class Scheduler:
             self._admit_waiting(plan, budget, now_s)
 
         for state, n in scheduled.items():
-            if state.num_computed_tokens >= state.request.prompt_tokens and n == 1:
+            computed = state.num_computed_tokens
+            if computed >= state.request.prompt_tokens and n == 1:
                 plan.num_decode_seqs += 1
+                plan.num_decode_context_tokens += computed
             else:
                 plan.num_prefill_tokens += n
-            plan.num_context_tokens += state.num_computed_tokens
-            state.num_computed_tokens += n
+                plan.num_prefill_attention_pairs += n * computed + n * (n + 1) // 2
+            state.num_computed_tokens = computed + n
         return plan
 
     def _admit_waiting(self, plan: StepPlan, budget: int, now_s: float) -> None:

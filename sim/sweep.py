@@ -44,37 +44,81 @@ def sweep_points(
     ]
 
 
-def run_point(base: Scenario, point: SweepPoint) -> dict[str, object]:
-    summary = summarize(run(point.scenario(base)))
-    return {
+@dataclass(frozen=True, slots=True)
+class PointOutcome:
+    """One run of a sweep point: its summary row and its TTFT samples (ms) of hits and misses."""
+
+    point: SweepPoint
+    row: dict[str, object]
+    ttft_hit_ms: tuple[float, ...]
+    ttft_miss_ms: tuple[float, ...]
+
+    def ttft_ms(self, split: str = "all") -> tuple[float, ...]:
+        if split == "hit":
+            return self.ttft_hit_ms
+        if split == "miss":
+            return self.ttft_miss_ms
+        return self.ttft_hit_ms + self.ttft_miss_ms
+
+
+def run_point(base: Scenario, point: SweepPoint) -> PointOutcome:
+    result = run(point.scenario(base))
+    summary = summarize(result)
+    row = {
         "workers": point.workers, "prefixes": point.prefixes, "concurrency": point.concurrency,
         "router": point.router, "repeat": point.repeat, "seed": point.seed, **summary.row(),
     }
+    measured = result.measured
+    return PointOutcome(
+        point, row,
+        ttft_hit_ms=tuple(r.ttft_s * 1000 for r in measured if r.is_hit),
+        ttft_miss_ms=tuple(r.ttft_s * 1000 for r in measured if not r.is_hit),
+    )
 
 
-def _run_star(args: tuple[Scenario, SweepPoint]) -> dict[str, object]:
+def _run_star(args: tuple[Scenario, SweepPoint]) -> PointOutcome:
     return run_point(*args)
 
 
-def run_sweep(
-    base: Scenario, points: list[SweepPoint], *, jobs: int | None = None,
-    progress: Callable[[], None] | None = None,
-) -> list[dict[str, object]]:
-    """One summary row per point, in the order of `points`. `jobs` processes (default: all cores)."""
-    jobs = max(1, min(jobs or os.cpu_count() or 1, len(points)))
-    for point in points:
-        point.scenario(base)  # validate every point before spending time on any
-    if jobs == 1:
-        rows = []
+class SweepRunner:
+    """Runs sweep points in `jobs` processes (default: all cores), keeping the processes between calls."""
+
+    def __init__(self, jobs: int | None = None) -> None:
+        self.jobs = max(1, jobs or os.cpu_count() or 1)
+        self._pool = ProcessPoolExecutor(max_workers=self.jobs) if self.jobs > 1 else None
+
+    def __enter__(self) -> SweepRunner:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+
+    def map(self, fn: Callable, items: list) -> list:
+        """`fn` over `items` (picklable), in the worker processes, results in order."""
+        if self._pool is None or len(items) <= 1:
+            return [fn(i) for i in items]
+        return list(self._pool.map(fn, items, chunksize=max(1, len(items) // (self.jobs * 8))))
+
+    def run(self, base: Scenario, points: list[SweepPoint],
+            progress: Callable[[], None] | None = None) -> list[PointOutcome]:
+        """One outcome per point, in the order of `points`."""
         for point in points:
-            rows.append(run_point(base, point))
+            point.scenario(base)  # validate every point before spending time on any
+        tasks = [(base, p) for p in points]
+        if self._pool is None or len(points) == 1:
+            results = map(_run_star, tasks)
+        else:
+            results = self._pool.map(_run_star, tasks, chunksize=max(1, len(points) // (self.jobs * 8)))
+        outcomes = []
+        for outcome in results:
+            outcomes.append(outcome)
             if progress:
                 progress()
-        return rows
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
-        rows = []
-        for row in pool.map(_run_star, [(base, p) for p in points], chunksize=max(1, len(points) // (jobs * 8))):
-            rows.append(row)
-            if progress:
-                progress()
-        return rows
+        return outcomes
+
+
+def run_sweep(base: Scenario, points: list[SweepPoint], *, jobs: int | None = None,
+              progress: Callable[[], None] | None = None) -> list[PointOutcome]:
+    with SweepRunner(min(jobs or os.cpu_count() or 1, len(points))) as runner:
+        return runner.run(base, points, progress)

@@ -1,7 +1,18 @@
 """How long one engine step takes on a device of speed 1.0, from the shape of the step.
 
-The simple linear model of the core issue; its parameters live in the scenario (`time_model:`), and a calibrated
-model can replace it behind the same `StepTimeModel` protocol.
+vLLM runs one forward pass per step that mixes prefill chunks and decodes (chunked prefill), so the model is one
+additive expression over the step's shape rather than separate prefill and decode phases:
+
+    step_s = base_s
+           + prefill_token_s          x  prompt tokens computed in the step (chunks and recomputation included)
+           + decode_seq_s             x  requests decoding one token
+           + decode_context_token_s   x  KV tokens the decodes read (their context lengths, summed)
+           + prefill_attention_pair_s x  attention pairs of the prefill tokens: a chunk of n new tokens after p
+                                         computed (or cached) ones has n x (p + (n + 1) / 2)
+
+A cached prefix costs no prefill compute but still costs attention: a hit of p tokens with an n-token tail pays
+n x (p + (n + 1) / 2) pairs. The parameters live in the scenario (`time_model:`) and are fitted by
+`kvsim calibrate`; a device of speed s divides the result by s.
 """
 
 from __future__ import annotations
@@ -13,32 +24,28 @@ from sim.scheduler import StepPlan
 
 class StepTimeModel(Protocol):
     def step_seconds(self, plan: StepPlan) -> float:
-        """Seconds of device time the step needs at speed 1.0 (a device of speed s takes 1/s as long)."""
+        """Seconds of device time the step needs at speed 1.0."""
         ...
 
 
 class LinearStepTimeModel:
-    """step_s = base_s + prefill_token_s * prefill tokens + decode_seq_s * decode sequences + context_token_s * context tokens.
+    """The additive model of the module docstring (linear in each feature of the step)."""
 
-    * prefill tokens: prompt tokens computed in the step (chunks included; cached tokens cost nothing here);
-    * decode sequences: requests generating one token in the step;
-    * context tokens: KV tokens computed before the step that its attention reads, summed over scheduled requests
-      (so a hit still pays for reading its cached prefix).
-    vLLM mixes prefills and decodes in one forward pass, hence one additive model rather than separate phases.
-    """
+    __slots__ = ("base_s", "prefill_token_s", "decode_seq_s", "decode_context_token_s", "prefill_attention_pair_s")
 
-    __slots__ = ("base_s", "prefill_token_s", "decode_seq_s", "context_token_s")
-
-    def __init__(self, *, base_s: float, prefill_token_s: float, decode_seq_s: float, context_token_s: float) -> None:
+    def __init__(self, *, base_s: float, prefill_token_s: float, decode_seq_s: float,
+                 decode_context_token_s: float = 0.0, prefill_attention_pair_s: float = 0.0) -> None:
         self.base_s = base_s
         self.prefill_token_s = prefill_token_s
         self.decode_seq_s = decode_seq_s
-        self.context_token_s = context_token_s
+        self.decode_context_token_s = decode_context_token_s
+        self.prefill_attention_pair_s = prefill_attention_pair_s
 
     def step_seconds(self, plan: StepPlan) -> float:
         return (
             self.base_s
             + self.prefill_token_s * plan.num_prefill_tokens
             + self.decode_seq_s * plan.num_decode_seqs
-            + self.context_token_s * plan.num_context_tokens
+            + self.decode_context_token_s * plan.num_decode_context_tokens
+            + self.prefill_attention_pair_s * plan.num_prefill_attention_pairs
         )

@@ -13,13 +13,15 @@ from sim.time_model import LinearStepTimeModel
 from sim.vllm_behaviour import VllmBehaviour
 from sim.worker import Worker
 
-TM = LinearStepTimeModel(base_s=0.01, prefill_token_s=0.001, decode_seq_s=0.002, context_token_s=0.0)
+TM = LinearStepTimeModel(base_s=0.01, prefill_token_s=0.001, decode_seq_s=0.002)
 
 
 def test_linear_step_time():
-    plan = StepPlan(num_prefill_tokens=100, num_decode_seqs=3, num_context_tokens=50)
-    tm = LinearStepTimeModel(base_s=0.01, prefill_token_s=0.001, decode_seq_s=0.002, context_token_s=1e-4)
-    assert tm.step_seconds(plan) == pytest.approx(0.01 + 0.1 + 0.006 + 0.005)
+    plan = StepPlan(num_prefill_tokens=100, num_decode_seqs=3, num_decode_context_tokens=50,
+                    num_prefill_attention_pairs=2000)
+    tm = LinearStepTimeModel(base_s=0.01, prefill_token_s=0.001, decode_seq_s=0.002, decode_context_token_s=1e-4,
+                             prefill_attention_pair_s=1e-6)
+    assert tm.step_seconds(plan) == pytest.approx(0.01 + 0.1 + 0.006 + 0.005 + 0.002)
 
 
 def test_device_alone_takes_work_over_speed():
@@ -101,3 +103,21 @@ def test_a_long_prefill_on_a_shared_device_stretches_the_other_workers_decode_st
     assert ev0[-1] == ("done", 1, pytest.approx(2 * (0.014 + 4 * 0.012)))
     # Worker 1's prefill: 0.124 s at half speed covers 0.062 s of its work; the remaining 0.948 s alone.
     assert ev1[-1] == ("done", 2, pytest.approx(0.124 + (1.01 - 0.062)))
+
+
+def test_a_two_core_device_runs_two_steps_at_full_speed_and_time_slices_a_third():
+    # Three 1 s steps on a 2-core device: each runs at 2/3 speed while all three are in flight: done at 1.5 s.
+    env = simpy.Environment()
+    dev = Device(env, "cpu", speed=1.0, num_workers=3, cores=2)
+    done = []
+    for name in "abc":
+        env.process(_job(env, dev, 1.0, done, name))
+    env.run()
+    assert [t for _, t in done] == [pytest.approx(1.5)] * 3
+    env = simpy.Environment()
+    dev = Device(env, "cpu", speed=1.0, num_workers=3, cores=2)
+    done = []
+    env.process(_job(env, dev, 1.0, done, "a"))
+    env.process(_job(env, dev, 1.0, done, "b"))
+    env.run()
+    assert [t for _, t in done] == [pytest.approx(1.0)] * 2

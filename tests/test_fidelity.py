@@ -35,7 +35,7 @@ def _mean_hit_rates(scenario, points_measured, repeats):
     for (w, n, c) in points_measured:
         points += sweep_points(workers=[w], prefixes=[n], concurrency=[c], routers=[scenario.router.name],
                                repeats=repeats, seed=scenario.seed)
-    rows = run_sweep(scenario, points)
+    rows = [o.row for o in run_sweep(scenario, points)]
     by_point = defaultdict(list)
     for row in rows:
         by_point[(row["workers"], row["prefixes"], row["concurrency"])].append(row["request_hit_rate"])
@@ -97,7 +97,7 @@ def test_kv_aware_routing_lifts_the_hit_rate_at_n24(baseline):
     scenario, _ = baseline
     points = sweep_points(workers=[6], prefixes=[24], concurrency=[8], routers=["random", "kv-aware"],
                           repeats=5, seed=scenario.seed)
-    rows = run_sweep(scenario, points)
+    rows = [o.row for o in run_sweep(scenario, points)]
     rate = {r: statistics.fmean(x["request_hit_rate"] for x in rows if x["router"] == r)
             for r in ("random", "kv-aware")}
     assert rate["random"] < 0.2

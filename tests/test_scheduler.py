@@ -157,13 +157,19 @@ def test_stats_counted_at_every_lookup_before_0_27():
     assert old.kv.stats.requests == 3 and old.kv.stats.queries == 12 + 2 * 12
 
 
+def shape(plan):
+    return (plan.num_prefill_tokens, plan.num_decode_seqs, plan.num_decode_context_tokens,
+            plan.num_prefill_attention_pairs)
+
+
 def test_step_shape_for_the_time_model():
     s = make()
-    a = req(1, 10, out=3)
+    a = req(1, 10, out=3, prefix="p", shared_blocks=2)
     s.add_request(a)
     plan, _ = step(s)
-    assert (plan.num_prefill_tokens, plan.num_decode_seqs, plan.num_context_tokens) == (10, 0, 0)
-    b = req(2, 6)
+    assert shape(plan) == (10, 0, 0, 55)  # 10 new tokens from 0: 10 x 11 / 2 query-key pairs
+    b = req(2, 11, prefix="p", shared_blocks=2)
     s.add_request(b)
     plan = s.schedule()
-    assert (plan.num_prefill_tokens, plan.num_decode_seqs, plan.num_context_tokens) == (6, 1, 10)
+    # a decodes (reads its 10 computed tokens); b hits 8 tokens and computes 3: 3 x 8 + 3 x 4 / 2 pairs.
+    assert shape(plan) == (3, 1, 10, 3 * 8 + 6)
