@@ -6,6 +6,7 @@ from policies.base import RouterBase
 from policies.kv_aware import KvAwareRouter
 from policies.prefix_hash import PrefixHashRouter
 from policies.random_router import RandomRouter
+from policies.recorded import RecordedRouter
 from policies.round_robin import RoundRobinRouter
 
 
@@ -18,6 +19,6 @@ def _registry(*classes: type[RouterBase]) -> dict[str, type[RouterBase]]:
     return registry
 
 
-ROUTERS = _registry(RandomRouter, RoundRobinRouter, PrefixHashRouter, KvAwareRouter)
+ROUTERS = _registry(RandomRouter, RoundRobinRouter, PrefixHashRouter, KvAwareRouter, RecordedRouter)
 
 __all__ = ["ROUTERS"]

@@ -21,6 +21,8 @@ class RouterBase:
     name: ClassVar[str] = ""
     summary: ClassVar[str] = ""
     Options: ClassVar[type[RouterOptions]] = RouterOptions
+    needs_cache_state: ClassVar[bool] = False
+    """True if `route` peeks into the workers' caches (so it cannot drive real servers without KV events)."""
 
     def __init__(self, *, num_workers: int, block_size: int, rng: random.Random, options: dict[str, Any]) -> None:
         if num_workers < 1:

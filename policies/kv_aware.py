@@ -34,6 +34,7 @@ class KvAwareRouter(RouterBase):
     name = "kv-aware"
     summary = "Dynamo KV router default cost: prefill blocks after overlap + active blocks"
     Options = KvAwareOptions
+    needs_cache_state = True
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)

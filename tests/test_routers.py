@@ -53,7 +53,7 @@ def build(cls, n=6, seed=0, **options):
 
 
 def test_registry_lists_the_four_routers_and_refuses_duplicates():
-    assert sorted(ROUTERS) == ["kv-aware", "prefix-hash", "random", "round-robin"]
+    assert sorted(ROUTERS) == ["kv-aware", "prefix-hash", "random", "recorded", "round-robin"]
     with pytest.raises(RuntimeError, match="registered twice"):
         _registry(RandomRouter, RandomRouter)
 
@@ -193,3 +193,14 @@ def test_kv_aware_temperature_spreads_choices():
     picks = Counter(r.route(prompt(i, 7), view) for i in range(2000))
     # p1/p0 = exp(-1): worker 1 gets about 27% of the requests.
     assert 0.22 < picks[1] / 2000 < 0.32
+
+
+def test_recorded_router_replays_the_assignment_and_rejects_bad_ones():
+    from policies.recorded import RecordedRouter
+
+    r = RecordedRouter(num_workers=3, block_size=B, rng=random.Random(0), options={"workers": {0: 2, 1: 0}})
+    assert [r.route(prompt(i, 0), FakeView(3)) for i in (0, 1)] == [2, 0]
+    with pytest.raises(ValueError, match="no worker recorded for request 5"):
+        r.route(prompt(5, 0), FakeView(3))
+    with pytest.raises(ValueError, match="request 0 was sent to worker 4, but the cluster has 3"):
+        RecordedRouter(num_workers=3, block_size=B, rng=random.Random(0), options={"workers": {0: 4}})

@@ -1,0 +1,191 @@
+"""The run CSV: one row per request of a measured (or simulated) run, plus a JSON sidecar describing the setup.
+
+Written by `kvsim measure`, read by `kvsim validate` and `kvsim calibrate --runs`; other tools may write it too.
+Required columns (extra columns are kept and ignored):
+
+    request_id, warmup, prefix_id, worker, prompt_tokens, cached_tokens, ttft_ms, e2e_ms, start_s, end_s
+
+The sidecar has the same stem and the suffix `.json` (`run.csv` -> `run.json`), see `RunSetup`.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+REQUIRED_COLUMNS = ("request_id", "warmup", "prefix_id", "worker", "prompt_tokens", "cached_tokens", "ttft_ms",
+                    "e2e_ms", "start_s", "end_s")
+OPTIONAL_COLUMNS = ("output_tokens", "server_ttft_ms", "server_queue_ms", "attempts", "error")
+
+
+class RunFileError(ValueError):
+    """A run CSV or sidecar that cannot be read; the message names the file, line and field."""
+
+
+class EngineInfo(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str = Field("vllm", description="Engine name.")
+    version: str = Field(description="Engine version, e.g. 0.32.0.")
+
+
+class RunSetup(BaseModel):
+    """The sidecar: what was run, so that kvsim can simulate the same thing."""
+
+    model_config = ConfigDict(extra="allow")
+    workers: int = Field(ge=1)
+    prefixes: int = Field(ge=1)
+    concurrency: int = Field(ge=1)
+    requests: int = Field(ge=1, description="Measured requests (warm-ups excluded).")
+    block_size: int = Field(ge=1)
+    num_gpu_blocks: int | None = Field(None, ge=2, description="Blocks per worker as vLLM reports them, null block included.")
+    kv_cache_bytes: int | None = Field(None, gt=0)
+    kv_bytes_per_token: int | None = Field(None, gt=0)
+    prefix_tokens: int = Field(ge=0)
+    prompt_tokens: int = Field(ge=1)
+    output_tokens: int = Field(ge=1)
+    router: str
+    warmup_per_prefix: int = Field(ge=0)
+    seed: int
+    engine: EngineInfo
+    max_num_batched_tokens: int | None = Field(None, ge=1)
+    max_num_seqs: int | None = Field(None, ge=1)
+    max_model_len: int | None = Field(None, ge=2)
+
+    @model_validator(mode="after")
+    def _capacity(self) -> RunSetup:
+        if self.num_gpu_blocks is None and (self.kv_cache_bytes is None or self.kv_bytes_per_token is None):
+            raise ValueError("give num_gpu_blocks, or kv_cache_bytes with kv_bytes_per_token")
+        if self.prompt_tokens < self.prefix_tokens:
+            raise ValueError(f"prompt_tokens {self.prompt_tokens} < prefix_tokens {self.prefix_tokens}")
+        return self
+
+    @property
+    def blocks_per_worker(self) -> int:
+        if self.num_gpu_blocks is not None:
+            return self.num_gpu_blocks
+        return self.kv_cache_bytes // (self.block_size * self.kv_bytes_per_token)
+
+
+@dataclass(frozen=True, slots=True)
+class RunRow:
+    request_id: int
+    warmup: bool
+    prefix_id: int
+    worker: int
+    prompt_tokens: int
+    cached_tokens: int
+    ttft_ms: float
+    e2e_ms: float
+    start_s: float
+    end_s: float
+    error: str = ""
+    server_ttft_ms: float | None = None
+    server_queue_ms: float | None = None
+
+    @property
+    def is_hit(self) -> bool:
+        return self.cached_tokens > 0
+
+    def ttft(self, source: str) -> float:
+        """TTFT in ms as the client timed it ("client"), or as the server reports it ("server": queue time +
+        time to first token, i.e. without HTTP, tokenisation and the client's own scheduling delays)."""
+        if source == "client":
+            return self.ttft_ms
+        if self.server_ttft_ms is None or self.server_queue_ms is None:
+            raise RunFileError(f"request {self.request_id}: no server_ttft_ms/server_queue_ms for server-side TTFT")
+        return self.server_ttft_ms + self.server_queue_ms
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    name: str
+    csv_path: Path
+    setup: RunSetup
+    rows: tuple[RunRow, ...]
+
+    @property
+    def measured(self) -> tuple[RunRow, ...]:
+        """Measured requests that completed (warm-ups and failed requests excluded)."""
+        return tuple(r for r in self.rows if not r.warmup and not r.error)
+
+
+def sidecar_path(csv_path: Path) -> Path:
+    return csv_path.with_suffix(".json")
+
+
+def _bool(value: str) -> bool:
+    v = value.strip().lower()
+    if v in ("1", "true", "yes"):
+        return True
+    if v in ("0", "false", "no", ""):
+        return False
+    raise ValueError(f"{value!r} is not a boolean (true/false/1/0)")
+
+
+_PARSERS = {"request_id": int, "warmup": _bool, "prefix_id": int, "worker": int, "prompt_tokens": int,
+            "cached_tokens": int, "ttft_ms": float, "e2e_ms": float, "start_s": float, "end_s": float}
+
+
+def read_run(csv_path: str | Path) -> Run:
+    """Read a run CSV and its sidecar; raises RunFileError naming the file, line and column on bad input."""
+    path = Path(csv_path)
+    if not path.is_file():
+        raise RunFileError(f"{path}: no such file")
+    side = sidecar_path(path)
+    if not side.is_file():
+        raise RunFileError(f"{path}: missing sidecar {side.name} (the run's setup, JSON)")
+    try:
+        setup = RunSetup.model_validate(json.loads(side.read_text()))
+    except json.JSONDecodeError as err:
+        raise RunFileError(f"{side}: not valid JSON ({err})") from None
+    except ValidationError as err:
+        first = err.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or "(top level)"
+        raise RunFileError(f"{side}: {field}: {first['msg'].removeprefix('Value error, ')}") from None
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        columns = reader.fieldnames or []
+        missing = [c for c in REQUIRED_COLUMNS if c not in columns]
+        if missing:
+            raise RunFileError(f"{path}: missing required column {missing[0]!r} "
+                               f"(required: {', '.join(REQUIRED_COLUMNS)})")
+        rows = []
+        for line, raw in enumerate(reader, start=2):
+            values: dict[str, Any] = {}
+            for col, parse in _PARSERS.items():
+                text = raw.get(col)
+                try:
+                    if text is None:
+                        raise ValueError("missing value")
+                    values[col] = parse(text)
+                except ValueError as err:
+                    raise RunFileError(f"{path}:{line}: column {col}: {err}") from None
+            values["error"] = (raw.get("error") or "").strip()
+            for col in ("server_ttft_ms", "server_queue_ms"):
+                text = (raw.get(col) or "").strip()
+                try:
+                    values[col] = float(text) if text else None
+                except ValueError as err:
+                    raise RunFileError(f"{path}:{line}: column {col}: {err}") from None
+            rows.append(RunRow(**values))
+    if not rows:
+        raise RunFileError(f"{path}: no rows")
+    return Run(path.stem, path, setup, tuple(rows))
+
+
+def write_run_bytes(rows: list[dict[str, Any]], setup: dict[str, Any]) -> tuple[bytes, bytes]:
+    """The CSV and sidecar contents for a run (the caller writes them atomically)."""
+    columns = list(REQUIRED_COLUMNS) + [c for c in OPTIONAL_COLUMNS if any(c in r for r in rows)]
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for r in rows:
+        writer.writerow({k: (f"{v:.3f}" if isinstance(v, float) else v) for k, v in r.items()})
+    RunSetup.model_validate(setup)  # never write a sidecar kvsim itself cannot read
+    return buf.getvalue().encode(), (json.dumps(setup, indent=2, sort_keys=True) + "\n").encode()
