@@ -1,7 +1,8 @@
-"""How requests are sent: one at a time (warm-ups) and a closed loop with C requests in flight."""
+"""How requests are sent: one at a time (warm-ups), a closed loop with C requests in flight, Poisson arrivals."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterable, Iterator
 
 import simpy
@@ -34,3 +35,15 @@ def closed_loop(
 
     clients = [env.process(client()) for _ in range(concurrency)]
     yield env.all_of(clients)
+
+
+def poisson(env: simpy.Environment, cluster: Cluster, requests: Iterable[Request], rate_rps: float,
+            rng: random.Random, out: list[RequestRecord]):
+    """SimPy process: an open loop sending requests at exponential gaps (mean 1 / rate_rps), without waiting for
+    responses; ends when every request has completed."""
+    pending = []
+    for request in requests:
+        yield env.timeout(rng.expovariate(rate_rps))
+        pending.append(cluster.send(request))
+    results = yield env.all_of(pending)
+    out.extend(results[e] for e in pending)

@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import math
+import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
 
 import click
+import yaml
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from sim.reference import formula_hit_rate, load_reference, measured
-from sim.report import SUMMARY_COLUMNS, aggregate, csv_bytes, hit_rate_figure, write_atomic
+from sim.analytic import formula_hit_rate
+from sim.reference import load_reference, measured
+from sim.report import (
+    SUMMARY_COLUMNS, aggregate, csv_bytes, hit_rate_figure, plan_figure, ttft_cdf_figure, write_atomic,
+)
 from sim.scenario import Scenario, ScenarioError, load_scenario
 
 # NOTE: piped output (CI logs, files) gets a wide table instead of rich's 80-column default.
@@ -96,7 +101,7 @@ def main() -> None:
 @click.option("--seed", type=int, default=None, help="Base seed. Default: the scenario's.")
 @click.option("--jobs", type=click.IntRange(min=1), default=None, help="Parallel processes. Default: all cores.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
-              help="Write DIR/summary.csv (a row per run) and DIR/hit_rate.png.")
+              help="Write DIR/summary.csv (a row per run), DIR/hit_rate.png and DIR/ttft_cdf.png.")
 def sweep(scenario_path, prefixes, workers, concurrency, routers, repeats, seed, jobs, out_dir) -> None:
     """Run a grid of points and compare the hit rate with the formula and the measurements.
 
@@ -126,7 +131,8 @@ def sweep(scenario_path, prefixes, workers, concurrency, routers, repeats, seed,
     with Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err_console, transient=True) as bar:
         task = bar.add_task("runs", total=len(points))
-        rows = run_sweep(base, points, jobs=jobs, progress=lambda: bar.advance(task))
+        outcomes = run_sweep(base, points, jobs=jobs, progress=lambda: bar.advance(task))
+    rows = [o.row for o in outcomes]
 
     capacity = base.kv_capacity_requests
     aggregated = aggregate(rows)
@@ -161,7 +167,8 @@ def sweep(scenario_path, prefixes, workers, concurrency, routers, repeats, seed,
         shown = {k: v for k, v in reference.items() if k[0] in {p.workers for p in points}}
         write_atomic(out / "hit_rate.png", hit_rate_figure(
             aggregated, capacity_requests=capacity, measured=shown, title=f"{base.name}: request hit rate vs prefixes"))
-        console.print(f"wrote {out / 'summary.csv'} ({len(rows)} rows) and {out / 'hit_rate.png'}")
+        write_atomic(out / "ttft_cdf.png", ttft_cdf_figure(outcomes, title=f"{base.name}: TTFT distribution"))
+        console.print(f"wrote {out / 'summary.csv'} ({len(rows)} rows), {out / 'hit_rate.png'} and {out / 'ttft_cdf.png'}")
 
 
 @main.command(name="run")
@@ -222,6 +229,392 @@ def run_command(scenario_path, prefixes, workers, concurrency, router, seed, out
         columns = list(records[0]) if records else []
         write_atomic(out / "requests.csv", csv_bytes(records, columns))
         console.print(f"wrote {out / 'summary.csv'} and {out / 'requests.csv'} ({len(records)} requests)")
+
+
+def _holdout(ctx: click.Context, param: click.Parameter, value: str | None):
+    if not value:
+        return None
+    key, sep, values = value.partition("=")
+    if not sep or key not in ("workers", "prefixes", "concurrency"):
+        raise click.BadParameter(f"{value!r}: expected workers=..., prefixes=... or concurrency=..., e.g. prefixes=7,12")
+    try:
+        chosen = {int(v) for v in values.split(",") if v.strip()}
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: the values must be whole numbers") from None
+    return key, chosen
+
+
+@main.command()
+@click.option("--scenario", "scenario_path", type=click.Path(dir_okay=False), default=None,
+              help="Scenario to calibrate. Default: the built-in service-baseline scenario.")
+@click.option("--measured", "measured_path", type=click.Path(dir_okay=False), default=None,
+              help="Measured figures (tidy CSV: workers, prefixes, concurrency, metric, value, unit, aggregation). "
+                   "Default: the scenario's reference, unless --runs are given.")
+@click.option("--runs", "run_paths", multiple=True, type=click.Path(dir_okay=False),
+              help="Measured run CSVs (with sidecars) to fit to; repeatable.")
+@click.option("--ttft", "ttft_source", type=click.Choice(["client", "server"]), default="client", show_default=True,
+              help="For --runs: fit the client-timed TTFT, or the server's queue + time to first token.")
+@click.option("--fit", "fit_params", default=None,
+              help="Parameters to fit, comma-separated (time_model.<field>, cluster.request_overhead_s, "
+                   "device.<name>.speed, device.<name>.sharing_efficiency). Default: the scenario's calibration.parameters.")
+@click.option("--holdout", callback=_holdout, default=None,
+              help="Measured points to report but not fit, e.g. prefixes=7,12 or concurrency=8.")
+@click.option("--repeats", type=click.IntRange(min=1), default=2, show_default=True, help="Simulated runs per measured point and evaluation.")
+@click.option("--starts", type=click.IntRange(min=0), default=12, show_default=True, help="Quasi-random starting points scored before refining.")
+@click.option("--refine", type=click.IntRange(min=1), default=2, show_default=True, help="Best starts refined by least squares.")
+@click.option("--max-evaluations", type=click.IntRange(min=1), default=60, show_default=True, help="Objective evaluations per refinement.")
+@click.option("--jobs", type=click.IntRange(min=1), default=None, help="Parallel processes. Default: all cores.")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), required=True, help="Write the fitted scenario (YAML) here.")
+@click.option("--report", "report_path", type=click.Path(dir_okay=False), default=None,
+              help="Write the residuals (CSV: point, metric, measured, predicted, error, used_in_fit) here.")
+def calibrate(scenario_path, measured_path, run_paths, ttft_source, fit_params, holdout, repeats, starts, refine,
+              max_evaluations, jobs, out_path, report_path) -> None:
+    """Fit the step-time model (and per-request overheads, device speeds) to measured latencies.
+
+    Every evaluation simulates each measured point with fixed seeds, so the same inputs give the same
+    parameters. The fitted scenario records which points were fitted and the residuals; the table shows
+    measured vs predicted for every figure, fitted or held out. Takes a few minutes.
+    """
+    from sim.calibrate import fit, parameter_bounds, read_parameter, targets_from_reference, targets_from_runs
+    from sim.run_csv import RunFileError, read_run
+
+    base, path = _load(scenario_path)
+    ref_path = Path(measured_path) if measured_path else (
+        path.parent / base.reference if base.reference and not run_paths else None)
+    if ref_path is None and not run_paths:
+        raise click.BadParameter("the scenario has no reference: give --measured or --runs", param_hint="--measured")
+    targets = []
+    if ref_path is not None:
+        try:
+            targets += targets_from_reference(load_reference(ref_path))
+        except (OSError, ValueError) as err:
+            raise click.ClickException(f"--measured: cannot read {ref_path}: {err}") from None
+    try:
+        runs = [read_run(p) for p in run_paths]
+        targets += targets_from_runs(runs, ttft_source=ttft_source)
+    except RunFileError as err:
+        raise click.ClickException(str(err)) from None
+    if not targets:
+        raise click.ClickException("the measurements hold no TTFT or throughput figures to fit")
+    params = [p.strip() for p in fit_params.split(",") if p.strip()] if fit_params else list(base.calibration.parameters)
+    if holdout:
+        key, chosen = holdout
+        index = {"workers": 0, "prefixes": 1, "concurrency": 2}[key]
+        is_held_out = lambda t: t.point[index] in chosen  # noqa: E731
+    else:
+        is_held_out = lambda t: False  # noqa: E731
+    try:
+        for p in params:
+            parameter_bounds(p)
+            read_parameter(base, p)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--fit") from None
+
+    with Progress(TextColumn("calibrate: {task.description}"), TimeElapsedColumn(), console=err_console,
+                  transient=True) as bar:
+        task = bar.add_task("starting", total=None)
+        try:
+            result = fit(base, targets, params, holdout=is_held_out, repeats=repeats, runs=runs,
+                         ttft_source=ttft_source, jobs=jobs, starts=starts,
+                         refine=refine, max_evaluations=max_evaluations,
+                         progress=lambda n, r: bar.update(task, description=f"evaluation {n}, rms log error {r:.3f}"))
+        except ValueError as err:
+            raise click.ClickException(str(err)) from None
+
+    table = Table(title=f"{base.name}: measured vs predicted after {result.evaluations} evaluations")
+    for col in ("point", "metric", "measured", "predicted", "error", "used"):
+        table.add_column(col, justify="left" if col in ("point", "metric", "used") else "right")
+    for r in result.residuals:
+        w, n, c = r.target.point
+        where = f"{w} workers, N={n}, C={c}"
+        table.add_row(where if r.target.case == f"{w}/{n}/{c}" else f"{r.target.case} ({where})", r.target.metric, f"{r.target.measured:.1f}",
+                      f"{r.predicted:.1f}", f"{100 * r.error:+.1f} %", "fit" if r.used_in_fit else "held out")
+    console.print(table)
+    for name, value in result.parameters.items():
+        console.print(f"  {name} = {value:.4g}  (was {result.initial[name]:.4g})")
+    fit_err = result.rms_log_error(used_in_fit=True)
+    hold_err = result.rms_log_error(used_in_fit=False)
+    console.print(f"RMS log error: fitted {fit_err:.3f}" + ("" if math.isnan(hold_err) else f", held out {hold_err:.3f}"))
+
+    def labels(used: bool) -> list[str]:
+        by_case: dict[str, list[str]] = {}
+        for r in result.residuals:
+            if r.used_in_fit == used:
+                by_case.setdefault(r.target.case, []).append(r.target.metric)
+        return [f"{case}: {', '.join(m)}" for case, m in sorted(by_case.items())]
+
+    fitted = result.scenario.model_copy(update={"calibration": base.calibration.model_copy(update={
+        "parameters": params, "fitted_on": labels(True), "held_out": labels(False),
+        "fit_rms_log_error": round(fit_err, 4),
+        "holdout_rms_log_error": None if math.isnan(hold_err) else round(hold_err, 4),
+    })})
+    out = Path(out_path)
+    if base.reference is not None:  # keep pointing at the same file from where the fitted scenario is written
+        own_reference = (path.parent / base.reference).resolve()
+        fitted = fitted.model_copy(update={"reference": os.path.relpath(own_reference, out.resolve().parent)})
+    sources = ([ref_path.name] if ref_path else []) + [Path(p).name for p in run_paths]
+    header = (f"# Calibrated by `kvsim calibrate` from {path.name} against {', '.join(sources)}.\n"
+              f"# Fitted: {', '.join(f'{k} = {v:.4g}' for k, v in result.parameters.items())}.\n")
+    write_atomic(out, (header + yaml.safe_dump(fitted.model_dump(mode="json"), sort_keys=False)).encode())
+    if report_path:
+        rows = [{"point": r.target.case, "metric": r.target.metric,
+                 "measured": r.target.measured, "predicted": r.predicted, "error": r.error,
+                 "used_in_fit": r.used_in_fit} for r in result.residuals]
+        write_atomic(Path(report_path), csv_bytes(rows, list(rows[0])))
+    console.print(f"wrote {out}" + (f" and {report_path}" if report_path else ""))
+
+
+@main.command()
+@click.option("--endpoint", "endpoints", multiple=True, required=True,
+              help="Server base URL (http://HOST:PORT); repeat for each worker. Order = worker index.")
+@click.option("--prefixes", type=click.IntRange(min=1), required=True, help="Distinct shared prefixes N.")
+@click.option("--concurrency", type=click.IntRange(min=1), required=True, help="Requests kept in flight (closed loop).")
+@click.option("--requests", type=click.IntRange(min=1), default=None,
+              help="Measured requests. Default: the scenario's max(min_requests, requests_per_prefix x N).")
+@click.option("--scenario", "scenario_path", type=click.Path(dir_okay=False), default=None,
+              help="Scenario whose workload (prefix, tail and output tokens, warm-ups) and seed to use.")
+@click.option("--router", default="random", show_default=True, help="Client-side router (one that needs no cache state).")
+@click.option("--prefix-tokens", type=click.IntRange(min=0), default=None, help="Override the scenario's prefix tokens.")
+@click.option("--tail-tokens", type=click.IntRange(min=1), default=None, help="Override the scenario's tail tokens.")
+@click.option("--output-tokens", type=click.IntRange(min=1), default=None, help="Override the scenario's output tokens.")
+@click.option("--seed", type=int, default=None, help="Stream seed. Default: the scenario's.")
+@click.option("--max-token-id", type=click.IntRange(min=4), default=8191, show_default=True,
+              help="Largest token id in prompts (vocabulary size - 1); ids start at 3.")
+@click.option("--model", default=None, help="Model name for requests. Default: the first one /v1/models lists.")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1), default=120.0, show_default=True,
+              help="Seconds before a silent request is abandoned (and retried).")
+@click.option("--retries", type=click.IntRange(min=0), default=2, show_default=True,
+              help="Retries of a failed request (connection error, timeout, HTTP 5xx/429).")
+@click.option("--no-reset", is_flag=True, help="Do not POST /reset_prefix_cache before the run.")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), required=True,
+              help="Run CSV to write; the setup goes to the sidecar with the same stem and .json.")
+def measure(endpoints, prefixes, concurrency, requests, scenario_path, router, prefix_tokens, tail_tokens,
+            output_tokens, seed, max_token_id, model, timeout_s, retries, no_reset, out_path) -> None:
+    """Send real servers exactly the stream kvsim simulates, and write a run CSV + sidecar.
+
+    Warm-ups (one per prefix) go first, one at a time; then CONCURRENCY requests stay in flight, each on a new
+    connection, routed on the client. TTFT is timed at the first streamed chunk; cached tokens come from
+    usage.prompt_tokens_details (vLLM needs --enable-prompt-tokens-details); /metrics counters are read before
+    and after. Exits non-zero if any request failed after its retries.
+    """
+    from sim.measure import MeasureConfig
+    from sim.measure import measure as run_measure
+    from sim.openai_client import Endpoint, EndpointError
+    from sim.run_csv import sidecar_path, write_run_bytes
+
+    base, _ = _load(scenario_path)
+    allowed = [n for n in _router_names()]
+    if router not in allowed:
+        raise click.BadParameter(f"unknown router {router}; allowed: {', '.join(allowed)}", param_hint="--router")
+    try:
+        eps = [Endpoint.parse(e) for e in endpoints]
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--endpoint") from None
+    overrides = {"workload.prefixes": prefixes, "workload.concurrency": concurrency}
+    for key, value in (("prefix_tokens", prefix_tokens), ("tail_tokens", tail_tokens), ("output_tokens", output_tokens)):
+        if value is not None:
+            overrides[f"workload.{key}"] = value
+    if requests is not None:
+        overrides.update({"workload.min_requests": requests, "workload.requests_per_prefix": 0})
+    try:
+        workload = base.with_overrides(**overrides).workload
+    except ScenarioError as err:
+        raise click.ClickException(str(err)) from None
+    cfg = MeasureConfig(endpoints=eps, workload=workload, router=router,
+                        router_options=base.router.options if router == base.router.name else {},
+                        seed=base.seed if seed is None else seed, max_token_id=max_token_id, model=model,
+                        timeout_s=timeout_s, retries=retries, reset_cache=not no_reset)
+    total = workload.num_requests + workload.prefixes * workload.warmup_per_prefix
+    with Progress(TextColumn("measure"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err_console, transient=True) as bar:
+        task = bar.add_task("requests", total=total)
+        try:
+            rows, setup = run_measure(cfg, progress=lambda: bar.advance(task))
+        except (EndpointError, ValueError) as err:
+            raise click.ClickException(str(err)) from None
+    out = Path(out_path)
+    csv_data, side_data = write_run_bytes(rows, setup)
+    write_atomic(out, csv_data)
+    write_atomic(sidecar_path(out), side_data)
+    measured_rows = [r for r in rows if not r["warmup"] and not r["error"]]
+    hits = sum(1 for r in measured_rows if r["cached_tokens"] > 0)
+    console.print(f"wrote {out} and {sidecar_path(out).name}: {len(measured_rows)} measured requests, "
+                  f"request hit rate {hits / max(1, len(measured_rows)):.3f}, "
+                  f"{setup['measured_duration_s']:.1f} s")
+    if setup["failed_requests"]:
+        first = next(r["error"] for r in rows if r["error"])
+        raise click.ClickException(f"{setup['failed_requests']} request(s) failed after retries; first: {first}")
+
+
+def _tolerances(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]):
+    from sim.validate import Tolerance
+
+    try:
+        return [Tolerance.parse(v) for v in values]
+    except ValueError as err:
+        raise click.BadParameter(str(err)) from None
+
+
+@main.command()
+@click.argument("runs", nargs=-1, required=True, type=click.Path(dir_okay=False), metavar="RUN.csv...")
+@click.option("--scenario", "scenario_path", type=click.Path(dir_okay=False), default=None,
+              help="Base scenario for what a run does not describe (time model, devices). Default: the built-in one.")
+@click.option("--routing", type=click.Choice(["recorded", "simulated"]), default="recorded", show_default=True,
+              help="recorded: each request goes to the worker it went to; simulated: the run's router decides.")
+@click.option("--ttft", "ttft_source", type=click.Choice(["client", "server"]), default="client", show_default=True,
+              help="Compare the client-timed TTFT, or the server's queue + time to first token with kvsim's engine "
+                   "queue + prefill (needs the server_ttft_ms and server_queue_ms columns).")
+@click.option("--tolerance", "tolerances", multiple=True, callback=_tolerances,
+              help="METRIC=LIMIT, absolute (request_hit_rate=0.03) or relative (ttft_p50_ms=25%); repeatable. "
+                   "Exit 1 if a figure is outside.")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
+              help="Write one row per (run, metric): run, metric, measured, predicted, error.")
+def validate(runs, scenario_path, routing, ttft_source, tolerances, out_path) -> None:
+    """Simulate measured runs (run CSV + JSON sidecar, see README) and compare kvsim's prediction with them.
+
+    Rates are compared in points (predicted - measured), times in ms and throughput in requests/s; the
+    relative error is shown beside.
+    """
+    from sim.run_csv import RunFileError, read_run
+    from sim.validate import compare
+
+    base, _ = _load(scenario_path)
+    loaded = []
+    for path in runs:
+        try:
+            loaded.append(read_run(path))
+        except RunFileError as err:
+            raise click.ClickException(str(err)) from None
+    comparisons = []
+    for run in loaded:
+        try:
+            comparisons += compare(base, run, routing=routing, ttft_source=ttft_source)
+        except (ScenarioError, ValueError) as err:
+            raise click.ClickException(str(err)) from None
+    table = Table(title=f"measured vs kvsim ({routing} routing, {ttft_source} TTFT, base scenario {base.name})")
+    for col in ("run", "metric", "measured", "predicted", "error", "relative", "check"):
+        table.add_column(col, justify="left" if col in ("run", "metric", "check") else "right")
+    failed = []
+    for c in comparisons:
+        bad = [t for t in tolerances if t.violated_by(c)]
+        check = "" if not any(t.metric == c.metric for t in tolerances) else ("FAIL" if bad else "ok")
+        if bad:
+            failed.append(c)
+        spec = ".3f" if c.metric in ("request_hit_rate", "full_hit_rate", "token_hit_rate") else ".1f"
+        table.add_row(c.run, c.metric, _fmt(c.measured, spec), _fmt(c.predicted, spec), _fmt(c.error, "+" + spec),
+                      _fmt(100 * c.relative_error, "+.1f") + " %", check)
+    console.print(table)
+    if out_path:
+        rows = [{"run": c.run, "metric": c.metric, "measured": c.measured, "predicted": c.predicted,
+                 "error": c.error} for c in comparisons]
+        write_atomic(Path(out_path), csv_bytes(rows, ["run", "metric", "measured", "predicted", "error"]))
+        console.print(f"wrote {out_path}")
+    if failed:
+        worst = failed[0]
+        raise click.ClickException(f"{len(failed)} figure(s) outside tolerance, e.g. {worst.run} {worst.metric}: "
+                                   f"measured {worst.measured:.4g}, predicted {worst.predicted:.4g}")
+
+
+@main.command()
+@click.option("--scenario", "scenario_path", type=click.Path(dir_okay=False), default=None,
+              help="Scenario (workload, model, engine, time model). Default: the built-in calibrated reference.")
+@click.option("--prefixes", type=click.IntRange(min=1), default=None, help="Distinct prefixes N. Default: the scenario's.")
+@click.option("--zipf", type=click.FloatRange(min=0), default=None,
+              help="Zipf exponent of prefix popularity (0 = uniform). Default: the scenario's popularity.")
+@click.option("--target-hit-rate", type=click.FloatRange(0, 1), default=None, help="Request hit rate to reach.")
+@click.option("--target-ttft-p99-ms", type=click.FloatRange(min=0), default=None,
+              help="TTFT p99 (ms) not to exceed (needs a calibrated scenario).")
+@click.option("--vary", type=click.Choice(sorted(["workers", "kv-gib"])), required=True,
+              help="What may change: the worker count, or the KV cache per worker in GiB.")
+@click.option("--min", "low", type=float, default=None, help="Smallest value to try. Default: 1 worker / 1 GiB.")
+@click.option("--max", "high", type=float, default=None, help="Largest value to try. Default: 64 workers / 32 GiB.")
+@click.option("--step", type=click.FloatRange(min=0.01), default=0.25, show_default=True, help="Resolution of kv-gib.")
+@click.option("--workers", type=click.IntRange(min=1), default=None, help="Workers while varying kv-gib. Default: the scenario's.")
+@click.option("--router", "routers", callback=_router_list, default=None,
+              help="Routers to plan for, comma-separated. Default: the scenario's.")
+@click.option("--repeats", type=click.IntRange(min=2), default=3, show_default=True, help="Simulated runs per candidate.")
+@click.option("--horizon", type=click.IntRange(min=50), default=1000, show_default=True,
+              help="Measured requests per simulated run, after a discarded transient that lets every reachable "
+                   "(worker, prefix) pair be visited (steady state).")
+@click.option("--jobs", type=click.IntRange(min=1), default=None, help="Parallel processes. Default: all cores.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Write DIR/plan.csv (a row per router) and DIR/plan.png.")
+def plan(scenario_path, prefixes, zipf, target_hit_rate, target_ttft_p99_ms, vary, low, high, step, workers, routers,
+         repeats, horizon, jobs, out_dir) -> None:
+    """Find, per router, the cheapest setting that meets a target: how many workers, or how much KV per worker.
+
+    The analytic block model screens the range; simulation confirms by bisection with repeats (steady state),
+    and the table reports the simulated mean at the answer with its 95 % interval beside the analytic answer.
+    """
+    from sim.plan import VARY_UNITS, PlanSpec, PlanTarget, make_grid
+    from sim.plan import plan as run_plan
+
+    base, _ = _load(scenario_path)
+    overrides: dict[str, object] = {}
+    if prefixes is not None:
+        overrides["workload.prefixes"] = prefixes
+    if zipf is not None:
+        overrides.update({"workload.popularity": "zipf" if zipf > 0 else "uniform", "workload.zipf_exponent": zipf})
+    if workers is not None:
+        overrides["cluster.workers"] = workers
+    try:
+        base = base.with_overrides(**overrides) if overrides else base
+        target = PlanTarget(target_hit_rate, target_ttft_p99_ms)
+        low = (1.0 if vary == "workers" else 1.0) if low is None else low
+        high = (64.0 if vary == "workers" else 32.0) if high is None else high
+        spec = PlanSpec(vary=vary, grid=make_grid(vary, low, high, step), target=target, repeats=repeats,
+                        horizon_requests=horizon, routers=tuple(routers or [base.router.name]))
+    except (ScenarioError, ValueError) as err:
+        raise click.ClickException(str(err)) from None
+    with Progress(TextColumn("plan: {task.description}"), TimeElapsedColumn(), console=err_console,
+                  transient=True) as bar:
+        task = bar.add_task("screening", total=None)
+        try:
+            plans = run_plan(base, spec, jobs=jobs, progress=lambda msg: bar.update(task, description=msg))
+        except (ScenarioError, ValueError) as err:
+            raise click.ClickException(str(err)) from None
+    unit = VARY_UNITS[vary]
+    what = " and ".join(x for x in (f"request hit rate >= {target_hit_rate}" if target_hit_rate is not None else "",
+                                    f"TTFT p99 <= {target_ttft_p99_ms} ms" if target_ttft_p99_ms is not None else "") if x)
+    table = Table(title=f"{base.name}, N={base.workload.prefixes} ({base.workload.popularity}): cheapest {vary} for {what}")
+    for col in ("router", "answer", "simulated hit rate", "simulated TTFT p99 ms", "analytic answer",
+                "simulated below answer", "runs"):
+        table.add_column(col, justify="left" if col == "router" else "right")
+    rows = []
+    for p in plans:
+        at = p.at_answer
+        below = next((e for e in reversed(p.evaluations) if p.answer is not None and e.value < p.answer), None)
+        table.add_row(
+            p.router, "none in range" if p.answer is None else f"{p.answer:g} {unit}",
+            "-" if at is None else f"{at.hit_rate:.3f} ± {at.hit_rate_ci95:.3f}",
+            "-" if at is None else f"{at.ttft_p99:.0f} ± {at.ttft_p99_ci95:.0f}",
+            "-" if p.analytic_answer is None else f"{p.analytic_answer:g} {unit}",
+            "-" if below is None else f"{below.value:g}: {below.hit_rate:.3f} / {below.ttft_p99:.0f} ms",
+            str(len(p.evaluations) * repeats),
+        )
+        primary_is_hit = target_hit_rate is not None
+        row = {"router": p.router, "vary": vary, "answer": "" if p.answer is None else p.answer, "unit": unit,
+               "predicted": "" if at is None else (at.hit_rate if primary_is_hit else at.ttft_p99),
+               "target": target_hit_rate if primary_is_hit else target_ttft_p99_ms,
+               "analytic_answer": "" if p.analytic_answer is None else p.analytic_answer,
+               "metric": "request_hit_rate" if primary_is_hit else "ttft_p99_ms",
+               "predicted_ci95": "" if at is None else (at.hit_rate_ci95 if primary_is_hit else at.ttft_p99_ci95)}
+        if primary_is_hit and target_ttft_p99_ms is not None:
+            row.update({"predicted_ttft_p99_ms": "" if at is None else at.ttft_p99, "target_ttft_p99_ms": target_ttft_p99_ms})
+        rows.append(row)
+    console.print(table)
+    console.print(f"steady state: {horizon} measured requests per run after a discarded transient, {repeats} runs per "
+                  f"candidate; intervals are 95 % over runs")
+    if out_dir:
+        out = Path(out_dir)
+        columns = ["router", "vary", "answer", "unit", "predicted", "target", "analytic_answer", "metric",
+                   "predicted_ci95"] + (["predicted_ttft_p99_ms", "target_ttft_p99_ms"]
+                                        if target_hit_rate is not None and target_ttft_p99_ms is not None else [])
+        write_atomic(out / "plan.csv", csv_bytes(rows, columns))
+        write_atomic(out / "plan.png", plan_figure(plans, target_hit_rate=target_hit_rate,
+                                                   target_ttft_p99_ms=target_ttft_p99_ms, unit=unit,
+                                                   title=f"{base.name}: {what}"))
+        console.print(f"wrote {out / 'plan.csv'} and {out / 'plan.png'}")
 
 
 @main.command()

@@ -1,4 +1,4 @@
-"""Measured results that a scenario can be compared with: the tidy reference CSV and the capacity formula."""
+"""Measured results that a scenario can be compared with: the tidy reference CSV."""
 
 from __future__ import annotations
 
@@ -44,8 +44,3 @@ def load_reference(path: str | Path) -> list[Measurement]:
 def measured(reference: list[Measurement], metric: str) -> dict[tuple[int, int, int], float]:
     """{(workers, prefixes, concurrency): value} for one metric."""
     return {(m.workers, m.prefixes, m.concurrency): m.value for m in reference if m.metric == metric}
-
-
-def formula_hit_rate(capacity_requests: float, prefixes: int) -> float:
-    """The measured experiment's rule of thumb: min(1, C/N), C = KV tokens per worker / prompt tokens."""
-    return min(1.0, capacity_requests / prefixes)

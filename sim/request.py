@@ -23,7 +23,10 @@ class Request:
     num_shareable_tokens: int = 0
     """Leading prompt tokens another request may share (the shared prefix); a full hit caches all of them."""
     prefix_id: int | None = None
+    prefix_tokens: int = 0
+    """Tokens of the shared prefix the prompt starts with (the rest of the prompt is the request's own)."""
     warmup: bool = False
+    """Excluded from statistics (a warm-up, or a request of the discarded start of a steady-state run)."""
 
     def __post_init__(self) -> None:
         if self.prompt_tokens < 1:

@@ -8,12 +8,12 @@ from __future__ import annotations
 import simpy
 
 from policies import ROUTERS
-from sim.arrivals import closed_loop, one_at_a_time
+from sim.arrivals import closed_loop, one_at_a_time, poisson
 from sim.cluster import Cluster
 from sim.records import RequestRecord, RunResult
 from sim.router import Router
 from sim.scenario import Scenario, ScenarioError
-from sim.workload import rng_for, shared_prefix_stream
+from sim.workload import RequestStream, rng_for, shared_prefix_stream
 
 
 def build_router(scenario: Scenario) -> Router:
@@ -32,11 +32,14 @@ def build_router(scenario: Scenario) -> Router:
         raise ScenarioError(f"router.options ({spec.name}): {err}") from None
 
 
-def run(scenario: Scenario) -> RunResult:
-    """Simulate one scenario: warm-ups one at a time, then the measured requests in a closed loop."""
+def run(scenario: Scenario, stream: RequestStream | None = None) -> RunResult:
+    """Simulate one scenario: warm-ups one at a time, then the measured requests (closed loop or Poisson).
+
+    `stream` replaces the scenario's generated workload (e.g. the requests of a measured run)."""
     env = simpy.Environment()
     cluster = Cluster(env, scenario, build_router(scenario))
-    stream = shared_prefix_stream(scenario.workload, block_size=scenario.engine.block_size, seed=scenario.seed)
+    if stream is None:
+        stream = shared_prefix_stream(scenario.workload, block_size=scenario.engine.block_size, seed=scenario.seed)
     records: list[RequestRecord] = []
     marks: dict[str, object] = {}
 
@@ -44,7 +47,12 @@ def run(scenario: Scenario) -> RunResult:
         yield env.process(one_at_a_time(env, cluster, stream.warmups, records))
         marks["start_s"] = env.now
         marks["warm"] = cluster.counters()
-        yield env.process(closed_loop(env, cluster, stream.requests, scenario.workload.concurrency, records))
+        workload = scenario.workload
+        if workload.arrival_rate_rps is None:
+            yield env.process(closed_loop(env, cluster, stream.requests, workload.concurrency, records))
+        else:
+            yield env.process(poisson(env, cluster, stream.requests, workload.arrival_rate_rps,
+                                      rng_for(scenario.seed, "arrivals"), records))
         marks["end_s"] = env.now
 
     env.process(experiment())

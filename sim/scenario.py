@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -56,25 +57,111 @@ class EngineSpec(_Model):
         return v
 
 
-class WorkloadSpec(_Model):
-    """The shared-prefix workload of the reference experiment."""
+class LengthSpec(_Model):
+    """A token-length distribution (a plain integer in a scenario means a fixed length).
 
-    prefixes: int = Field(ge=1, description="Distinct shared prefixes N, drawn uniformly per request.")
-    prefix_tokens: int = Field(ge=0, description="Tokens of each shared prefix.")
-    tail_tokens: int = Field(ge=1, description="Tokens of each request's unique tail (after the prefix).")
-    output_tokens: int = Field(ge=1, description="Output tokens per request (max_tokens, EOS ignored).")
+    uniform: integers in [low, high]; normal / lognormal: mean and sd in tokens, rounded and clipped to [low, high]
+    (lognormal is parameterised by the mean and sd of the length itself, not of its logarithm).
+    """
+
+    kind: Literal["uniform", "normal", "lognormal"] = Field(description="Distribution family.")
+    low: int = Field(ge=1, description="Smallest length (tokens).")
+    high: int = Field(ge=1, description="Largest length (tokens).")
+    mean: float | None = Field(None, gt=0, description="Mean length (normal, lognormal).")
+    sd: float | None = Field(None, ge=0, description="Standard deviation (normal, lognormal).")
+
+    @model_validator(mode="after")
+    def _check(self) -> LengthSpec:
+        if self.high < self.low:
+            raise ValueError(f"high ({self.high}) must be >= low ({self.low})")
+        if self.kind != "uniform" and (self.mean is None or self.sd is None):
+            raise ValueError(f"a {self.kind} length needs mean and sd")
+        return self
+
+
+Length = int | LengthSpec
+
+
+def length_mean(length: Length) -> float:
+    if isinstance(length, int):
+        return float(length)
+    if length.kind == "uniform":
+        return (length.low + length.high) / 2
+    return float(min(max(length.mean, length.low), length.high))  # clipping moves it little; a screen, not exact
+
+
+def length_max(length: Length) -> int:
+    return length if isinstance(length, int) else length.high
+
+
+def sample_length(length: Length, rng) -> int:
+    """One length drawn with `rng` (a random.Random)."""
+    if isinstance(length, int):
+        return length
+    if length.kind == "uniform":
+        value = rng.randint(length.low, length.high)
+    elif length.kind == "normal":
+        value = round(rng.gauss(length.mean, length.sd))
+    else:
+        sigma2 = math.log(1 + (length.sd / length.mean) ** 2)
+        value = round(rng.lognormvariate(math.log(length.mean) - sigma2 / 2, math.sqrt(sigma2)))
+    return min(max(value, length.low), length.high)
+
+
+class WorkloadSpec(_Model):
+    """A shared-prefix workload: N prefixes with a popularity, each request a prefix + its own tail + outputs.
+
+    The reference experiment is the special case of uniform popularity, fixed lengths and a closed loop.
+    """
+
+    prefixes: int = Field(ge=1, description="Distinct shared prefixes N.")
+    popularity: Literal["uniform", "zipf", "weights"] = Field("uniform", description="How a request's prefix is drawn.")
+    zipf_exponent: float = Field(1.0, ge=0, description="Zipf exponent s (popularity of rank k proportional to k^-s).")
+    weights: list[float] | None = Field(None, description="Explicit relative popularity per prefix (popularity: weights).")
+    prefix_tokens: Length = Field(description="Tokens of each shared prefix (drawn once per prefix if a distribution).")
+    tail_tokens: Length = Field(description="Tokens of each request's unique tail (after the prefix).")
+    output_tokens: Length = Field(description="Output tokens per request (max_tokens, EOS ignored).")
     min_requests: int = Field(200, ge=1, description="Measured requests = max(min_requests, requests_per_prefix x N).")
     requests_per_prefix: int = Field(20, ge=0, description="See min_requests.")
     warmup_per_prefix: int = Field(1, ge=0, description="Warm-up requests per prefix, sent one at a time first, excluded from statistics.")
-    concurrency: int = Field(8, ge=1, description="Closed loop: requests kept in flight.")
+    discard_first: int = Field(0, ge=0, description="Measured requests at the start also excluded from statistics (steady state).")
+    concurrency: int = Field(8, ge=1, description="Closed loop: requests kept in flight (unless arrival_rate_rps is set).")
+    arrival_rate_rps: float | None = Field(None, gt=0, description="Open loop: Poisson arrivals at this rate (requests/s) instead of a closed loop.")
+
+    @model_validator(mode="after")
+    def _check(self) -> WorkloadSpec:
+        if self.popularity == "weights":
+            if self.weights is None or len(self.weights) != self.prefixes:
+                raise ValueError(f"popularity 'weights' needs one weight per prefix ({self.prefixes})")
+            if any(w < 0 for w in self.weights) or sum(self.weights) <= 0:
+                raise ValueError("weights must be >= 0 with a positive sum")
+        if self.discard_first >= self.num_requests:
+            raise ValueError(f"discard_first ({self.discard_first}) leaves no measured request of {self.num_requests}")
+        return self
 
     @property
     def prompt_tokens(self) -> int:
-        return self.prefix_tokens + self.tail_tokens
+        """Mean prompt length (tokens), rounded."""
+        return round(length_mean(self.prefix_tokens) + length_mean(self.tail_tokens))
+
+    @property
+    def max_request_tokens(self) -> int:
+        return length_max(self.prefix_tokens) + length_max(self.tail_tokens) + length_max(self.output_tokens)
 
     @property
     def num_requests(self) -> int:
         return max(self.min_requests, self.requests_per_prefix * self.prefixes)
+
+    def popularity_weights(self) -> list[float]:
+        """Probability of each prefix id (rank order: prefix 0 is the most popular under Zipf)."""
+        if self.popularity == "uniform":
+            raw = [1.0] * self.prefixes
+        elif self.popularity == "zipf":
+            raw = [(k + 1) ** -self.zipf_exponent for k in range(self.prefixes)]
+        else:
+            raw = list(self.weights)
+        total = sum(raw)
+        return [w / total for w in raw]
 
 
 class RouterSpec(_Model):
@@ -82,11 +169,25 @@ class RouterSpec(_Model):
     options: dict[str, Any] = Field(default_factory=dict, description="Router options, by router.")
 
 
+class TimeModelSpec(_Model):
+    """Step-time model at device speed 1.0 (`sim.time_model.LinearStepTimeModel`):
+    step_s = base_s + prefill_token_s x prefill tokens + decode_seq_s x decodes
+           + decode_context_token_s x decode context tokens + prefill_attention_pair_s x prefill attention pairs."""
+
+    base_s: float = Field(0.005, ge=0, description="Fixed cost of every engine step (launch, scheduling, sampling).")
+    prefill_token_s: float = Field(3.0e-5, ge=0, description="Per prompt token computed in the step (cached tokens excluded).")
+    decode_seq_s: float = Field(2.0e-4, ge=0, description="Per request decoding one token in the step.")
+    decode_context_token_s: float = Field(0.0, ge=0, description="Per KV token read by the step's decodes.")
+    prefill_attention_pair_s: float = Field(0.0, ge=0, description="Per query-key pair of the step's prefill tokens.")
+
+
 class DeviceSpec(_Model):
-    name: str = Field(description="Device name, for reports.")
+    name: str = Field(description="Device name (its class, e.g. gpu-24gb); calibration addresses devices by name.")
     workers: int = Field(1, ge=1, description="Workers that share this device's time.")
     speed: float = Field(1.0, gt=0, description="Relative speed: a step takes step_s / speed alone on the device.")
+    cores: int = Field(1, ge=1, description="Steps the device runs in parallel at full speed (GPU: 1; a CPU: its cores).")
     sharing_efficiency: float = Field(1.0, gt=0, le=1, description="Fraction of the device left for work when several workers' steps share it.")
+    time_model: TimeModelSpec | None = Field(None, description="This device class's own step-time model (default: the scenario's).")
 
 
 class DeploymentSpec(_Model):
@@ -109,6 +210,8 @@ class ClusterSpec(_Model):
         description="For a worker count without a deployment: one such device per worker.",
     )
     router_hop_s: float = Field(0.0, ge=0, description="Latency the router adds to every request.")
+    request_overhead_s: float = Field(0.0, ge=0, description="Per-request cost outside the engine before it queues (HTTP, tokenisation).")
+    response_overhead_s: float = Field(0.0, ge=0, description="Delay from the engine emitting a token to the client seeing it (detokenise, stream).")
 
     def devices(self) -> list[DeviceSpec]:
         for d in self.deployments:
@@ -118,14 +221,18 @@ class ClusterSpec(_Model):
                 for i in range(self.workers)]
 
 
-class TimeModelSpec(_Model):
-    """Linear step-time model (see `sim.time_model.LinearStepTimeModel`), at device speed 1.0."""
+class CalibrationSpec(_Model):
+    """Which parameters `kvsim calibrate` fits by default, and what the last fit used (written by calibrate)."""
 
-    base_s: float = Field(0.005, ge=0, description="Fixed cost of every engine step.")
-    prefill_token_s: float = Field(3.0e-5, ge=0, description="Per prompt token computed in the step.")
-    decode_seq_s: float = Field(2.0e-4, ge=0, description="Per request decoding one token in the step.")
-    context_token_s: float = Field(0.0, ge=0, description="Per KV token read by the step's attention.")
-    request_overhead_s: float = Field(0.0, ge=0, description="Per-request cost outside the engine (HTTP, tokenisation), before queueing.")
+    parameters: list[str] = Field(
+        default_factory=lambda: ["cluster.request_overhead_s", "time_model.base_s", "time_model.prefill_token_s",
+                                 "time_model.decode_seq_s"],
+        description="Parameters to fit: time_model.<field>, cluster.<field>_s, device.<name>.speed|sharing_efficiency.",
+    )
+    fitted_on: list[str] = Field(default_factory=list, description="Measured points the fit used (workers/prefixes/concurrency: metrics).")
+    held_out: list[str] = Field(default_factory=list, description="Measured points reported but not fitted.")
+    fit_rms_log_error: float | None = Field(None, description="RMS of log(predicted/measured) over the fitted figures.")
+    holdout_rms_log_error: float | None = Field(None, description="The same over the held-out figures.")
 
 
 class Scenario(_Model):
@@ -139,6 +246,7 @@ class Scenario(_Model):
     cluster: ClusterSpec
     time_model: TimeModelSpec = Field(default_factory=TimeModelSpec)
     reference: str | None = Field(None, description="Measured results (CSV) for this scenario, relative to the scenario file.")
+    calibration: CalibrationSpec = Field(default_factory=CalibrationSpec, description="Time-model calibration.")
 
     @property
     def num_gpu_blocks(self) -> int:
@@ -150,7 +258,9 @@ class Scenario(_Model):
     @property
     def kv_capacity_requests(self) -> float:
         """C of the formula min(1, C/N): KV tokens per worker / mean prompt tokens."""
-        return self.engine.kv_cache_bytes / self.model.kv_bytes_per_token / self.workload.prompt_tokens
+        from sim.analytic import capacity_requests
+
+        return capacity_requests(self.engine.kv_cache_bytes, self.model.kv_bytes_per_token, self.workload.prompt_tokens)
 
     @model_validator(mode="after")
     def _fits(self) -> Scenario:
@@ -160,7 +270,7 @@ class Scenario(_Model):
             raise ValueError(
                 f"engine.kv_cache_bytes={self.engine.kv_cache_bytes} gives {num_blocks} blocks of {bs} tokens; need >= 2"
             )
-        longest = self.workload.prompt_tokens + self.workload.output_tokens
+        longest = self.workload.max_request_tokens
         if longest > self.engine.max_model_len:
             raise ValueError(f"workload prompt+output = {longest} tokens exceeds engine.max_model_len={self.engine.max_model_len}")
         needed = -(-longest // bs)

@@ -22,12 +22,16 @@ class Summary:
 
     * `request_hit_rate`: requests with any cached token at first admission / requests (what the reference counts);
     * `full_hit_rate`: requests whose whole shareable prefix was cached / requests;
-    * `token_hit_rate`: vLLM's `prefix_cache_hits / prefix_cache_queries` over the measured phase.
+    * `token_hit_rate`: cached prompt tokens / prompt tokens over the measured requests, each counted at its first
+      admission: vLLM's `prefix_cache_hits / prefix_cache_queries` as vLLM >= 0.27 counts them (older releases also
+      count failed lookups; the raw counters of the measured phase are in `prefix_cache`).
     """
 
     requests: int
     hit_requests: int
     full_hit_requests: int
+    query_tokens: int
+    hit_tokens: int
     prefix_cache: PrefixCacheStats
     evicted_blocks: int
     preemptions: int
@@ -45,8 +49,7 @@ class Summary:
 
     @property
     def token_hit_rate(self) -> float:
-        q = self.prefix_cache.queries
-        return self.prefix_cache.hits / q if q else float("nan")
+        return self.hit_tokens / self.query_tokens if self.query_tokens else float("nan")
 
     @property
     def throughput_rps(self) -> float:
@@ -89,6 +92,8 @@ def summarize(result: RunResult) -> Summary:
         requests=len(measured),
         hit_requests=sum(1 for r in measured if r.is_hit),
         full_hit_requests=sum(1 for r in measured if r.is_full_hit),
+        query_tokens=sum(r.prompt_tokens for r in measured),
+        hit_tokens=sum(r.cached_tokens for r in measured),
         prefix_cache=stats,
         evicted_blocks=sum(w.evicted_blocks for w in result.workers),
         preemptions=sum(w.preemptions for w in result.workers),
