@@ -76,6 +76,11 @@ class BlockPool:
     def ref_cnt(self, block_id: int) -> int:
         return self._ref_cnt[block_id]
 
+    @property
+    def ref_counts(self) -> Sequence[int]:
+        """Reference count by block id (read-only use: a hot-path view for the cache manager)."""
+        return self._ref_cnt
+
     def block_hash(self, block_id: int) -> BlockHash | None:
         return self._hash[block_id]
 
@@ -106,18 +111,37 @@ class BlockPool:
         """Pop `num_blocks` from the head of the free queue, evicting any cached hash they still carry."""
         if num_blocks > len(self._free):
             raise RuntimeError(f"cannot allocate {num_blocks} blocks: only {len(self._free)} free")
-        free, ref, hashes = self._free, self._ref_cnt, self._hash
+        free, ref, hashes, cached, dups = self._free, self._ref_cnt, self._hash, self._cached, self._duplicates
+        popleft = free.popitem
         out = []
         for _ in range(num_blocks):
-            b, _ = free.popitem(last=False)
+            b = popleft(last=False)[0]
             h = hashes[b]
             if h is not None:
-                self._uncache(h, b)
+                # NOTE: the common case inline (the block is its hash's only copy); duplicates take the long way.
+                if not dups or h not in dups:
+                    if cached.get(h) != b:
+                        raise RuntimeError(f"block {b} carries hash {h!r} but is not registered under it")
+                    del cached[h]
+                else:
+                    self._uncache(h, b)
                 hashes[b] = None
                 self.num_evicted_blocks += 1
             ref[b] = 1
             out.append(b)
         return out
+
+    def cache_blocks(self, block_ids: Sequence[int], block_hashes: Sequence[BlockHash]) -> None:
+        """`cache_block` for pairs of blocks and hashes, in order."""
+        hashes, cached = self._hash, self._cached
+        for b, h in zip(block_ids, block_hashes):
+            if hashes[b] is not None:
+                raise RuntimeError(f"block {b} already carries hash {hashes[b]!r}")
+            hashes[b] = h
+            if h in cached:
+                self._duplicates.setdefault(h, []).append(b)
+            else:
+                cached[h] = b
 
     def cache_block(self, block_id: int, block_hash: BlockHash) -> None:
         """Register a newly full block under its hash (first registered wins lookups; duplicates are kept)."""
@@ -132,16 +156,18 @@ class BlockPool:
     def free(self, block_ids: Iterable[int]) -> None:
         """Drop one reference from each block, in the order given (callers pass a request's blocks tail first)."""
         ref, hashes, free = self._ref_cnt, self._hash, self._free
+        unhashed_to_head = self.unhashed_to_head
         to_head: list[int] = []
         for b in block_ids:
-            ref[b] -= 1
-            if ref[b] < 0:
-                raise RuntimeError(f"block {b} freed more often than it was taken")
-            if ref[b] == 0:
-                if hashes[b] is None and self.unhashed_to_head:
+            left = ref[b] - 1
+            ref[b] = left
+            if left == 0:
+                if unhashed_to_head and hashes[b] is None:
                     to_head.append(b)
                 else:
                     free[b] = None
+            elif left < 0:
+                raise RuntimeError(f"block {b} freed more often than it was taken")
         # NOTE: prepended as a group that keeps its given order, so the request's last unhashed block is reused first.
         for b in reversed(to_head):
             free[b] = None

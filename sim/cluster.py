@@ -30,7 +30,7 @@ class Cluster:
     Also the router's `ClusterView`: cache queries are peeks into the workers' prefix caches.
     """
 
-    def __init__(self, env: simpy.Environment, scenario: Scenario, router: Router) -> None:
+    def __init__(self, env: simpy.Environment, scenario: Scenario, router: Router, *, fast_forward: bool = True) -> None:
         self.env = env
         self.router = router
         engine = scenario.engine
@@ -55,6 +55,7 @@ class Cluster:
                 worker = Worker(
                     env, len(self.workers), Scheduler(limits, kv, behaviour), device, time_model,
                     on_first_token=self._first_token, on_finished=self._finished,
+                    max_model_len=engine.max_model_len, fast_forward=fast_forward,
                 )
                 self.workers.append(worker)
         self._in_flight = [0] * len(self.workers)
@@ -70,10 +71,14 @@ class Cluster:
         return self._block_size
 
     def holds_block(self, worker: int, block_hash: BlockHash) -> bool:
-        return self.workers[worker].kv.holds_block(block_hash)
+        w = self.workers[worker]
+        w.sync()
+        return w.kv.holds_block(block_hash)
 
     def cached_prefix_blocks(self, worker: int, block_hashes: Sequence[BlockHash]) -> int:
-        return self.workers[worker].kv.peek_hit_blocks(block_hashes)
+        w = self.workers[worker]
+        w.sync()
+        return w.kv.peek_hit_blocks(block_hashes)
 
     def in_flight(self, worker: int) -> int:
         return self._in_flight[worker]
@@ -115,6 +120,8 @@ class Cluster:
 
     # ------------------------------------------------------------------ counters
     def counters(self) -> tuple[WorkerCounters, ...]:
+        for w in self.workers:
+            w.sync()
         return tuple(
             WorkerCounters(
                 worker=w.index,

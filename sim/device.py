@@ -33,6 +33,11 @@ class Device:
         self._last_update_s = 0.0
         self._generation = 0
 
+    @property
+    def exclusive(self) -> bool:
+        """True when every worker on the device always gets full speed (no more workers than cores)."""
+        return self.num_workers <= self.cores
+
     def run(self, work_s: float) -> simpy.Event:
         """An event that fires when `work_s` seconds of full-speed work are done on this device."""
         if self.num_workers <= self.cores:

@@ -103,20 +103,24 @@ class KVCacheManager:
         # NOTE: a full hit still recomputes the last token (its logits are needed), so hits are capped at
         # num_tokens - 1 and rounded down to whole blocks: a block-aligned resend recomputes its last block.
         max_hit_blocks = (state.num_tokens - 1) // self.block_size
-        pool = self.pool
+        get = self.pool.get_cached_block
         hits: list[int] = []
-        for i in range(max_hit_blocks):
-            b = pool.get_cached_block(state.block_hash(i))
+        for h in state.block_hashes(0, max_hit_blocks):
+            b = get(h)
             if b is None:
                 break
             hits.append(b)
         return hits
 
+    def _num_evictable(self, hit_blocks: Sequence[int]) -> int:
+        """Hit blocks sitting in the free queue: touching them takes them out of it."""
+        ref = self.pool.ref_counts
+        return sum(1 for b in hit_blocks if not ref[b])
+
     def num_blocks_to_admit(self, state: RequestState, hit_blocks: Sequence[int]) -> int:
         """Free blocks a waiting request needs for its whole prompt (vLLM >= 0.19 `full_sequence_must_fit`)."""
-        pool = self.pool
-        num_evictable_hits = sum(1 for b in hit_blocks if pool.ref_cnt(b) == 0)
-        return cdiv(state.num_tokens, self.block_size) - len(state.block_ids) - len(hit_blocks) + num_evictable_hits
+        return (cdiv(state.num_tokens, self.block_size) - len(state.block_ids) - len(hit_blocks)
+                + self._num_evictable(hit_blocks))
 
     def allocate_slots(
         self,
@@ -133,9 +137,10 @@ class KVCacheManager:
         num_computed = state.num_computed_tokens + num_hit_tokens
         num_tokens_need_slot = min(num_computed + num_new_tokens, self.max_model_len)
         num_new_blocks = cdiv(num_tokens_need_slot, B) - len(state.block_ids) - len(hit_blocks)
-        num_evictable_hits = sum(1 for b in hit_blocks if pool.ref_cnt(b) == 0) if hit_blocks else 0
+        num_evictable_hits = self._num_evictable(hit_blocks) if hit_blocks else 0
         free = pool.num_free_blocks
-        if full_sequence_must_fit and self.num_blocks_to_admit(state, hit_blocks) > free:
+        if full_sequence_must_fit and (cdiv(state.num_tokens, B) - len(state.block_ids) - len(hit_blocks)
+                                       + num_evictable_hits) > free:
             return False
         if max(num_new_blocks, 0) + num_evictable_hits > free:
             return False
@@ -146,16 +151,16 @@ class KVCacheManager:
             state.num_cached_blocks = max(state.num_cached_blocks, len(state.block_ids))
         if num_new_blocks > 0:
             state.block_ids.extend(pool.get_new_blocks(num_new_blocks))
-        self._cache_full_blocks(state, min(num_computed + num_new_tokens, state.num_tokens))
+        self.cache_full_blocks(state, min(num_computed + num_new_tokens, state.num_tokens))
         return True
 
-    def _cache_full_blocks(self, state: RequestState, num_tokens: int) -> None:
+    def cache_full_blocks(self, state: RequestState, num_tokens: int) -> None:
+        """Register the hashes of every block fully covered by the first `num_tokens` tokens of `state`."""
         num_full_blocks = num_tokens // self.block_size
-        if num_full_blocks <= state.num_cached_blocks:
+        start = state.num_cached_blocks
+        if num_full_blocks <= start:
             return
-        pool, block_ids = self.pool, state.block_ids
-        for i in range(state.num_cached_blocks, num_full_blocks):
-            pool.cache_block(block_ids[i], state.block_hash(i))
+        self.pool.cache_blocks(state.block_ids[start:num_full_blocks], state.block_hashes(start, num_full_blocks))
         state.num_cached_blocks = num_full_blocks
 
     def free(self, state: RequestState) -> None:

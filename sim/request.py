@@ -74,3 +74,11 @@ class RequestState:
         # NOTE: sampled tokens are random, so a block touching them is never shared with another request; a
         # preempted request that recomputes itself still finds these blocks under the same keys.
         return ("out", self.request.request_id, index)
+
+    def block_hashes(self, start: int, stop: int) -> list[BlockHash]:
+        """Hashes of full blocks start..stop-1 (see `block_hash`)."""
+        prompt = self.request.block_hashes
+        if stop <= len(prompt):
+            return list(prompt[start:stop])
+        rid = self.request.request_id
+        return list(prompt[start:]) + [("out", rid, i) for i in range(max(start, len(prompt)), stop)]

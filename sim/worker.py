@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import simpy
 
+from sim.decode_stretch import DecodeStretch
 from sim.device import Device
 from sim.request import RequestState
 from sim.scheduler import Scheduler
@@ -17,7 +18,8 @@ class Worker:
 
     Requests that arrive while a step runs wait for the next `schedule()` (the engine pulls its input queue
     between steps). An idle worker sleeps until a request arrives. `on_first_token` and `on_finished` are called
-    at the end of the step that produced the token.
+    at the end of the step that produced the token. With `fast_forward`, runs of decode-only steps on a device of
+    its own are advanced as one event (`sim.decode_stretch`), with the same outcome as step by step.
     """
 
     def __init__(
@@ -30,6 +32,8 @@ class Worker:
         *,
         on_first_token: Callable[[RequestState], None],
         on_finished: Callable[[RequestState], None],
+        max_model_len: int = 1 << 30,
+        fast_forward: bool = True,
     ) -> None:
         self.env = env
         self.index = index
@@ -39,12 +43,20 @@ class Worker:
         self._on_first_token = on_first_token
         self._on_finished = on_finished
         self._wakeup: simpy.Event | None = None
+        self._stretch: DecodeStretch | None = None
+        self.max_model_len = max_model_len
+        self.fast_forward = fast_forward and device.exclusive
         self.num_steps = 0
         self.process = env.process(self._loop())
 
     @property
     def kv(self):
         return self.scheduler.kv
+
+    def sync(self) -> None:
+        """Apply the decode steps of a running stretch that have started by now (before anyone reads the cache)."""
+        if self._stretch is not None:
+            self._stretch.apply(self._stretch.steps_started_by(self.env.now))
 
     def submit(self, state: RequestState) -> None:
         self.scheduler.add_request(state)
@@ -58,6 +70,12 @@ class Worker:
                 self._wakeup = env.event()
                 yield self._wakeup
                 self._wakeup = None
+            if self.fast_forward:
+                stretch = DecodeStretch.plan(scheduler, self.time_model, speed=self.device.speed, now_s=env.now,
+                                             max_model_len=self.max_model_len)
+                if stretch is not None:
+                    yield from self._run_stretch(stretch)
+                    continue
             plan = scheduler.schedule(env.now)
             if plan.is_empty:
                 head = scheduler.waiting[0]
@@ -73,3 +91,21 @@ class Worker:
                 self._on_first_token(state)
             for state in outcome.finished:
                 self._on_finished(state)
+
+    def _run_stretch(self, stretch: DecodeStretch):
+        env = self.env
+        self._stretch = stretch
+        self._wakeup = env.event()
+        yield env.timeout(stretch.duration_s) | self._wakeup
+        steps = stretch.num_steps
+        if self._wakeup.triggered:
+            # NOTE: a request arrived: the engine sees it when the step in progress ends.
+            steps = stretch.steps_started_by(env.now)
+            end_s = stretch.start_s + stretch.elapsed_s(steps)
+            if end_s > env.now:
+                yield env.timeout(end_s - env.now)
+        self._wakeup = None
+        stretch.apply(steps)
+        self._stretch = None
+        self.num_steps += steps
+        self.device.busy_s += stretch.elapsed_s(steps)

@@ -1,0 +1,131 @@
+"""Fast-forwarding a worker through decode-only steps: k identical-shape steps advanced as one event.
+
+When a worker has nothing waiting and every running request is decoding, the next steps are known in advance
+until the first request finishes: each step schedules one token per request, in running order, and only the
+block boundaries change the cache (a request needs a new block every `block_size` tokens). The step time grows
+linearly with the steps (the decodes' context grows by one token each), so the stretch's end, and the step in
+progress at any moment, follow from an arithmetic series. Exactness is kept where it matters:
+
+* blocks are allocated in the order step-by-step simulation would (by step, then running order), so the free
+  queue and every eviction are the same; the stretch only starts if all the blocks it needs are free, so nothing
+  can be preempted inside it;
+* an arrival cuts the stretch after the step in progress, where the engine would have seen it;
+* a router's peek first applies the steps already started (`apply(steps_started_by(now))`).
+Only a worker alone on its device takes stretches (on a shared device other workers' steps change its speed).
+"""
+
+from __future__ import annotations
+
+import math
+
+from sim.kv_cache_manager import cdiv
+from sim.request import RequestState
+from sim.scheduler import Scheduler, StepPlan
+from sim.time_model import StepTimeModel
+
+MIN_STEPS = 2
+
+
+class DecodeStretch:
+    """`num_steps` decode steps of `requests`, starting at `start_s`; step j takes `first_step_s + j * step_growth_s`."""
+
+    __slots__ = ("scheduler", "requests", "computed0", "outputs0", "start_s", "first_step_s", "step_growth_s",
+                 "num_steps", "applied")
+
+    def __init__(self, scheduler: Scheduler, start_s: float, first_step_s: float, step_growth_s: float,
+                 num_steps: int) -> None:
+        self.scheduler = scheduler
+        self.requests: list[RequestState] = list(scheduler.running)
+        self.computed0 = [r.num_computed_tokens for r in self.requests]
+        self.outputs0 = [r.num_output_tokens for r in self.requests]
+        self.start_s = start_s
+        self.first_step_s = first_step_s
+        self.step_growth_s = step_growth_s
+        self.num_steps = num_steps
+        self.applied = 0
+
+    @classmethod
+    def plan(cls, scheduler: Scheduler, time_model: StepTimeModel, *, speed: float, now_s: float,
+             max_model_len: int) -> DecodeStretch | None:
+        """A stretch for the scheduler's current state, or None when the next step is not a plain decode step."""
+        if scheduler.waiting or not scheduler.running:
+            return None
+        running = scheduler.running
+        n = len(running)
+        if n > scheduler.limits.max_num_batched_tokens:
+            return None
+        steps = None
+        context = 0
+        for r in running:
+            c = r.num_computed_tokens
+            if r.num_tokens - c != 1 or c < r.request.prompt_tokens:
+                return None  # a prefill (or recomputation) is in progress
+            left = r.request.output_tokens - r.num_output_tokens  # tokens still to sample, incl. this step's
+            limit = min(left - 1, max_model_len - 2 - c)
+            steps = limit if steps is None else min(steps, limit)
+            context += c
+        if steps is None or steps < MIN_STEPS:
+            return None
+        kv = scheduler.kv
+        B = kv.block_size
+        needed = sum(cdiv(r.num_computed_tokens + steps, B) - len(r.block_ids) for r in running)
+        if needed > kv.num_free_blocks:
+            return None  # a block may run out: step one at a time (and preempt as vLLM would)
+        d = [time_model.step_seconds(StepPlan(num_decode_seqs=n, num_decode_context_tokens=context + j * n))
+             for j in range(3)]
+        growth = d[1] - d[0]
+        if not math.isclose(d[2] - d[1], growth, rel_tol=1e-9, abs_tol=1e-15):
+            return None  # not an affine time model: no closed form
+        return cls(scheduler, now_s, d[0] / speed, growth / speed, steps)
+
+    def elapsed_s(self, k: int) -> float:
+        """Time from the start to the end of the first k steps."""
+        return k * self.first_step_s + self.step_growth_s * k * (k - 1) / 2
+
+    @property
+    def duration_s(self) -> float:
+        return self.elapsed_s(self.num_steps)
+
+    def steps_started_by(self, now_s: float) -> int:
+        """Steps whose start time is <= now (the step in progress included), at most `num_steps`."""
+        e = now_s - self.start_s
+        if e < 0:
+            return 0
+        a, b = self.first_step_s, self.step_growth_s
+        if b > 0:
+            # largest j with elapsed(j) = a j + b j (j - 1) / 2 <= e
+            j = int((-(a - b / 2) + math.sqrt((a - b / 2) ** 2 + 2 * b * e)) / b)
+        else:
+            j = int(e / a) if a > 0 else self.num_steps
+        while j > 0 and self.elapsed_s(j) > e:
+            j -= 1
+        while j + 1 <= self.num_steps and self.elapsed_s(j + 1) <= e:
+            j += 1
+        return min(j + 1, self.num_steps)
+
+    def apply(self, k: int) -> None:
+        """Bring the requests and the cache to the state after the first k steps (idempotent, incremental)."""
+        k = min(k, self.num_steps)
+        lo = self.applied
+        if k <= lo:
+            return
+        kv = self.scheduler.kv
+        B = kv.block_size
+        boundaries = []
+        for idx, c in enumerate(self.computed0):
+            first = lo + (-(c + lo)) % B  # first step >= lo that computes the first token of a new block
+            boundaries.extend((j, idx) for j in range(first, k, B))
+        boundaries.sort()
+        requests = self.requests
+        for j, idx in boundaries:
+            r = requests[idx]
+            r.num_computed_tokens = self.computed0[idx] + j
+            r.num_output_tokens = self.outputs0[idx] + j
+            if not kv.allocate_slots(r, 1):
+                raise RuntimeError(f"decode stretch: no block for request {r.request.request_id} at step {j}, "
+                                   f"although {kv.num_free_blocks} were checked free")
+        for idx, r in enumerate(requests):
+            r.num_computed_tokens = self.computed0[idx] + k
+            r.num_output_tokens = self.outputs0[idx] + k
+            kv.cache_full_blocks(r, r.num_computed_tokens)
+        self.applied = k
