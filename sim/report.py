@@ -196,3 +196,35 @@ def plan_figure(plans: Sequence, *, target_hit_rate: float | None, target_ttft_p
     fig.savefig(buf, format="png")
     plt.close(fig)
     return buf.getvalue()
+
+
+def replay_figure(stats, *, title: str) -> bytes:
+    """Prefix reuse and request hit rate, and TTFT p50/p99, per time bin of the trace (by send time)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = sorted(stats.bins)
+    minutes = [k * stats.bin_s / 60 for k in keys]
+    bins = [stats.bins[k] for k in keys]
+    fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(9, 6), dpi=100)
+    top.plot(minutes, [b.cached_tokens / b.prompt_tokens if b.prompt_tokens else float("nan") for b in bins],
+             label="prefix reuse (cached / prompt tokens)")
+    top.set_ylabel("reuse")
+    top.set_ylim(0, 1)
+    top.grid(alpha=0.3)
+    top.legend(fontsize=8)
+    bottom.plot(minutes, [b.ttft_ms.percentile(50) for b in bins], label="TTFT p50")
+    bottom.plot(minutes, [b.ttft_ms.percentile(99) for b in bins], label="TTFT p99")
+    bottom.set_yscale("log")
+    bottom.set_ylabel("TTFT (ms)")
+    bottom.set_xlabel("trace time (min)")
+    bottom.grid(alpha=0.3)
+    bottom.legend(fontsize=8)
+    fig.suptitle(title)
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return buf.getvalue()

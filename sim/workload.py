@@ -9,11 +9,14 @@ give for token-identical prefixes and random tails.
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from itertools import accumulate
 
 from sim.block_pool import BlockHash
 from sim.request import Request
 from sim.scenario import WorkloadSpec, sample_length
+from sim.traces import TraceRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,33 +60,62 @@ class SharedPrefixRequests:
                        prefix_id=prefix_id, prefix_tokens=prefix_tokens, warmup=warmup)
 
 
-def shared_prefix_stream(spec: WorkloadSpec, *, block_size: int, seed: int) -> RequestStream:
-    """The workload of `spec`: warm-ups (one per prefix, in prefix order), then the measured requests with
-    prefixes drawn by popularity, lengths drawn per prefix (prefix) and per request (tail, output); the first
-    `discard_first` of them are flagged as warm-ups (excluded from statistics) but sent like the rest.
+def iter_shared_prefix_requests(spec: WorkloadSpec, *, block_size: int, seed: int,
+                                num_requests: int | None = None) -> Iterator[Request]:
+    """The requests of `spec`, lazily: warm-ups (one per prefix, in prefix order, flagged), then `num_requests`
+    (default: the spec's) with prefixes drawn by popularity and lengths drawn per prefix (prefix) and per
+    request (tail, output).
 
-    Every draw has its own named random stream, so changing one distribution leaves the others' draws alone.
+    Every draw has its own named random stream, so changing one distribution leaves the others' draws alone, and
+    drawing lazily gives the same requests as drawing all at once.
     """
     maker = SharedPrefixRequests(block_size=block_size)
     prefix_len_rng = rng_for(seed, "prefix-lengths")
     prefix_tokens = [sample_length(spec.prefix_tokens, prefix_len_rng) for _ in range(spec.prefixes)]
     tails, outputs = rng_for(seed, "tail-lengths"), rng_for(seed, "output-lengths")
-    order = [(p, True) for p in range(spec.prefixes) for _ in range(spec.warmup_per_prefix)]
-    draw = rng_for(seed, "prefixes")
-    if spec.popularity == "uniform":
-        order += [(draw.randrange(spec.prefixes), False) for _ in range(spec.num_requests)]
-    else:
-        weights = spec.popularity_weights()
-        order += [(p, False) for p in draw.choices(range(spec.prefixes), weights=weights, k=spec.num_requests)]
-    made = []
-    for rid, (p, warm) in enumerate(order):
+    rid = 0
+
+    def make(p: int, warm: bool) -> Request:
         prompt = prefix_tokens[p] + sample_length(spec.tail_tokens, tails)
-        made.append(maker.make(rid, p, prefix_tokens=prefix_tokens[p], prompt_tokens=prompt,
-                               output_tokens=sample_length(spec.output_tokens, outputs), warmup=warm))
+        return maker.make(rid, p, prefix_tokens=prefix_tokens[p], prompt_tokens=prompt,
+                          output_tokens=sample_length(spec.output_tokens, outputs), warmup=warm)
+
+    for p in range(spec.prefixes):
+        for _ in range(spec.warmup_per_prefix):
+            yield make(p, True)
+            rid += 1
+    draw = rng_for(seed, "prefixes")
+    population = range(spec.prefixes)
+    cum_weights = list(accumulate(spec.popularity_weights())) if spec.popularity != "uniform" else None
+    for _ in range(spec.num_requests if num_requests is None else num_requests):
+        if cum_weights is None:
+            p = draw.randrange(spec.prefixes)
+        else:
+            p = draw.choices(population, cum_weights=cum_weights)[0]
+        yield make(p, False)
+        rid += 1
+
+
+def shared_prefix_stream(spec: WorkloadSpec, *, block_size: int, seed: int) -> RequestStream:
+    """`iter_shared_prefix_requests` materialised: warm-ups (sent one at a time) and the measured requests, of
+    which the first `discard_first` are flagged as warm-ups (excluded from statistics) but sent like the rest."""
+    made = list(iter_shared_prefix_requests(spec, block_size=block_size, seed=seed))
     warmups = tuple(made[: len(made) - spec.num_requests])
     main = made[len(warmups):]
     main[: spec.discard_first] = [replace(r, warmup=True) for r in main[: spec.discard_first]]
     return RequestStream(warmups, tuple(main))
+
+
+def poisson_requests(spec: WorkloadSpec, *, block_size: int, seed: int, rate_rps: float,
+                     num_requests: int) -> Iterator[TraceRequest]:
+    """A synthetic timed stream for `replay`: the spec's requests (no warm-ups) at Poisson arrivals, lazily."""
+    gaps = rng_for(seed, "arrivals")
+    t = 0.0
+    requests = iter_shared_prefix_requests(spec.model_copy(update={"warmup_per_prefix": 0}), block_size=block_size,
+                                           seed=seed, num_requests=num_requests)
+    for request in requests:
+        t += gaps.expovariate(rate_rps)
+        yield TraceRequest(t, request)
 
 
 def prompt_token_ids(request: Request, *, seed: int, min_token_id: int = 3,
