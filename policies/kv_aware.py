@@ -16,7 +16,6 @@ Cache state is exact (KV events without lag): overlaps are peeks into the worker
 from __future__ import annotations
 
 import math
-from collections import Counter
 
 from pydantic import Field
 
@@ -39,22 +38,18 @@ class KvAwareRouter(RouterBase):
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
         self._prefill_tokens = [0] * self.num_workers
-        self._active = [Counter() for _ in range(self.num_workers)]
+        self._active: list[dict] = [{} for _ in range(self.num_workers)]  # block hash -> in-flight requests holding it
         self._pending_prefill: dict[int, int] = {}
         self._chosen_overlap: dict[int, int] = {}
 
     def overlaps(self, request: Request, view: ClusterView) -> list[int]:
-        overlap = [0] * self.num_workers
         if self.options.overlap_score_weight == 0:
-            return overlap
-        workers = range(self.num_workers)
-        for h in request.block_hashes:
-            holders = [w for w in workers if view.holds_block(w, h)]
-            if not holders:
-                break
-            for w in holders:
-                overlap[w] += 1
-        return overlap
+            return [0] * self.num_workers
+        hashes = request.block_hashes
+        masks = [view.cached_mask(w, hashes) for w in range(self.num_workers)]
+        # The tree walk stops at the first block no worker holds; each worker scores the blocks it holds before.
+        depth = next((i for i, held in enumerate(zip(*masks)) if not any(held)), len(hashes))
+        return [sum(m[:depth]) for m in masks]
 
     def costs(self, request: Request, view: ClusterView) -> tuple[list[float], list[int]]:
         B = self.block_size
@@ -62,10 +57,11 @@ class KvAwareRouter(RouterBase):
         weight = self.options.overlap_score_weight
         overlap = self.overlaps(request, view)
         costs = []
+        hashes = request.block_hashes
         for w in range(self.num_workers):
             active = self._active[w]
             prefill_blocks = (self._prefill_tokens[w] + isl - overlap[w] * B) / B
-            new_blocks = sum(1 for h in request.block_hashes if h not in active)
+            new_blocks = len(hashes) - sum(map(active.__contains__, hashes))
             costs.append(weight * prefill_blocks + len(active) + new_blocks)
         return costs, overlap
 
@@ -95,7 +91,10 @@ class KvAwareRouter(RouterBase):
         tokens = max(request.prompt_tokens - overlap * self.block_size, 0)
         self._pending_prefill[request.request_id] = tokens
         self._prefill_tokens[worker] += tokens
-        self._active[worker].update(request.block_hashes)
+        active = self._active[worker]
+        get = active.get
+        for h in request.block_hashes:
+            active[h] = get(h, 0) + 1
 
     def on_first_token(self, request: Request, worker: int) -> None:
         self._prefill_tokens[worker] -= self._pending_prefill.pop(request.request_id, 0)

@@ -88,6 +88,14 @@ class BlockPool:
         """Block ids in allocation order (head first)."""
         return list(self._free)
 
+    def lookup(self, block_hashes: Iterable[BlockHash]) -> list[int | None]:
+        """The block cached under each hash, or None. A peek: changes nothing."""
+        return list(map(self._cached.get, block_hashes))
+
+    def cached_mask(self, block_hashes: Iterable[BlockHash]) -> list[bool]:
+        """Whether each hash is cached. A peek: changes nothing."""
+        return list(map(self._cached.__contains__, block_hashes))
+
     def count_leading_cached(self, block_hashes: Iterable[BlockHash]) -> int:
         """Number of leading hashes that are cached, stopping at the first miss. A peek: changes nothing."""
         cached = self._cached
@@ -107,14 +115,16 @@ class BlockPool:
                 del free[b]
             ref[b] += 1
 
-    def get_new_blocks(self, num_blocks: int) -> list[int]:
-        """Pop `num_blocks` from the head of the free queue, evicting any cached hash they still carry."""
+    def get_new_blocks(self, num_blocks: int, cache_hashes: Sequence[BlockHash] = ()) -> list[int]:
+        """Pop `num_blocks` from the head of the free queue, evicting any cached hash they still carry; the first
+        `len(cache_hashes)` of them are then registered under those hashes (`cache_blocks`, in the same pass)."""
         if num_blocks > len(self._free):
             raise RuntimeError(f"cannot allocate {num_blocks} blocks: only {len(self._free)} free")
         free, ref, hashes, cached, dups = self._free, self._ref_cnt, self._hash, self._cached, self._duplicates
         popleft = free.popitem
         out = []
-        for _ in range(num_blocks):
+        n_cache = len(cache_hashes)
+        for i in range(num_blocks):
             b = popleft(last=False)[0]
             h = hashes[b]
             if h is not None:
@@ -129,6 +139,15 @@ class BlockPool:
                 self.num_evicted_blocks += 1
             ref[b] = 1
             out.append(b)
+            if i < n_cache:
+                # NOTE: registering before the next pop is equivalent to vLLM's pop-all-then-cache: should a later
+                # popped block still carry this hash, its eviction promotes this block, the state vLLM ends in.
+                new_hash = cache_hashes[i]
+                hashes[b] = new_hash
+                if new_hash in cached:
+                    dups.setdefault(new_hash, []).append(b)
+                else:
+                    cached[new_hash] = b
         return out
 
     def cache_blocks(self, block_ids: Sequence[int], block_hashes: Sequence[BlockHash]) -> None:

@@ -80,6 +80,11 @@ class Cluster:
         w.sync()
         return w.kv.peek_hit_blocks(block_hashes)
 
+    def cached_mask(self, worker: int, block_hashes: Sequence[BlockHash]) -> list[bool]:
+        w = self.workers[worker]
+        w.sync()
+        return w.kv.cached_mask(block_hashes)
+
     def in_flight(self, worker: int) -> int:
         return self._in_flight[worker]
 

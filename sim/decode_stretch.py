@@ -20,7 +20,7 @@ import math
 
 from sim.kv_cache_manager import cdiv
 from sim.request import RequestState
-from sim.scheduler import Scheduler, StepPlan
+from sim.scheduler import Scheduler
 from sim.time_model import StepTimeModel
 
 MIN_STEPS = 2
@@ -71,12 +71,11 @@ class DecodeStretch:
         needed = sum(cdiv(r.num_computed_tokens + steps, B) - len(r.block_ids) for r in running)
         if needed > kv.num_free_blocks:
             return None  # a block may run out: step one at a time (and preempt as vLLM would)
-        d = [time_model.step_seconds(StepPlan(num_decode_seqs=n, num_decode_context_tokens=context + j * n))
-             for j in range(3)]
-        growth = d[1] - d[0]
-        if not math.isclose(d[2] - d[1], growth, rel_tol=1e-9, abs_tol=1e-15):
-            return None  # not an affine time model: no closed form
-        return cls(scheduler, now_s, d[0] / speed, growth / speed, steps)
+        series = time_model.decode_steps(n, context)
+        if series is None:
+            return None  # no closed form for this time model
+        first, growth = series
+        return cls(scheduler, now_s, first / speed, growth / speed, steps)
 
     def elapsed_s(self, k: int) -> float:
         """Time from the start to the end of the first k steps."""

@@ -99,23 +99,23 @@ class KVCacheManager:
     def holds_block(self, block_hash: BlockHash) -> bool:
         return self.pool.get_cached_block(block_hash) is not None
 
+    def cached_mask(self, block_hashes: Sequence[BlockHash]) -> list[bool]:
+        """Whether each hash is cached (a peek)."""
+        return self.pool.cached_mask(block_hashes)
+
     def find_longest_cache_hit(self, state: RequestState) -> list[int]:
         # NOTE: a full hit still recomputes the last token (its logits are needed), so hits are capped at
         # num_tokens - 1 and rounded down to whole blocks: a block-aligned resend recomputes its last block.
         max_hit_blocks = (state.num_tokens - 1) // self.block_size
-        get = self.pool.get_cached_block
-        hits: list[int] = []
-        for h in state.block_hashes(0, max_hit_blocks):
-            b = get(h)
-            if b is None:
-                break
-            hits.append(b)
-        return hits
+        found = self.pool.lookup(state.block_hashes(0, max_hit_blocks))
+        try:
+            return found[: found.index(None)]  # the run stops at the first miss
+        except ValueError:
+            return found
 
     def _num_evictable(self, hit_blocks: Sequence[int]) -> int:
         """Hit blocks sitting in the free queue: touching them takes them out of it."""
-        ref = self.pool.ref_counts
-        return sum(1 for b in hit_blocks if not ref[b])
+        return list(map(self.pool.ref_counts.__getitem__, hit_blocks)).count(0)
 
     def num_blocks_to_admit(self, state: RequestState, hit_blocks: Sequence[int]) -> int:
         """Free blocks a waiting request needs for its whole prompt (vLLM >= 0.19 `full_sequence_must_fit`)."""
@@ -149,8 +149,16 @@ class KVCacheManager:
             state.block_ids.extend(hit_blocks)
             # NOTE: hit blocks already carry their hashes; caching resumes after them.
             state.num_cached_blocks = max(state.num_cached_blocks, len(state.block_ids))
+        num_full_blocks = min(num_computed + num_new_tokens, state.num_tokens) // B
         if num_new_blocks > 0:
-            state.block_ids.extend(pool.get_new_blocks(num_new_blocks))
+            first_new = len(state.block_ids)
+            if state.num_cached_blocks >= first_new and num_full_blocks > first_new:
+                # NOTE: the new blocks that the scheduled tokens fill are hashed in the allocation pass itself.
+                n = min(num_new_blocks, num_full_blocks - first_new)
+                state.block_ids.extend(pool.get_new_blocks(num_new_blocks, state.block_hashes(first_new, first_new + n)))
+                state.num_cached_blocks = first_new + n
+            else:
+                state.block_ids.extend(pool.get_new_blocks(num_new_blocks))
         self.cache_full_blocks(state, min(num_computed + num_new_tokens, state.num_tokens))
         return True
 

@@ -61,7 +61,7 @@ class _ClientView:
     def holds_block(self, worker, block_hash) -> bool:
         raise RuntimeError("this router needs the servers' cache state, which a client cannot see")
 
-    cached_prefix_blocks = holds_block
+    cached_prefix_blocks = cached_mask = holds_block
 
 
 def _counters(metrics: dict[str, float]) -> dict[str, float]:

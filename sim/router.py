@@ -32,6 +32,10 @@ class ClusterView(Protocol):
         """Leading blocks of `block_hashes` cached on `worker`, stopping at its first miss."""
         ...
 
+    def cached_mask(self, worker: int, block_hashes: Sequence[BlockHash]) -> list[bool]:
+        """For each of `block_hashes`, whether `worker` has it cached (all of them, no stop at a miss)."""
+        ...
+
     def in_flight(self, worker: int) -> int:
         """Requests dispatched to `worker` and not yet completed (the router-side load count)."""
         ...

@@ -27,6 +27,11 @@ class StepTimeModel(Protocol):
         """Seconds of device time the step needs at speed 1.0."""
         ...
 
+    def decode_steps(self, num_decodes: int, context_tokens: int) -> tuple[float, float] | None:
+        """For consecutive decode-only steps of `num_decodes` requests whose contexts sum to `context_tokens` at
+        the first: (first step's seconds, growth per step), or None if the steps are not an arithmetic series."""
+        ...
+
 
 class LinearStepTimeModel:
     """The additive model of the module docstring (linear in each feature of the step)."""
@@ -40,6 +45,10 @@ class LinearStepTimeModel:
         self.decode_seq_s = decode_seq_s
         self.decode_context_token_s = decode_context_token_s
         self.prefill_attention_pair_s = prefill_attention_pair_s
+
+    def decode_steps(self, num_decodes: int, context_tokens: int) -> tuple[float, float]:
+        first = self.base_s + self.decode_seq_s * num_decodes + self.decode_context_token_s * context_tokens
+        return first, self.decode_context_token_s * num_decodes
 
     def step_seconds(self, plan: StepPlan) -> float:
         return (

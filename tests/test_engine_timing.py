@@ -121,3 +121,11 @@ def test_a_two_core_device_runs_two_steps_at_full_speed_and_time_slices_a_third(
     env.process(_job(env, dev, 1.0, done, "b"))
     env.run()
     assert [t for _, t in done] == [pytest.approx(1.0)] * 2
+
+
+def test_decode_series_matches_step_by_step_times():
+    tm = LinearStepTimeModel(base_s=0.01, prefill_token_s=0.001, decode_seq_s=0.002, decode_context_token_s=1e-6)
+    first, growth = tm.decode_steps(3, 3000)
+    for j in range(4):
+        plan = StepPlan(num_decode_seqs=3, num_decode_context_tokens=3000 + 3 * j)
+        assert tm.step_seconds(plan) == pytest.approx(first + j * growth)

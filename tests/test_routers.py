@@ -39,6 +39,10 @@ class FakeView:
             n += 1
         return n
 
+    def cached_mask(self, worker, hashes):
+        self.peeks += 1
+        return [h in self.cached[worker] for h in hashes]
+
     def in_flight(self, worker):
         return self.loads[worker]
 
