@@ -27,6 +27,25 @@ SUMMARY_COLUMNS = (
 GROUP_KEYS = ("workers", "prefixes", "concurrency", "router")
 
 
+def _pyplot():
+    """matplotlib's pyplot on the file-only Agg backend (no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _png(fig, **layout) -> bytes:
+    """The figure as PNG bytes (laid out tight, then closed)."""
+    buf = io.BytesIO()
+    fig.tight_layout(**layout)
+    fig.savefig(buf, format="png")
+    _pyplot().close(fig)
+    return buf.getvalue()
+
+
 def write_atomic(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -72,11 +91,7 @@ def hit_rate_figure(
     measured: dict[tuple[int, int, int], float], title: str,
 ) -> bytes:
     """Request hit rate vs N: a line per (workers, router), the formula min(1, C/N), the measured points."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
     lines: dict[tuple, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     for row in aggregated:
@@ -101,21 +116,13 @@ def hit_rate_figure(
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    buf = io.BytesIO()
-    fig.tight_layout()
-    fig.savefig(buf, format="png")
-    plt.close(fig)
-    return buf.getvalue()
+    return _png(fig)
 
 
 def ttft_cdf_figure(outcomes: Sequence, *, title: str) -> bytes:
     """TTFT CDFs: a panel per (workers, router) x concurrency, a colour per N, hits solid and misses dashed
     (repeats pooled)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     pooled: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: {"hit": [], "miss": []})
     for o in outcomes:
         p = o.point
@@ -149,22 +156,14 @@ def ttft_cdf_figure(outcomes: Sequence, *, title: str) -> bytes:
                 ax.set_ylabel("fraction of requests")
     fig.legend(loc="upper right", fontsize=7, ncol=2)
     fig.suptitle(title)
-    buf = io.BytesIO()
-    fig.tight_layout(rect=(0, 0, 0.88, 0.96))
-    fig.savefig(buf, format="png")
-    plt.close(fig)
-    return buf.getvalue()
+    return _png(fig, rect=(0, 0, 0.88, 0.96))
 
 
 def plan_figure(plans: Sequence, *, target_hit_rate: float | None, target_ttft_p99_ms: float | None,
                 unit: str, title: str) -> bytes:
     """The target metric(s) vs the varied quantity: simulated means with 95 % intervals (solid), the analytic
     screen (dashed), one colour per router, the target as a horizontal line."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     panels = [p for p in ("hit", "ttft") if (p == "hit" and target_hit_rate is not None)
               or (p == "ttft" and target_ttft_p99_ms is not None)]
     fig, axes = plt.subplots(1, len(panels), squeeze=False, figsize=(6.5 * len(panels), 4.5), dpi=100)
@@ -191,20 +190,12 @@ def plan_figure(plans: Sequence, *, target_hit_rate: float | None, target_ttft_p
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(title)
-    buf = io.BytesIO()
-    fig.tight_layout()
-    fig.savefig(buf, format="png")
-    plt.close(fig)
-    return buf.getvalue()
+    return _png(fig)
 
 
 def replay_figure(stats, *, title: str) -> bytes:
     """Prefix reuse and request hit rate, and TTFT p50/p99, per time bin of the trace (by send time)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     keys = sorted(stats.bins)
     minutes = [k * stats.bin_s / 60 for k in keys]
     bins = [stats.bins[k] for k in keys]
@@ -223,8 +214,4 @@ def replay_figure(stats, *, title: str) -> bytes:
     bottom.grid(alpha=0.3)
     bottom.legend(fontsize=8)
     fig.suptitle(title)
-    buf = io.BytesIO()
-    fig.tight_layout()
-    fig.savefig(buf, format="png")
-    plt.close(fig)
-    return buf.getvalue()
+    return _png(fig)
