@@ -96,16 +96,6 @@ class BlockPool:
         """Whether each hash is cached. A peek: changes nothing."""
         return list(map(self._cached.__contains__, block_hashes))
 
-    def count_leading_cached(self, block_hashes: Iterable[BlockHash]) -> int:
-        """Number of leading hashes that are cached, stopping at the first miss. A peek: changes nothing."""
-        cached = self._cached
-        n = 0
-        for h in block_hashes:
-            if h not in cached:
-                break
-            n += 1
-        return n
-
     # ------------------------------------------------------------------ mutations
     def touch(self, block_ids: Sequence[int]) -> None:
         """Take a reference on hit blocks; a block at ref 0 leaves the free queue (and so cannot be evicted)."""

@@ -70,16 +70,6 @@ class Cluster:
     def block_size(self) -> int:
         return self._block_size
 
-    def holds_block(self, worker: int, block_hash: BlockHash) -> bool:
-        w = self.workers[worker]
-        w.sync()
-        return w.kv.holds_block(block_hash)
-
-    def cached_prefix_blocks(self, worker: int, block_hashes: Sequence[BlockHash]) -> int:
-        w = self.workers[worker]
-        w.sync()
-        return w.kv.peek_hit_blocks(block_hashes)
-
     def cached_mask(self, worker: int, block_hashes: Sequence[BlockHash]) -> list[bool]:
         w = self.workers[worker]
         w.sync()

@@ -92,15 +92,8 @@ class KVCacheManager:
         """vLLM's `kv_cache_usage_perc`: evictable cached blocks count as free."""
         return 1.0 - self.pool.num_free_blocks / self.pool.num_usable_blocks
 
-    def peek_hit_blocks(self, block_hashes: Sequence[BlockHash]) -> int:
-        """Leading cached blocks of a prompt, uncapped; for routers. Changes no recency (peek is not touch)."""
-        return self.pool.count_leading_cached(block_hashes)
-
-    def holds_block(self, block_hash: BlockHash) -> bool:
-        return self.pool.get_cached_block(block_hash) is not None
-
     def cached_mask(self, block_hashes: Sequence[BlockHash]) -> list[bool]:
-        """Whether each hash is cached (a peek)."""
+        """Whether each hash is cached; for routers. Changes no recency (peek is not touch)."""
         return self.pool.cached_mask(block_hashes)
 
     def find_longest_cache_hit(self, state: RequestState) -> list[int]:

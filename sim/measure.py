@@ -58,10 +58,8 @@ class _ClientView:
     def in_flight(self, worker: int) -> int:
         return self.loads[worker]
 
-    def holds_block(self, worker, block_hash) -> bool:
+    def cached_mask(self, worker, block_hashes) -> list[bool]:
         raise RuntimeError("this router needs the servers' cache state, which a client cannot see")
-
-    cached_prefix_blocks = cached_mask = holds_block
 
 
 def _counters(metrics: dict[str, float]) -> dict[str, float]:

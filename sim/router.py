@@ -24,16 +24,9 @@ class ClusterView(Protocol):
     @property
     def block_size(self) -> int: ...
 
-    def holds_block(self, worker: int, block_hash: BlockHash) -> bool:
-        """Whether `worker`'s prefix cache has `block_hash` now (exact state, as from KV events with no lag)."""
-        ...
-
-    def cached_prefix_blocks(self, worker: int, block_hashes: Sequence[BlockHash]) -> int:
-        """Leading blocks of `block_hashes` cached on `worker`, stopping at its first miss."""
-        ...
-
     def cached_mask(self, worker: int, block_hashes: Sequence[BlockHash]) -> list[bool]:
-        """For each of `block_hashes`, whether `worker` has it cached (all of them, no stop at a miss)."""
+        """For each of `block_hashes`, whether `worker`'s prefix cache has it now (exact state, as from KV events
+        with no lag; every hash is answered, with no stop at a miss)."""
         ...
 
     def in_flight(self, worker: int) -> int:

@@ -27,18 +27,6 @@ class FakeView:
         self.loads = in_flight or [0] * num_workers
         self.peeks = 0
 
-    def holds_block(self, worker, h):
-        self.peeks += 1
-        return h in self.cached[worker]
-
-    def cached_prefix_blocks(self, worker, hashes):
-        n = 0
-        for h in hashes:
-            if h not in self.cached[worker]:
-                break
-            n += 1
-        return n
-
     def cached_mask(self, worker, hashes):
         self.peeks += 1
         return [h in self.cached[worker] for h in hashes]
