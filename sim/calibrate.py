@@ -20,6 +20,7 @@ import numpy as np
 from scipy.optimize import least_squares
 from scipy.stats import qmc
 
+from sim.records import TtftSamples
 from sim.reference import Measurement
 from sim.run_csv import Run
 from sim.runner import run
@@ -163,16 +164,8 @@ def apply_parameters(scenario: Scenario, values: dict[str, float]) -> Scenario:
 class Latencies:
     """What one simulated run contributes to the targets."""
 
-    ttft_hit_ms: tuple[float, ...]
-    ttft_miss_ms: tuple[float, ...]
+    ttft: TtftSamples
     throughput_rps: float
-
-    def ttft_ms(self, split: str) -> tuple[float, ...]:
-        if split == "hit":
-            return self.ttft_hit_ms
-        if split == "miss":
-            return self.ttft_miss_ms
-        return self.ttft_hit_ms + self.ttft_miss_ms
 
 
 def simulate_latencies(scenario: Scenario, stream: RequestStream | None = None,
@@ -180,13 +173,8 @@ def simulate_latencies(scenario: Scenario, stream: RequestStream | None = None,
     result = run(scenario, stream)
     measured = result.measured
     duration = result.measured_end_s - result.measured_start_s
-
-    def ttft_ms(r) -> float:
-        return (r.ttft_s if ttft_source == "client" else r.engine_ttft_s) * 1000
-
     return Latencies(
-        ttft_hit_ms=tuple(ttft_ms(r) for r in measured if r.is_hit),
-        ttft_miss_ms=tuple(ttft_ms(r) for r in measured if not r.is_hit),
+        ttft=TtftSamples.of(measured, engine=ttft_source == "server"),
         throughput_rps=len(measured) / duration if duration > 0 else float("nan"),
     )
 
@@ -201,9 +189,9 @@ def predict(target: Target, runs: Sequence[Latencies]) -> float:
         return float(np.median([r.throughput_rps for r in runs]))
     split, q = TTFT_METRICS[target.metric]
     if target.pooled:
-        values = [v for r in runs for v in r.ttft_ms(split)]
+        values = [v for r in runs for v in r.ttft.ttft_ms(split)]
         return float(np.percentile(values, q)) if values else float("nan")
-    per_run = [np.percentile(r.ttft_ms(split), q) for r in runs if r.ttft_ms(split)]
+    per_run = [np.percentile(r.ttft.ttft_ms(split), q) for r in runs if r.ttft.ttft_ms(split)]
     return float(np.median(per_run)) if per_run else float("nan")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from sim.kv_cache_manager import PrefixCacheStats
@@ -74,6 +75,30 @@ class RequestRecord:
             finished_s=state.finished_s + response_delay_s,
             num_preemptions=state.num_preemptions,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class TtftSamples:
+    """TTFT (ms) of a run's measured requests, split into hits and misses (for percentiles and CDFs)."""
+
+    hit_ms: tuple[float, ...]
+    miss_ms: tuple[float, ...]
+
+    def ttft_ms(self, split: str = "all") -> tuple[float, ...]:
+        """`split`: "hit", "miss" or "all"."""
+        if split == "hit":
+            return self.hit_ms
+        if split == "miss":
+            return self.miss_ms
+        return self.hit_ms + self.miss_ms
+
+    @classmethod
+    def of(cls, records: Iterable[RequestRecord], *, engine: bool = False) -> TtftSamples:
+        """Client TTFT of `records`, or with `engine` the engine's queue + time to first token."""
+        hit, miss = [], []
+        for r in records:
+            (hit if r.is_hit else miss).append((r.engine_ttft_s if engine else r.ttft_s) * 1000)
+        return cls(tuple(hit), tuple(miss))
 
 
 @dataclass(frozen=True, slots=True)

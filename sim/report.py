@@ -126,8 +126,8 @@ def ttft_cdf_figure(outcomes: Sequence, *, title: str) -> bytes:
     pooled: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: {"hit": [], "miss": []})
     for o in outcomes:
         p = o.point
-        pooled[(p.workers, p.router, p.concurrency, p.prefixes)]["hit"] += o.ttft_hit_ms
-        pooled[(p.workers, p.router, p.concurrency, p.prefixes)]["miss"] += o.ttft_miss_ms
+        pooled[(p.workers, p.router, p.concurrency, p.prefixes)]["hit"] += o.ttft.hit_ms
+        pooled[(p.workers, p.router, p.concurrency, p.prefixes)]["miss"] += o.ttft.miss_ms
     groups = sorted({(k[0], k[1]) for k in pooled})
     concurrencies = sorted({k[2] for k in pooled})
     prefixes = sorted({k[3] for k in pooled})

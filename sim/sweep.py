@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
+from sim.records import TtftSamples
 from sim.runner import run
 from sim.scenario import Scenario
 from sim.summary import summarize
@@ -46,19 +47,11 @@ def sweep_points(
 
 @dataclass(frozen=True, slots=True)
 class PointOutcome:
-    """One run of a sweep point: its summary row and its TTFT samples (ms) of hits and misses."""
+    """One run of a sweep point: its summary row and its TTFT samples of hits and misses."""
 
     point: SweepPoint
     row: dict[str, object]
-    ttft_hit_ms: tuple[float, ...]
-    ttft_miss_ms: tuple[float, ...]
-
-    def ttft_ms(self, split: str = "all") -> tuple[float, ...]:
-        if split == "hit":
-            return self.ttft_hit_ms
-        if split == "miss":
-            return self.ttft_miss_ms
-        return self.ttft_hit_ms + self.ttft_miss_ms
+    ttft: TtftSamples
 
 
 def run_point(base: Scenario, point: SweepPoint) -> PointOutcome:
@@ -68,12 +61,7 @@ def run_point(base: Scenario, point: SweepPoint) -> PointOutcome:
         "workers": point.workers, "prefixes": point.prefixes, "concurrency": point.concurrency,
         "router": point.router, "repeat": point.repeat, "seed": point.seed, **summary.row(),
     }
-    measured = result.measured
-    return PointOutcome(
-        point, row,
-        ttft_hit_ms=tuple(r.ttft_s * 1000 for r in measured if r.is_hit),
-        ttft_miss_ms=tuple(r.ttft_s * 1000 for r in measured if not r.is_hit),
-    )
+    return PointOutcome(point, row, TtftSamples.of(result.measured))
 
 
 def _run_star(args: tuple[Scenario, SweepPoint]) -> PointOutcome:

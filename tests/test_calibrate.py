@@ -13,6 +13,7 @@ from sim.calibrate import Latencies, Simulator, Target, apply_parameters, fit, p
 from sim.cli import main
 from sim.reference import Measurement, load_reference
 from sim.scenario import ScenarioError, load_scenario
+from sim.records import TtftSamples
 from sim.sweep import SweepRunner
 
 from test_calibrate_helpers import small_scenario, synthetic_targets
@@ -46,7 +47,7 @@ def test_targets_keep_the_reference_aggregation():
 
 
 def _outcome(hit, miss, rps=1.0):
-    return Latencies(tuple(hit), tuple(miss), rps)
+    return Latencies(TtftSamples(tuple(hit), tuple(miss)), rps)
 
 
 def test_predictions_pool_or_take_the_median_of_runs_as_the_measurement_did():
