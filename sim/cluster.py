@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import simpy
 
@@ -59,7 +59,7 @@ class Cluster:
                 )
                 self.workers.append(worker)
         self._in_flight = [0] * len(self.workers)
-        self._pending: dict[int, tuple[float, simpy.Event]] = {}
+        self._pending: dict[int, tuple[float, Callable[[RequestRecord], object]]] = {}
 
     # ------------------------------------------------------------------ ClusterView
     @property
@@ -79,16 +79,20 @@ class Cluster:
         return self._in_flight[worker]
 
     # ------------------------------------------------------------------ requests
-    def send(self, request: Request) -> simpy.Event:
-        """Route and dispatch `request` now; the returned event's value is its `RequestRecord`."""
+    def send(self, request: Request, on_done: Callable[[RequestRecord], object] | None = None) -> simpy.Event | None:
+        """Route and dispatch `request` now. Its `RequestRecord` goes to `on_done` when the response ends or, without
+        `on_done`, becomes the value of the returned event (for senders that wait on it)."""
         env = self.env
+        done = None
+        if on_done is None:
+            done = env.event()
+            on_done = done.succeed
         worker = self.router.route(request, self)
         if not 0 <= worker < len(self.workers):
             raise RuntimeError(f"router {self.router.name!r} chose worker {worker}; valid: 0..{len(self.workers) - 1}")
         self.router.on_dispatch(request, worker)
         self._in_flight[worker] += 1
-        done = env.event()
-        self._pending[request.request_id] = (env.now, done)
+        self._pending[request.request_id] = (env.now, on_done)
         state = RequestState(request, self._block_size, worker, arrival_s=env.now + self._delivery_delay_s)
         target = self.workers[worker]
         self._after(self._delivery_delay_s, lambda: target.submit(state))
@@ -110,8 +114,8 @@ class Cluster:
     def _complete(self, state: RequestState) -> None:
         self._in_flight[state.worker] -= 1
         self.router.on_complete(state.request, state.worker)
-        sent_s, done = self._pending.pop(state.request.request_id)
-        done.succeed(RequestRecord.from_state(state, sent_s, response_delay_s=self._response_delay_s))
+        sent_s, on_done = self._pending.pop(state.request.request_id)
+        on_done(RequestRecord.from_state(state, sent_s, response_delay_s=self._response_delay_s))
 
     # ------------------------------------------------------------------ counters
     def counters(self) -> tuple[WorkerCounters, ...]:

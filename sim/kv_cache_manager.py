@@ -126,6 +126,13 @@ class KVCacheManager:
         """Give `state` slots for `num_new_tokens` more tokens after its computed and hit tokens; False if they do not fit."""
         pool = self.pool
         B = self.block_size
+        if not hit_blocks and not full_sequence_must_fit:
+            # NOTE: the common decode case, same outcome as the general path: the slots exist already.
+            end = state.num_computed_tokens + num_new_tokens
+            if end <= len(state.block_ids) * B and end <= self.max_model_len:
+                if end // B > state.num_cached_blocks:
+                    self.cache_full_blocks(state, min(end, state.num_tokens))
+                return True
         num_hit_tokens = len(hit_blocks) * B
         num_computed = state.num_computed_tokens + num_hit_tokens
         num_tokens_need_slot = min(num_computed + num_new_tokens, self.max_model_len)

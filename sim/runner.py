@@ -110,7 +110,7 @@ def replay(scenario: Scenario, trace: Iterable[TraceRequest], *, bin_s: float = 
                 continue
             if item.arrival_s > env.now:
                 yield env.timeout(item.arrival_s - env.now)
-            cluster.send(request).callbacks.append(lambda event: stats.add(event.value))
+            cluster.send(request, stats.add)
 
     env.process(arrivals())
     env.run()

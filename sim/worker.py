@@ -44,6 +44,7 @@ class Worker:
         self._on_finished = on_finished
         self._wakeup: simpy.Event | None = None
         self._stretch: DecodeStretch | None = None
+        self._stretch_cut = False
         self.max_model_len = max_model_len
         self.fast_forward = fast_forward and device.exclusive
         self.num_steps = 0
@@ -60,8 +61,21 @@ class Worker:
 
     def submit(self, state: RequestState) -> None:
         self.scheduler.add_request(state)
-        if self._wakeup is not None and not self._wakeup.triggered:
-            self._wakeup.succeed()
+        wakeup = self._wakeup
+        if wakeup is None or wakeup.triggered:
+            return
+        stretch = self._stretch
+        if stretch is None:
+            wakeup.succeed()  # idle
+        elif not self._stretch_cut:
+            # NOTE: the engine sees the request when the step in progress ends: the stretch is cut there.
+            self._stretch_cut = True
+            steps = stretch.steps_started_by(self.env.now)
+            delay_s = stretch.start_s + stretch.elapsed_s(steps) - self.env.now
+            if delay_s > 0:
+                self.env.timeout(delay_s).callbacks.append(lambda _event: wakeup.triggered or wakeup.succeed(steps))
+            else:
+                wakeup.succeed(steps)
 
     def _loop(self):
         env, scheduler = self.env, self.scheduler
@@ -95,15 +109,14 @@ class Worker:
     def _run_stretch(self, stretch: DecodeStretch):
         env = self.env
         self._stretch = stretch
-        self._wakeup = env.event()
-        yield env.timeout(stretch.duration_s) | self._wakeup
-        steps = stretch.num_steps
-        if self._wakeup.triggered:
-            # NOTE: a request arrived: the engine sees it when the step in progress ends.
-            steps = stretch.steps_started_by(env.now)
-            end_s = stretch.start_s + stretch.elapsed_s(steps)
-            if end_s > env.now:
-                yield env.timeout(end_s - env.now)
+        self._stretch_cut = False
+        wakeup = self._wakeup = env.event()
+        # NOTE: the worker wakes with the number of steps done: all of them at the stretch's end, or fewer when an
+        # arrival cut it (`submit`); whichever comes first wins, a later trigger of the spent event is ignored.
+        # Cheaper than a SimPy condition on two events.
+        env.timeout(stretch.duration_s).callbacks.append(
+            lambda _event: wakeup.triggered or wakeup.succeed(stretch.num_steps))
+        steps = yield wakeup
         self._wakeup = None
         stretch.apply(steps)
         self._stretch = None
