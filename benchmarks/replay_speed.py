@@ -1,8 +1,10 @@
 """Replay speed: kvsim against Dynamo's mocker on the Mooncake traces, a 1M-request synthetic run, the reference sweep.
 
-    python benchmarks/replay_speed.py [--traces DIR] [--mocker-python .venv-dynamo/bin/python] [--quick]
+    python benchmarks/replay_speed.py [--traces DIR] [--mocker-python .venv-dynamo/bin/python] [--jobs N] [--quick]
 
-Every measurement runs in a fresh subprocess, so each prints its own wall time and peak RSS. The mocker
+Every measurement runs in a fresh subprocess, so each prints its own wall time and peak RSS (the largest of the
+process and the processes it split into). kvsim runs each case in one process (`jobs 1`) and, when the router
+ignores the cluster's state (round-robin), split by worker over `--jobs` processes (`sim.replay`). The mocker
 (`ai-dynamo-runtime` 1.6.1, in a side virtualenv: benchmarks/dynamo-mocker/README.md) runs the same trace with the
 same workers, blocks (64 tokens) and router when its interpreter exists; the ratio kvsim req/s / mocker req/s is
 printed beside. These machines are shared and noisy: compare the ratios measured in one run, not absolute seconds.
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,38 +22,45 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 MOCKER = REPO / "benchmarks" / "dynamo-mocker" / "run_mocker.py"
 
+PEAK_RSS = """
+def peak_rss_mb():
+    return max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)) / 1024
+"""
+
 KVSIM_TRACE = """
 import json, resource, sys, time
-from sim.runner import replay
+from sim.replay import replay
 from sim.scenario import builtin_scenario_path, load_scenario
 from sim.traces import read_mooncake
-trace, workers, tokens, router = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+""" + PEAK_RSS + """
+trace, workers, tokens, router, jobs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
 s, _ = load_scenario(builtin_scenario_path("trace-replay"))
 s = s.with_overrides(**{"cluster.workers": workers, "engine.num_gpu_blocks_override": tokens // 64 + 1,
                         "router.name": router, "router.options": {}})
 t0 = time.perf_counter()
-r = replay(s, read_mooncake(trace, block_size=64))
+r = replay(s, lambda: read_mooncake(trace, block_size=64), jobs=jobs)
 wall = time.perf_counter() - t0
 print(json.dumps({"wall_s": wall, "requests": r.stats.requests, "prefix_reuse": r.stats.prefix_reuse,
-                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                  "jobs": r.jobs, "peak_rss_mb": peak_rss_mb()}))
 """
 
 KVSIM_SYNTHETIC = """
 import json, resource, sys, time
-from sim.runner import replay
+from sim.replay import replay
 from sim.scenario import builtin_scenario_path, load_scenario
 from sim.workload import poisson_requests
-n = int(sys.argv[1])
+""" + PEAK_RSS + """
+n, jobs = int(sys.argv[1]), int(sys.argv[2])
 s, _ = load_scenario(builtin_scenario_path("trace-replay"))
 s = s.with_overrides(**{"cluster.workers": 8, "engine.num_gpu_blocks_override": 3_000_000 // 64 + 1,
     "router.name": "round-robin", "workload.prefixes": 64, "workload.popularity": "zipf",
     "workload.zipf_exponent": 1.0, "workload.prefix_tokens": 2048,
     "workload.tail_tokens": {"kind": "uniform", "low": 128, "high": 512}, "workload.output_tokens": 64})
 t0 = time.perf_counter()
-r = replay(s, poisson_requests(s.workload, block_size=64, seed=0, rate_rps=40.0, num_requests=n))
+r = replay(s, lambda: poisson_requests(s.workload, block_size=64, seed=0, rate_rps=40.0, num_requests=n), jobs=jobs)
 wall = time.perf_counter() - t0
 print(json.dumps({"wall_s": wall, "requests": r.stats.requests, "prefix_reuse": r.stats.prefix_reuse,
-                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                  "jobs": r.jobs, "peak_rss_mb": peak_rss_mb()}))
 """
 
 KVSIM_SWEEP = """
@@ -80,8 +90,10 @@ def main() -> None:
                         help="folder with conversation_trace.jsonl and synthetic_trace.jsonl")
     parser.add_argument("--mocker-python", type=Path, default=REPO / ".venv-dynamo" / "bin" / "python",
                         help="python of a venv with ai-dynamo-runtime==1.6.1")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                        help="processes for the split replays (default: all cores)")
     parser.add_argument("--synthetic-requests", type=int, default=1_000_000)
-    parser.add_argument("--quick", action="store_true", help="skip the 1M-request run and the sweep")
+    parser.add_argument("--quick", action="store_true", help="skip the 1M-request runs and the sweep")
     args = parser.parse_args()
     py = sys.executable
     cases = [("conversation", 8, 3_000_000, "round-robin", "round_robin"),
@@ -89,31 +101,39 @@ def main() -> None:
              ("conversation", 8, 1_000_000, "round-robin", "round_robin"),
              ("synthetic", 8, 3_000_000, "round-robin", "round_robin")]
     have_mocker = args.mocker_python.exists()
-    print(f"{'trace':13s} {'workers x KV':>14s} {'router':12s} {'kvsim reuse':>11s} {'kvsim s':>8s} {'kvsim req/s':>11s} "
-          f"{'RSS MB':>7s} {'mocker reuse':>12s} {'mocker s':>8s} {'mocker req/s':>12s} {'ratio':>6s}")
+    job_counts = [1] + ([args.jobs] if args.jobs > 1 else [])
+    print(f"{'trace':13s} {'workers x KV':>14s} {'router':12s} {'jobs':>4s} {'kvsim reuse':>11s} {'kvsim s':>8s} "
+          f"{'kvsim req/s':>11s} {'RSS MB':>7s} {'mocker reuse':>12s} {'mocker s':>8s} {'mocker req/s':>12s} "
+          f"{'ratio':>6s}")
     for trace, workers, tokens, router, mocker_router in cases:
         path = args.traces / f"{trace}_trace.jsonl"
         if not path.exists():
             raise SystemExit(f"--traces: {path} not found")
-        k = _json_run([py, "-c", KVSIM_TRACE, str(path), str(workers), str(tokens), router])
-        k_rps = k["requests"] / k["wall_s"]
-        line = (f"{trace:13s} {f'{workers} x {tokens / 1e6:.1f}M':>14s} {router:12s} {k['prefix_reuse']:11.4f} "
-                f"{k['wall_s']:8.2f} {k_rps:11.0f} {k['peak_rss_mb']:7.0f}")
+        mocker = "   (no mocker venv: see benchmarks/dynamo-mocker/README.md)"
+        m_rps = None
         if have_mocker:
             m = _json_run([str(args.mocker_python), str(MOCKER), str(path), "--workers", str(workers),
                            "--num-gpu-blocks", str(tokens // 64), "--block-size", "64", "--router", mocker_router,
                            "--trace-block-size", "512"])
             m_rps = m["requests"] / m["wall_s"]
-            line += f" {m['prefix_cache_reused_ratio']:12.4f} {m['wall_s']:8.2f} {m_rps:12.0f} {k_rps / m_rps:6.2f}"
-        else:
-            line += "   (no mocker venv: see benchmarks/dynamo-mocker/README.md)"
-        print(line, flush=True)
+            mocker = f" {m['prefix_cache_reused_ratio']:12.4f} {m['wall_s']:8.2f} {m_rps:12.0f}"
+        for jobs in job_counts:
+            k = _json_run([py, "-c", KVSIM_TRACE, str(path), str(workers), str(tokens), router, str(jobs)])
+            if k["jobs"] != jobs:
+                continue  # this router reads the cluster: it does not split
+            k_rps = k["requests"] / k["wall_s"]
+            ratio = f" {k_rps / m_rps:6.2f}" if m_rps else ""
+            print(f"{trace:13s} {f'{workers} x {tokens / 1e6:.1f}M':>14s} {router:12s} {jobs:4d} "
+                  f"{k['prefix_reuse']:11.4f} {k['wall_s']:8.2f} {k_rps:11.0f} {k['peak_rss_mb']:7.0f}{mocker}{ratio}",
+                  flush=True)
     if args.quick:
         return
-    s = _json_run([py, "-c", KVSIM_SYNTHETIC, str(args.synthetic_requests)])
-    print(f"synthetic {s['requests']:,} requests (64 Zipf prefixes of 2,048 tokens, tails 128-512, 64 outputs, "
-          f"Poisson 40/s, 8 workers x 3.0M, round-robin): {s['wall_s']:.1f} s = {s['requests'] / s['wall_s']:.0f} "
-          f"req/s, reuse {s['prefix_reuse']:.4f}, peak RSS {s['peak_rss_mb']:.0f} MB", flush=True)
+    for jobs in reversed(job_counts):
+        s = _json_run([py, "-c", KVSIM_SYNTHETIC, str(args.synthetic_requests), str(jobs)])
+        print(f"synthetic {s['requests']:,} requests (64 Zipf prefixes of 2,048 tokens, tails 128-512, 64 outputs, "
+              f"Poisson 40/s, 8 workers x 3.0M, round-robin), {s['jobs']} process(es): {s['wall_s']:.1f} s = "
+              f"{s['requests'] / s['wall_s']:.0f} req/s, reuse {s['prefix_reuse']:.4f}, "
+              f"peak RSS {s['peak_rss_mb']:.0f} MB", flush=True)
     w = _json_run([py, "-c", KVSIM_SWEEP])
     print(f"reference sweep ({w['runs']} runs: prefixes 2,7,12,24 x workers 3,6 x concurrency 4,8,16 x 3 repeats): "
           f"{w['wall_s']:.1f} s")

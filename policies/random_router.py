@@ -10,6 +10,7 @@ from sim.router import ClusterView
 class RandomRouter(RouterBase):
     name = "random"
     summary = "uniform random worker per request (a Service with a new connection per request)"
+    ignores_cluster_state = True
 
     def route(self, request: Request, view: ClusterView) -> int:
         return self.rng.randrange(self.num_workers)

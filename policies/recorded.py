@@ -17,6 +17,7 @@ class RecordedRouter(RouterBase):
     name = "recorded"
     summary = "sends each request to the worker it went to in a measured run (validate's default)"
     Options = RecordedOptions
+    ignores_cluster_state = True
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)

@@ -10,6 +10,7 @@ from sim.router import ClusterView
 class RoundRobinRouter(RouterBase):
     name = "round-robin"
     summary = "workers in turn (kube-proxy IPVS rr, Dynamo round_robin)"
+    ignores_cluster_state = True
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)

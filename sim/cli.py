@@ -640,18 +640,23 @@ def plan(scenario_path, prefixes, zipf, target_hit_rate, target_ttft_p99_ms, var
               help="Seconds of trace time per point of the figure.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Write DIR/summary.csv (one row), DIR/workers.csv and DIR/replay.png.")
+@click.option("--jobs", type=click.IntRange(min=1), default=None,
+              help="Processes to split the workers over, for routers that ignore the cluster's state (round-robin, "
+                   "random); same results. Default: all cores.")
 def replay(trace, workers, kv_tokens, kv_blocks, kv_bytes, router, scenario_path, block_size, trace_block_size,
-           speed, limit, bin_s, out_dir) -> None:
+           speed, limit, bin_s, out_dir, jobs) -> None:
     """Replay a Mooncake JSONL trace (timestamp ms, input_length, output_length, hash_ids) open loop.
 
     Every request is sent at its timestamp (divided by --speed), routed then, and served by vLLM-like workers.
     Reported: prefix reuse = cached prompt tokens / prompt tokens (Dynamo's prefix_cache_reused_ratio), vLLM's
     token hit rate (prefix_cache_hits / queries), request hit rate, TTFT percentiles, throughput and the load of
     each worker. Memory stays bounded by the caches and the requests in flight, whatever the trace's length.
+    With a router that ignores the cluster's state, the workers are split over --jobs processes.
     """
+    import os
     import time as _time
 
-    from sim.runner import replay as run_replay
+    from sim.replay import replay as run_replay
     from sim.scenario import builtin_scenario_path
     from sim.traces import TraceError, read_mooncake
 
@@ -673,9 +678,10 @@ def replay(trace, workers, kv_tokens, kv_blocks, kv_bytes, router, scenario_path
         overrides.update({"router.name": router[0], "router.options": {}})
     try:
         scenario = base.with_overrides(**overrides)
-        requests = read_mooncake(trace, block_size=B, trace_block_tokens=trace_block_size, speed=speed, limit=limit)
         t0 = _time.perf_counter()
-        result = run_replay(scenario, requests, bin_s=bin_s)
+        result = run_replay(scenario, lambda: read_mooncake(trace, block_size=B, trace_block_tokens=trace_block_size,
+                                                            speed=speed, limit=limit),
+                            bin_s=bin_s, jobs=jobs or os.cpu_count() or 1)
         wall_s = _time.perf_counter() - t0
     except (ScenarioError, TraceError) as err:
         raise click.ClickException(str(err)) from None
@@ -689,7 +695,7 @@ def replay(trace, workers, kv_tokens, kv_blocks, kv_bytes, router, scenario_path
         "ttft_p99_ms": st.ttft_ms.percentile(99), "e2e_p50_ms": st.e2e_ms.percentile(50),
         "throughput_rps": st.throughput_rps, "preemptions": sum(w.preemptions for w in result.workers),
         "evicted_blocks": sum(w.evicted_blocks for w in result.workers), "simulated_s": result.simulated_s,
-        "wall_s": wall_s, "workers": workers, "kv_blocks_per_worker": scenario.num_gpu_blocks, "block_size": B,
+        "wall_s": wall_s, "jobs": result.jobs, "workers": workers, "kv_blocks_per_worker": scenario.num_gpu_blocks, "block_size": B,
         "router": scenario.router.name,
     }
     table = Table(title=f"replay of {Path(trace).name}: {workers} workers x {scenario.num_gpu_blocks - 1} blocks of "

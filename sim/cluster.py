@@ -82,21 +82,29 @@ class Cluster:
     def send(self, request: Request, on_done: Callable[[RequestRecord], object] | None = None) -> simpy.Event | None:
         """Route and dispatch `request` now. Its `RequestRecord` goes to `on_done` when the response ends or, without
         `on_done`, becomes the value of the returned event (for senders that wait on it)."""
-        env = self.env
         done = None
         if on_done is None:
-            done = env.event()
+            done = self.env.event()
             on_done = done.succeed
+        self.dispatch(request, self.route(request), on_done)
+        return done
+
+    def route(self, request: Request) -> int:
+        """Ask the router for `request`'s worker (and tell it the request is dispatched there)."""
         worker = self.router.route(request, self)
         if not 0 <= worker < len(self.workers):
             raise RuntimeError(f"router {self.router.name!r} chose worker {worker}; valid: 0..{len(self.workers) - 1}")
         self.router.on_dispatch(request, worker)
+        return worker
+
+    def dispatch(self, request: Request, worker: int, on_done: Callable[[RequestRecord], object]) -> None:
+        """Send `request` to `worker` now: it reaches the engine after the router hop and the per-request overhead."""
+        env = self.env
         self._in_flight[worker] += 1
         self._pending[request.request_id] = (env.now, on_done)
         state = RequestState(request, self._block_size, worker, arrival_s=env.now + self._delivery_delay_s)
         target = self.workers[worker]
         self._after(self._delivery_delay_s, lambda: target.submit(state))
-        return done
 
     def _after(self, delay_s: float, action) -> None:
         if delay_s > 0:

@@ -1,7 +1,7 @@
 """Fast-forwarding a worker through decode-only steps: k identical-shape steps advanced as one event.
 
 When a worker has nothing waiting and every running request is decoding, the next steps are known in advance
-until the first request finishes: each step schedules one token per request, in running order, and only the
+up to the step in which the first request samples its last token: each step schedules one token per request, in running order, and only the
 block boundaries change the cache (a request needs a new block every `block_size` tokens). The step time grows
 linearly with the steps (the decodes' context grows by one token each), so the stretch's end, and the step in
 progress at any moment, follow from an arithmetic series. Exactness is kept where it matters:
@@ -61,7 +61,7 @@ class DecodeStretch:
             if r.num_tokens - c != 1 or c < r.request.prompt_tokens:
                 return None  # a prefill (or recomputation) is in progress
             left = r.request.output_tokens - r.num_output_tokens  # tokens still to sample, incl. this step's
-            limit = min(left - 1, max_model_len - 2 - c)
+            limit = min(left, max_model_len - 2 - c)
             steps = limit if steps is None else min(steps, limit)
             context += c
         if steps is None or steps < MIN_STEPS:
@@ -101,6 +101,11 @@ class DecodeStretch:
         while j + 1 <= self.num_steps and self.elapsed_s(j + 1) <= e:
             j += 1
         return min(j + 1, self.num_steps)
+
+    def finished(self) -> list[RequestState]:
+        """The requests whose last token the applied steps sampled (only the stretch's last step can), in running
+        order: the worker ends them at the end of that step, as `Scheduler.update_from_output` would."""
+        return [r for r in self.requests if r.num_output_tokens >= r.request.output_tokens]
 
     def apply(self, k: int) -> None:
         """Bring the requests and the cache to the state after the first k steps (idempotent, incremental)."""

@@ -38,7 +38,9 @@ class Router(Protocol):
     """A routing policy. `route` picks a worker index; the hooks let it keep its own state (load, history).
 
     Hooks are called by the cluster in time order: `on_dispatch` right after `route`, `on_first_token` when the
-    first output token reaches the router, `on_complete` when the response ends.
+    first output token reaches the router, `on_complete` when the response ends. A router may declare
+    `ignores_cluster_state = True` when its choices depend on nothing but the requests routed before (see
+    `policies.base.RouterBase`): replays then split over processes.
     """
 
     name: ClassVar[str]

@@ -5,9 +5,6 @@ Pure: nothing is printed or written here.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
-
 import simpy
 
 from policies import ROUTERS
@@ -16,8 +13,6 @@ from sim.cluster import Cluster
 from sim.records import RequestRecord, RunResult, WorkerCounters
 from sim.router import Router
 from sim.scenario import Scenario, ScenarioError
-from sim.streaming_stats import StreamingStats
-from sim.traces import TraceRequest
 from sim.workload import RequestStream, rng_for, shared_prefix_stream
 
 
@@ -74,44 +69,3 @@ def run(scenario: Scenario, stream: RequestStream | None = None, *, fast_forward
         measured_start_s=marks["start_s"],
         measured_end_s=marks["end_s"],
     )
-
-
-@dataclass(frozen=True, slots=True)
-class ReplayResult:
-    """A trace replay: streaming statistics (bounded memory), per-worker counters, what was refused."""
-
-    stats: StreamingStats
-    workers: tuple[WorkerCounters, ...]
-    simulated_s: float
-    rejected: int
-    """Requests longer than the engine accepts (max_model_len or the whole KV cache): vLLM answers them HTTP 400."""
-
-
-def replay(scenario: Scenario, trace: Iterable[TraceRequest], *, bin_s: float = 60.0,
-           fast_forward: bool = True) -> ReplayResult:
-    """Replay timed requests open loop (each sent at its arrival time, routed then) through the scenario's cluster.
-
-    The trace is consumed lazily and finished requests are folded into `StreamingStats` at once, so memory stays
-    bounded by the caches and the requests in flight, not by the length of the trace.
-    """
-    env = simpy.Environment()
-    cluster = Cluster(env, scenario, build_router(scenario), fast_forward=fast_forward)
-    stats = StreamingStats(num_workers=len(cluster.workers), bin_s=bin_s)
-    max_tokens = min(scenario.engine.max_model_len,
-                     (scenario.num_gpu_blocks - 1) * scenario.engine.block_size)
-    rejected = 0
-
-    def arrivals():
-        nonlocal rejected
-        for item in trace:
-            request = item.request
-            if request.prompt_tokens + request.output_tokens > max_tokens:
-                rejected += 1
-                continue
-            if item.arrival_s > env.now:
-                yield env.timeout(item.arrival_s - env.now)
-            cluster.send(request, stats.add)
-
-    env.process(arrivals())
-    env.run()
-    return ReplayResult(stats, cluster.counters(), env.now, rejected)

@@ -87,11 +87,12 @@ class Scheduler:
         budget = self.limits.max_num_batched_tokens
         running = self.running
 
+        max_len = self.limits.max_model_len - 1
         i = 0
         while i < len(running) and budget > 0:
             state = running[i]
-            num_new = min(state.num_tokens - state.num_computed_tokens, budget)
-            num_new = min(num_new, self.limits.max_model_len - 1 - state.num_computed_tokens)
+            computed = state.num_computed_tokens
+            num_new = min(state.request.prompt_tokens + state.num_output_tokens - computed, budget, max_len - computed)
             if num_new <= 0:
                 i += 1
                 continue
@@ -112,15 +113,20 @@ class Scheduler:
         if not plan.preempted:
             self._admit_waiting(plan, budget, now_s)
 
+        prefill_tokens = decode_seqs = decode_context = pairs = 0
         for state, n in scheduled.items():
             computed = state.num_computed_tokens
-            if computed >= state.request.prompt_tokens and n == 1:
-                plan.num_decode_seqs += 1
-                plan.num_decode_context_tokens += computed
+            if n == 1 and computed >= state.request.prompt_tokens:
+                decode_seqs += 1
+                decode_context += computed
             else:
-                plan.num_prefill_tokens += n
-                plan.num_prefill_attention_pairs += n * computed + n * (n + 1) // 2
+                prefill_tokens += n
+                pairs += n * computed + n * (n + 1) // 2
             state.num_computed_tokens = computed + n
+        plan.num_prefill_tokens = prefill_tokens
+        plan.num_decode_seqs = decode_seqs
+        plan.num_decode_context_tokens = decode_context
+        plan.num_prefill_attention_pairs = pairs
         return plan
 
     def _admit_waiting(self, plan: StepPlan, budget: int, now_s: float) -> None:
@@ -167,18 +173,24 @@ class Scheduler:
         first_token: list[RequestState] = []
         finished: list[RequestState] = []
         for state in plan.num_scheduled_tokens:
-            if state.num_computed_tokens < state.num_tokens:
+            request = state.request
+            if state.num_computed_tokens < request.prompt_tokens + state.num_output_tokens:
                 continue  # a prefill chunk: no token yet
             state.num_output_tokens += 1
             if state.first_token_s is None:
                 state.first_token_s = now_s
                 first_token.append(state)
-            if state.is_finished:
-                state.finished_s = now_s
+            if state.num_output_tokens >= request.output_tokens:
                 finished.append(state)
         if finished:
-            done = set(finished)
-            self.running = [s for s in self.running if s not in done]
-            for state in finished:
-                self.kv.free(state)
+            self.finish(finished, now_s)
         return StepOutcome(first_token, finished)
+
+    def finish(self, finished: list[RequestState], now_s: float) -> None:
+        """End requests that sampled their last token in the step ending now: out of the running list, blocks freed
+        (each tail first, in the order given: schedule order)."""
+        done = set(finished)
+        self.running = [s for s in self.running if s not in done]
+        for state in finished:
+            state.finished_s = now_s
+            self.kv.free(state)

@@ -30,6 +30,12 @@ class LogHistogram:
         self.counts[k] = self.counts.get(k, 0) + 1
         self.total += 1
 
+    def merge(self, other: LogHistogram) -> None:
+        """Add `other`'s counts to these."""
+        for k, n in other.counts.items():
+            self.counts[k] = self.counts.get(k, 0) + n
+        self.total += other.total
+
     def percentile(self, q: float) -> float:
         """The q-th percentile (0..100), at the geometric middle of its bin; nan when empty."""
         if not self.total:
@@ -94,6 +100,29 @@ class StreamingStats:
         b.prompt_tokens += r.prompt_tokens
         b.cached_tokens += r.cached_tokens
         b.ttft_ms.add(ttft)
+
+    def merge(self, other: StreamingStats) -> None:
+        """Fold in the statistics of other requests of the same replay (another process's workers)."""
+        if (other.num_workers, other.bin_s) != (self.num_workers, self.bin_s):
+            raise ValueError("merging statistics of different shapes (workers or time bins)")
+        self.requests += other.requests
+        self.hit_requests += other.hit_requests
+        self.prompt_tokens += other.prompt_tokens
+        self.cached_tokens += other.cached_tokens
+        self.preemptions += other.preemptions
+        self.first_sent_s = min(self.first_sent_s, other.first_sent_s)
+        self.last_finished_s = max(self.last_finished_s, other.last_finished_s)
+        self.ttft_ms.merge(other.ttft_ms)
+        self.e2e_ms.merge(other.e2e_ms)
+        for w in range(self.num_workers):
+            self.requests_per_worker[w] += other.requests_per_worker[w]
+            self.prompt_tokens_per_worker[w] += other.prompt_tokens_per_worker[w]
+        for key, theirs in other.bins.items():
+            mine = self.bins.setdefault(key, TimeBin())
+            mine.requests += theirs.requests
+            mine.prompt_tokens += theirs.prompt_tokens
+            mine.cached_tokens += theirs.cached_tokens
+            mine.ttft_ms.merge(theirs.ttft_ms)
 
     @property
     def prefix_reuse(self) -> float:

@@ -122,3 +122,8 @@ class Worker:
         self._stretch = None
         self.num_steps += steps
         self.device.busy_s += stretch.elapsed_s(steps)
+        finished = stretch.finished()
+        if finished:
+            self.scheduler.finish(finished, env.now)
+            for state in finished:
+                self._on_finished(state)

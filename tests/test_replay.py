@@ -11,7 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from sim.cli import main
-from sim.runner import replay, run
+from sim.replay import device_groups, replay
+from sim.runner import run
 from sim.scenario import load_scenario
 from sim.traces import TraceError, read_mooncake
 
@@ -95,6 +96,49 @@ def test_fast_forward_is_exact_in_closed_loops_and_under_cache_peeks(router):
     assert fast.workers == slow.workers
 
 
+def _same_replay(a, b) -> None:
+    """Two replays agree on every statistic and counter, exactly."""
+    for field in ("requests", "hit_requests", "prompt_tokens", "cached_tokens", "preemptions", "first_sent_s",
+                  "last_finished_s", "requests_per_worker", "prompt_tokens_per_worker"):
+        assert getattr(a.stats, field) == getattr(b.stats, field), field
+    assert a.stats.ttft_ms.counts == b.stats.ttft_ms.counts and a.stats.e2e_ms.counts == b.stats.e2e_ms.counts
+    assert {k: (v.requests, v.cached_tokens, v.ttft_ms.counts) for k, v in a.stats.bins.items()} == \
+           {k: (v.requests, v.cached_tokens, v.ttft_ms.counts) for k, v in b.stats.bins.items()}
+    assert a.workers == b.workers and a.simulated_s == b.simulated_s and a.rejected == b.rejected
+
+
+@pytest.mark.parametrize("router,workers", [("round-robin", 4), ("random", 5)])
+def test_a_replay_split_over_processes_gives_the_same_numbers(trace_scenario, router, workers):
+    # A pool small enough to evict, some requests too long to serve, and more processes than cores.
+    s = trace_scenario.with_overrides(**{"engine.num_gpu_blocks_override": 300, "cluster.workers": workers,
+                                         "router.name": router, "router.options": {}})
+    one = replay(s, read_mooncake(CONVERSATION, block_size=64))
+    split = replay(s, lambda: read_mooncake(CONVERSATION, block_size=64), jobs=3)
+    assert (one.jobs, split.jobs) == (1, 3)
+    assert one.rejected > 0 and sum(w.evicted_blocks for w in one.workers) > 0
+    _same_replay(one, split)
+
+
+def test_only_routers_blind_to_the_cluster_split_and_devices_stay_whole(trace_scenario):
+    s = trace_scenario.with_overrides(**{"cluster.workers": 8})
+    assert device_groups(s, 3) == [frozenset({0, 3, 6}), frozenset({1, 4, 7}), frozenset({2, 5})]
+    assert device_groups(s, 1) == [frozenset(range(8))]
+    kv = s.with_overrides(**{"router.name": "kv-aware", "router.options": {}})
+    assert device_groups(kv, 4) == [frozenset(range(8))]
+    baseline, _ = load_scenario()  # 6 workers: four time-share one GPU, one on each of two others
+    shared = baseline.with_overrides(**{"cluster.workers": 6})
+    assert device_groups(shared, 2) == [frozenset({0, 1, 2, 3}), frozenset({4, 5})]
+    assert device_groups(shared, 8) == [frozenset({0, 1, 2, 3}), frozenset({4}), frozenset({5})]
+
+
+def test_an_error_in_a_replay_process_reaches_the_caller(tmp_path, trace_scenario):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(CONVERSATION.read_text().splitlines()[0] + "\nnot json\n")
+    s = trace_scenario.with_overrides(**{"cluster.workers": 4})
+    with pytest.raises(TraceError, match="bad.jsonl:2: not valid JSON"):
+        replay(s, lambda: read_mooncake(bad, block_size=64), jobs=2)
+
+
 def test_replay_rejects_requests_too_long_for_the_engine(trace_scenario):
     s = trace_scenario.with_overrides(**{"engine.num_gpu_blocks_override": 60})  # 59 x 64 = 3,776 tokens
     result = replay(s, read_mooncake(CONVERSATION, block_size=64, limit=40))
@@ -114,10 +158,25 @@ def test_replay_command_writes_summary_and_figure(tmp_path):
     assert (tmp_path / "replay.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_replay_command_splits_over_jobs_with_the_same_summary(tmp_path):
+    rows = []
+    for jobs in ("1", "2"):
+        out = tmp_path / jobs
+        res = CliRunner().invoke(main, ["replay", str(SYNTHETIC), "--workers", "4", "--kv-tokens", "200000",
+                                        "--router", "round-robin", "--jobs", jobs, "--out", str(out)])
+        assert res.exit_code == 0, res.output
+        [row] = list(csv.DictReader((out / "summary.csv").open()))
+        assert row.pop("jobs") == jobs
+        row.pop("wall_s")
+        rows.append((row, (out / "workers.csv").read_text()))
+    assert rows[0] == rows[1]
+
+
 def test_replay_command_errors_are_one_line(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"timestamp": 0, "input_length": 600, "output_length": 4, "hash_ids": [1]}) + "\n")
-    res = CliRunner().invoke(main, ["replay", str(bad), "--workers", "2", "--kv-tokens", "100000"])
-    assert res.exit_code != 0 and "bad.jsonl:1: field 'hash_ids'" in res.output and "Traceback" not in res.output
+    for jobs in ("1", "2"):
+        res = CliRunner().invoke(main, ["replay", str(bad), "--workers", "2", "--kv-tokens", "100000", "--jobs", jobs])
+        assert res.exit_code != 0 and "bad.jsonl:1: field 'hash_ids'" in res.output and "Traceback" not in res.output
     res = CliRunner().invoke(main, ["replay", str(SYNTHETIC), "--workers", "2", "--kv-tokens", "1000", "--kv-blocks", "9"])
     assert res.exit_code != 0 and "only one of" in res.output

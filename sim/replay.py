@@ -1,0 +1,159 @@
+"""Open-loop replay of timed requests (traces, synthetic Poisson streams), in one process or split over several.
+
+A router that ignores the cluster's state (round-robin, random, recorded) sends each request to the same worker
+whatever the workers do, and workers on different devices never interact. Such a replay splits exactly by device:
+every process routes the whole stream (cheap), simulates only its own devices' workers and drops the other
+requests; the statistics are then merged. Same numbers as one process, in about 1 / jobs of the time.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import pickle
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import simpy
+
+from policies import ROUTERS
+from sim.cluster import Cluster
+from sim.records import WorkerCounters
+from sim.runner import build_router
+from sim.scenario import Scenario
+from sim.streaming_stats import StreamingStats
+from sim.traces import TraceRequest
+
+Trace = Iterable[TraceRequest]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayResult:
+    """A trace replay: streaming statistics (bounded memory), per-worker counters, what was refused."""
+
+    stats: StreamingStats
+    workers: tuple[WorkerCounters, ...]
+    simulated_s: float
+    rejected: int
+    """Requests longer than the engine accepts (max_model_len or the whole KV cache): vLLM answers them HTTP 400."""
+    jobs: int = 1
+    """Processes the replay was split over."""
+
+
+def replay(scenario: Scenario, trace: Trace | Callable[[], Trace], *, bin_s: float = 60.0,
+           fast_forward: bool = True, jobs: int = 1) -> ReplayResult:
+    """Replay timed requests open loop (each sent at its arrival time, routed then) through the scenario's cluster.
+
+    The trace is consumed lazily and finished requests are folded into `StreamingStats` at once, so memory stays
+    bounded by the caches and the requests in flight, not by the length of the trace. `trace` may be a function
+    that opens the trace anew: then, with `jobs` > 1, the replay is split over up to `jobs` processes when
+    `device_groups` allows it (one process otherwise).
+    """
+    groups = device_groups(scenario, jobs if callable(trace) else 1)
+    if len(groups) <= 1:
+        return _replay(scenario, trace() if callable(trace) else trace, bin_s=bin_s, fast_forward=fast_forward)
+    return _replay_split(scenario, trace, groups, bin_s=bin_s, fast_forward=fast_forward)
+
+
+def device_groups(scenario: Scenario, jobs: int) -> list[frozenset[int]]:
+    """How a replay of `scenario` splits over at most `jobs` processes: the workers each process simulates (whole
+    devices, balanced by worker count). One group when it cannot split: one job, one device, a router that reads the cluster
+    (its choices depend on what every worker does) or no `fork` on this platform."""
+    workers = scenario.cluster.workers
+    router = ROUTERS.get(scenario.router.name)
+    if (jobs <= 1 or not getattr(router, "ignores_cluster_state", False)
+            or "fork" not in multiprocessing.get_all_start_methods()):
+        return [frozenset(range(workers))]
+    devices, first = [], 0
+    for dev in scenario.cluster.devices():
+        devices.append(range(first, first + dev.workers))
+        first += dev.workers
+    # NOTE: largest devices first, each to the group with the fewest workers so far (ties: the lowest index).
+    groups: list[set[int]] = [set() for _ in range(min(jobs, len(devices)))]
+    for device in sorted(devices, key=len, reverse=True):
+        min(groups, key=len).update(device)
+    return [frozenset(g) for g in groups]
+
+
+def _replay(scenario: Scenario, trace: Trace, *, bin_s: float, fast_forward: bool,
+            owned: frozenset[int] | None = None) -> ReplayResult:
+    env = simpy.Environment()
+    cluster = Cluster(env, scenario, build_router(scenario), fast_forward=fast_forward)
+    stats = StreamingStats(num_workers=len(cluster.workers), bin_s=bin_s)
+    max_tokens = min(scenario.engine.max_model_len,
+                     (scenario.num_gpu_blocks - 1) * scenario.engine.block_size)
+    rejected = 0
+
+    def arrivals():
+        nonlocal rejected
+        for item in trace:
+            request = item.request
+            if request.prompt_tokens + request.output_tokens > max_tokens:
+                rejected += 1
+                continue
+            if owned is None:
+                if item.arrival_s > env.now:
+                    yield env.timeout(item.arrival_s - env.now)
+                cluster.send(request, stats.add)
+                continue
+            # NOTE: this router ignores the cluster, so it may route ahead of the clock; other processes simulate
+            # the workers this one does not own.
+            worker = cluster.route(request)
+            if worker in owned:
+                if item.arrival_s > env.now:
+                    yield env.timeout(item.arrival_s - env.now)
+                cluster.dispatch(request, worker, stats.add)
+
+    env.process(arrivals())
+    env.run()
+    return ReplayResult(stats, cluster.counters(), env.now, rejected)
+
+
+def _replay_split(scenario: Scenario, open_trace: Callable[[], Trace], groups: list[frozenset[int]], *,
+                  bin_s: float, fast_forward: bool) -> ReplayResult:
+    context = multiprocessing.get_context("fork")  # the trace opener is inherited, not pickled
+    children = []
+    try:
+        for owned in groups:
+            receive, send = context.Pipe(duplex=False)
+            child = context.Process(target=_run_part, args=(send, scenario, open_trace, owned, bin_s, fast_forward),
+                                    daemon=True)
+            child.start()
+            send.close()
+            children.append((child, receive))
+        parts = []
+        for child, receive in children:
+            try:
+                ok, value = receive.recv()
+            except EOFError:
+                child.join()
+                raise RuntimeError(f"replay: a worker process died (exit code {child.exitcode})") from None
+            if not ok:
+                raise value
+            parts.append(value)
+    finally:
+        for child, receive in children:
+            receive.close()
+            if child.is_alive():
+                child.terminate()
+            child.join()
+    stats = parts[0].stats
+    for part in parts[1:]:
+        stats.merge(part.stats)
+    owner = {w: part for owned, part in zip(groups, parts) for w in owned}
+    workers = tuple(owner[w.worker].workers[w.worker] for w in parts[0].workers)
+    return ReplayResult(stats, workers, max(p.simulated_s for p in parts), parts[0].rejected, jobs=len(parts))
+
+
+def _run_part(send, scenario: Scenario, open_trace: Callable[[], Trace], owned: frozenset[int], bin_s: float,
+              fast_forward: bool) -> None:
+    try:
+        result = _replay(scenario, open_trace(), bin_s=bin_s, fast_forward=fast_forward, owned=owned)
+        send.send((True, result))
+    except BaseException as err:  # noqa: BLE001 - handed to the parent, which raises it
+        try:
+            pickle.dumps(err)
+        except Exception:  # noqa: BLE001
+            err = RuntimeError(f"{type(err).__name__}: {err}")
+        send.send((False, err))
+    finally:
+        send.close()
