@@ -26,7 +26,13 @@ class LogHistogram:
         self.total = 0
 
     def add(self, value_ms: float) -> None:
-        k = int(math.log(value_ms / _MIN_MS) / _LOG_RATIO) if value_ms > _MIN_MS else 0
+        self.add_to_bin(self.bin_of(value_ms))
+
+    @staticmethod
+    def bin_of(value_ms: float) -> int:
+        return int(math.log(value_ms / _MIN_MS) / _LOG_RATIO) if value_ms > _MIN_MS else 0
+
+    def add_to_bin(self, k: int) -> None:
         self.counts[k] = self.counts.get(k, 0) + 1
         self.total += 1
 
@@ -88,18 +94,19 @@ class StreamingStats:
         self.preemptions += r.num_preemptions
         self.first_sent_s = min(self.first_sent_s, r.sent_s)
         self.last_finished_s = max(self.last_finished_s, r.finished_s)
-        ttft = r.ttft_s * 1000
-        self.ttft_ms.add(ttft)
+        ttft_bin = LogHistogram.bin_of(r.ttft_s * 1000)
+        self.ttft_ms.add_to_bin(ttft_bin)
         self.e2e_ms.add(r.e2e_s * 1000)
         self.requests_per_worker[r.worker] += 1
         self.prompt_tokens_per_worker[r.worker] += r.prompt_tokens
-        b = self.bins.get(int(r.sent_s // self.bin_s))
+        key = int(r.sent_s // self.bin_s)
+        b = self.bins.get(key)
         if b is None:
-            b = self.bins[int(r.sent_s // self.bin_s)] = TimeBin()
+            b = self.bins[key] = TimeBin()
         b.requests += 1
         b.prompt_tokens += r.prompt_tokens
         b.cached_tokens += r.cached_tokens
-        b.ttft_ms.add(ttft)
+        b.ttft_ms.add_to_bin(ttft_bin)
 
     def merge(self, other: StreamingStats) -> None:
         """Fold in the statistics of other requests of the same replay (another process's workers)."""
