@@ -95,14 +95,15 @@ def targets_from_runs(runs: Iterable[Run], *, ttft_source: str = "client") -> li
     """TTFT p50/p90/p99 overall and of hits and misses, and throughput, of each measured run; TTFT as the client
     timed it or as the server reports it (`ttft_source`, see `RunRow.ttft`)."""
     out = []
-    for run in runs:
-        rows = run.measured
-        point = (run.setup.workers, run.setup.prefixes, run.setup.concurrency)
+    for measured_run in runs:
+        rows = measured_run.measured
+        point = (measured_run.setup.workers, measured_run.setup.prefixes, measured_run.setup.concurrency)
         for metric, (split, q) in TTFT_METRICS.items():
             values = [r.ttft(ttft_source) for r in rows if split == "all" or (split == "hit") == r.is_hit]
             if len(values) >= 10:  # a percentile of a handful of requests is not a measurement
-                out.append(Target(run.name, point, metric, float(np.percentile(values, q)), pooled=True))
-        out.append(Target(run.name, point, "throughput_rps", measured_figures(run)["throughput_rps"], pooled=True))
+                out.append(Target(measured_run.name, point, metric, float(np.percentile(values, q)), pooled=True))
+        out.append(Target(measured_run.name, point, "throughput_rps", measured_figures(measured_run)["throughput_rps"],
+                          pooled=True))
     return out
 
 

@@ -10,7 +10,7 @@ import simpy
 from policies import ROUTERS
 from sim.arrivals import closed_loop, one_at_a_time, poisson
 from sim.cluster import Cluster
-from sim.records import RequestRecord, RunResult, WorkerCounters
+from sim.records import RequestRecord, RunResult
 from sim.router import Router
 from sim.scenario import Scenario, ScenarioError
 from sim.workload import RequestStream, rng_for, shared_prefix_stream

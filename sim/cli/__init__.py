@@ -1,0 +1,11 @@
+"""`kvsim`: the command line. Validates input at the edge, runs, prints, and writes files atomically.
+
+One module per group of commands; importing them registers their commands on `main` (`sim.cli.app`).
+"""
+
+from __future__ import annotations
+
+from sim.cli import calibration, planning, real_servers, replaying, simulate  # noqa: F401 - registers the commands
+from sim.cli.app import main
+
+__all__ = ["main"]

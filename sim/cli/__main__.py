@@ -1,0 +1,7 @@
+"""`python -m sim.cli` = `kvsim`."""
+
+import sys
+
+from sim.cli import main
+
+sys.exit(main())

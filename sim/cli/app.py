@@ -1,0 +1,81 @@
+"""The `kvsim` command group and what its commands share: the consoles, option parsers, scenario loading and number
+formatting."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from sim.reference import load_reference, measured
+from sim.scenario import Scenario, ScenarioError, load_scenario
+
+# NOTE: piped output (CI logs, files) gets a wide table instead of rich's 80-column default.
+console = Console() if sys.stdout.isatty() else Console(width=200)
+err_console = Console(stderr=True)
+
+
+def router_names() -> list[str]:
+    from policies import ROUTERS  # the CLI is a composition root: it may import policies
+
+    return sorted(ROUTERS)
+
+
+def int_list(ctx: click.Context, param: click.Parameter, value: str | None) -> list[int] | None:
+    if value is None:
+        return None
+    try:
+        items = [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a comma-separated list of whole numbers, e.g. 2,7,12") from None
+    if not items or any(v < 1 for v in items):
+        raise click.BadParameter(f"{value!r}: every value must be a whole number >= 1")
+    return items
+
+
+def router_list(ctx: click.Context, param: click.Parameter, value: str | None) -> list[str] | None:
+    if value is None:
+        return None
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    allowed = router_names()
+    unknown = [n for n in names if n not in allowed]
+    if unknown or not names:
+        raise click.BadParameter(f"unknown router {', '.join(unknown) or repr(value)}; allowed: {', '.join(allowed)}")
+    return names
+
+
+def load_or_exit(path: str | None) -> tuple[Scenario, Path]:
+    try:
+        return load_scenario(path)
+    except ScenarioError as err:
+        raise click.ClickException(str(err)) from None
+
+
+def reference_for(scenario: Scenario, scenario_path: Path) -> dict[tuple[int, int, int], float]:
+    if scenario.reference is None:
+        return {}
+    ref_path = scenario_path.parent / scenario.reference
+    try:
+        return measured(load_reference(ref_path), "request_hit_rate")
+    except (OSError, ValueError) as err:
+        raise click.ClickException(f"reference: cannot read {ref_path}: {err}") from None
+
+
+def fmt(value: object, spec: str = ".3f") -> str:
+    if isinstance(value, float):
+        return "-" if math.isnan(value) else format(value, spec)
+    return str(value)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.version_option(package_name="kvsim")
+def main() -> None:
+    """kvsim: predict prefix-cache hit rate, TTFT and throughput of LLM serving workers under a router.
+
+    A worker is a vLLM v1 engine (block-level prefix cache, step scheduler) on a device; a scenario file
+    (YAML) describes the model, engine, workload, cluster and router. Without --scenario the built-in
+    `service-baseline` scenario (the measured reference experiment) is used.
+    """

@@ -1,0 +1,149 @@
+"""`kvsim calibrate`: fit the step-time model to measured TTFTs (a reference CSV and/or run CSVs)."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import click
+import yaml
+from rich.progress import Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from sim.cli.app import console, err_console, load_or_exit, main
+from sim.reference import load_reference
+from sim.report import csv_bytes, write_atomic
+
+
+def _holdout(ctx: click.Context, param: click.Parameter, value: str | None):
+    if not value:
+        return None
+    key, sep, values = value.partition("=")
+    if not sep or key not in ("workers", "prefixes", "concurrency"):
+        raise click.BadParameter(f"{value!r}: expected workers=..., prefixes=... or concurrency=..., e.g. prefixes=7,12")
+    try:
+        chosen = {int(v) for v in values.split(",") if v.strip()}
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: the values must be whole numbers") from None
+    return key, chosen
+
+
+@main.command()
+@click.option("--scenario", "scenario_path", type=click.Path(dir_okay=False), default=None,
+              help="Scenario to calibrate. Default: the built-in service-baseline scenario.")
+@click.option("--measured", "measured_path", type=click.Path(dir_okay=False), default=None,
+              help="Measured figures (tidy CSV: workers, prefixes, concurrency, metric, value, unit, aggregation). "
+                   "Default: the scenario's reference, unless --runs are given.")
+@click.option("--runs", "run_paths", multiple=True, type=click.Path(dir_okay=False),
+              help="Measured run CSVs (with sidecars) to fit to; repeatable.")
+@click.option("--ttft", "ttft_source", type=click.Choice(["client", "server"]), default="client", show_default=True,
+              help="For --runs: fit the client-timed TTFT, or the server's queue + time to first token.")
+@click.option("--fit", "fit_params", default=None,
+              help="Parameters to fit, comma-separated (time_model.<field>, cluster.request_overhead_s, "
+                   "device.<name>.speed, device.<name>.sharing_efficiency). Default: the scenario's calibration.parameters.")
+@click.option("--holdout", callback=_holdout, default=None,
+              help="Measured points to report but not fit, e.g. prefixes=7,12 or concurrency=8.")
+@click.option("--repeats", type=click.IntRange(min=1), default=2, show_default=True, help="Simulated runs per measured point and evaluation.")
+@click.option("--starts", type=click.IntRange(min=0), default=12, show_default=True, help="Quasi-random starting points scored before refining.")
+@click.option("--refine", type=click.IntRange(min=1), default=2, show_default=True, help="Best starts refined by least squares.")
+@click.option("--max-evaluations", type=click.IntRange(min=1), default=60, show_default=True, help="Objective evaluations per refinement.")
+@click.option("--jobs", type=click.IntRange(min=1), default=None, help="Parallel processes. Default: all cores.")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), required=True, help="Write the fitted scenario (YAML) here.")
+@click.option("--report", "report_path", type=click.Path(dir_okay=False), default=None,
+              help="Write the residuals (CSV: point, metric, measured, predicted, error, used_in_fit) here.")
+def calibrate(scenario_path, measured_path, run_paths, ttft_source, fit_params, holdout, repeats, starts, refine,
+              max_evaluations, jobs, out_path, report_path) -> None:
+    """Fit the step-time model (and per-request overheads, device speeds) to measured latencies.
+
+    Every evaluation simulates each measured point with fixed seeds, so the same inputs give the same
+    parameters. The fitted scenario records which points were fitted and the residuals; the table shows
+    measured vs predicted for every figure, fitted or held out. Takes a few minutes.
+    """
+    from sim.calibrate import fit, parameter_bounds, read_parameter, targets_from_reference, targets_from_runs
+    from sim.run_csv import RunFileError, read_run
+
+    base, path = load_or_exit(scenario_path)
+    ref_path = Path(measured_path) if measured_path else (
+        path.parent / base.reference if base.reference and not run_paths else None)
+    if ref_path is None and not run_paths:
+        raise click.BadParameter("the scenario has no reference: give --measured or --runs", param_hint="--measured")
+    targets = []
+    if ref_path is not None:
+        try:
+            targets += targets_from_reference(load_reference(ref_path))
+        except (OSError, ValueError) as err:
+            raise click.ClickException(f"--measured: cannot read {ref_path}: {err}") from None
+    try:
+        runs = [read_run(p) for p in run_paths]
+        targets += targets_from_runs(runs, ttft_source=ttft_source)
+    except RunFileError as err:
+        raise click.ClickException(str(err)) from None
+    if not targets:
+        raise click.ClickException("the measurements hold no TTFT or throughput figures to fit")
+    params = [p.strip() for p in fit_params.split(",") if p.strip()] if fit_params else list(base.calibration.parameters)
+    if holdout:
+        key, chosen = holdout
+        index = {"workers": 0, "prefixes": 1, "concurrency": 2}[key]
+        is_held_out = lambda t: t.point[index] in chosen  # noqa: E731
+    else:
+        is_held_out = lambda t: False  # noqa: E731
+    try:
+        for p in params:
+            parameter_bounds(p)
+            read_parameter(base, p)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--fit") from None
+
+    with Progress(TextColumn("calibrate: {task.description}"), TimeElapsedColumn(), console=err_console,
+                  transient=True) as bar:
+        task = bar.add_task("starting", total=None)
+        try:
+            result = fit(base, targets, params, holdout=is_held_out, repeats=repeats, runs=runs,
+                         ttft_source=ttft_source, jobs=jobs, starts=starts,
+                         refine=refine, max_evaluations=max_evaluations,
+                         progress=lambda n, r: bar.update(task, description=f"evaluation {n}, rms log error {r:.3f}"))
+        except ValueError as err:
+            raise click.ClickException(str(err)) from None
+
+    table = Table(title=f"{base.name}: measured vs predicted after {result.evaluations} evaluations")
+    for col in ("point", "metric", "measured", "predicted", "error", "used"):
+        table.add_column(col, justify="left" if col in ("point", "metric", "used") else "right")
+    for r in result.residuals:
+        w, n, c = r.target.point
+        where = f"{w} workers, N={n}, C={c}"
+        table.add_row(where if r.target.case == f"{w}/{n}/{c}" else f"{r.target.case} ({where})", r.target.metric, f"{r.target.measured:.1f}",
+                      f"{r.predicted:.1f}", f"{100 * r.error:+.1f} %", "fit" if r.used_in_fit else "held out")
+    console.print(table)
+    for name, value in result.parameters.items():
+        console.print(f"  {name} = {value:.4g}  (was {result.initial[name]:.4g})")
+    fit_err = result.rms_log_error(used_in_fit=True)
+    hold_err = result.rms_log_error(used_in_fit=False)
+    console.print(f"RMS log error: fitted {fit_err:.3f}" + ("" if math.isnan(hold_err) else f", held out {hold_err:.3f}"))
+
+    def labels(used: bool) -> list[str]:
+        by_case: dict[str, list[str]] = {}
+        for r in result.residuals:
+            if r.used_in_fit == used:
+                by_case.setdefault(r.target.case, []).append(r.target.metric)
+        return [f"{case}: {', '.join(m)}" for case, m in sorted(by_case.items())]
+
+    fitted = result.scenario.model_copy(update={"calibration": base.calibration.model_copy(update={
+        "parameters": params, "fitted_on": labels(True), "held_out": labels(False),
+        "fit_rms_log_error": round(fit_err, 4),
+        "holdout_rms_log_error": None if math.isnan(hold_err) else round(hold_err, 4),
+    })})
+    out = Path(out_path)
+    if base.reference is not None:  # keep pointing at the same file from where the fitted scenario is written
+        own_reference = (path.parent / base.reference).resolve()
+        fitted = fitted.model_copy(update={"reference": os.path.relpath(own_reference, out.resolve().parent)})
+    sources = ([ref_path.name] if ref_path else []) + [Path(p).name for p in run_paths]
+    header = (f"# Calibrated by `kvsim calibrate` from {path.name} against {', '.join(sources)}.\n"
+              f"# Fitted: {', '.join(f'{k} = {v:.4g}' for k, v in result.parameters.items())}.\n")
+    write_atomic(out, (header + yaml.safe_dump(fitted.model_dump(mode="json"), sort_keys=False)).encode())
+    if report_path:
+        rows = [{"point": r.target.case, "metric": r.target.metric,
+                 "measured": r.target.measured, "predicted": r.predicted, "error": r.error,
+                 "used_in_fit": r.used_in_fit} for r in result.residuals]
+        write_atomic(Path(report_path), csv_bytes(rows, list(rows[0])))
+    console.print(f"wrote {out}" + (f" and {report_path}" if report_path else ""))

@@ -1,0 +1,165 @@
+"""`kvsim measure` and `kvsim validate`: drive real OpenAI-compatible servers, and compare their run CSVs with
+the simulator."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from sim.cli.app import console, err_console, fmt, load_or_exit, main, router_names
+from sim.report import csv_bytes, write_atomic
+from sim.scenario import ScenarioError
+
+
+@main.command()
+@click.option("--endpoint", "endpoints", multiple=True, required=True,
+              help="Server base URL (http://HOST:PORT); repeat for each worker. Order = worker index.")
+@click.option("--prefixes", type=click.IntRange(min=1), required=True, help="Distinct shared prefixes N.")
+@click.option("--concurrency", type=click.IntRange(min=1), required=True, help="Requests kept in flight (closed loop).")
+@click.option("--requests", type=click.IntRange(min=1), default=None,
+              help="Measured requests. Default: the scenario's max(min_requests, requests_per_prefix x N).")
+@click.option("--scenario", "scenario_path", type=click.Path(dir_okay=False), default=None,
+              help="Scenario whose workload (prefix, tail and output tokens, warm-ups) and seed to use.")
+@click.option("--router", default="random", show_default=True, help="Client-side router (one that needs no cache state).")
+@click.option("--prefix-tokens", type=click.IntRange(min=0), default=None, help="Override the scenario's prefix tokens.")
+@click.option("--tail-tokens", type=click.IntRange(min=1), default=None, help="Override the scenario's tail tokens.")
+@click.option("--output-tokens", type=click.IntRange(min=1), default=None, help="Override the scenario's output tokens.")
+@click.option("--seed", type=int, default=None, help="Stream seed. Default: the scenario's.")
+@click.option("--max-token-id", type=click.IntRange(min=4), default=8191, show_default=True,
+              help="Largest token id in prompts (vocabulary size - 1); ids start at 3.")
+@click.option("--model", default=None, help="Model name for requests. Default: the first one /v1/models lists.")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1), default=120.0, show_default=True,
+              help="Seconds before a silent request is abandoned (and retried).")
+@click.option("--retries", type=click.IntRange(min=0), default=2, show_default=True,
+              help="Retries of a failed request (connection error, timeout, HTTP 5xx/429).")
+@click.option("--no-reset", is_flag=True, help="Do not POST /reset_prefix_cache before the run.")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), required=True,
+              help="Run CSV to write; the setup goes to the sidecar with the same stem and .json.")
+def measure(endpoints, prefixes, concurrency, requests, scenario_path, router, prefix_tokens, tail_tokens,
+            output_tokens, seed, max_token_id, model, timeout_s, retries, no_reset, out_path) -> None:
+    """Send real servers exactly the stream kvsim simulates, and write a run CSV + sidecar.
+
+    Warm-ups (one per prefix) go first, one at a time; then CONCURRENCY requests stay in flight, each on a new
+    connection, routed on the client. TTFT is timed at the first streamed chunk; cached tokens come from
+    usage.prompt_tokens_details (vLLM needs --enable-prompt-tokens-details); /metrics counters are read before
+    and after. Exits non-zero if any request failed after its retries.
+    """
+    from sim.measure import MeasureConfig
+    from sim.measure import measure as run_measure
+    from sim.openai_client import Endpoint, EndpointError
+    from sim.run_csv import sidecar_path, write_run_bytes
+
+    base, _ = load_or_exit(scenario_path)
+    allowed = [n for n in router_names()]
+    if router not in allowed:
+        raise click.BadParameter(f"unknown router {router}; allowed: {', '.join(allowed)}", param_hint="--router")
+    try:
+        eps = [Endpoint.parse(e) for e in endpoints]
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--endpoint") from None
+    overrides = {"workload.prefixes": prefixes, "workload.concurrency": concurrency}
+    for key, value in (("prefix_tokens", prefix_tokens), ("tail_tokens", tail_tokens), ("output_tokens", output_tokens)):
+        if value is not None:
+            overrides[f"workload.{key}"] = value
+    if requests is not None:
+        overrides.update({"workload.min_requests": requests, "workload.requests_per_prefix": 0})
+    try:
+        workload = base.with_overrides(**overrides).workload
+    except ScenarioError as err:
+        raise click.ClickException(str(err)) from None
+    cfg = MeasureConfig(endpoints=eps, workload=workload, router=router,
+                        router_options=base.router.options if router == base.router.name else {},
+                        seed=base.seed if seed is None else seed, max_token_id=max_token_id, model=model,
+                        timeout_s=timeout_s, retries=retries, reset_cache=not no_reset)
+    total = workload.num_requests + workload.prefixes * workload.warmup_per_prefix
+    with Progress(TextColumn("measure"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err_console, transient=True) as bar:
+        task = bar.add_task("requests", total=total)
+        try:
+            rows, setup = run_measure(cfg, progress=lambda: bar.advance(task))
+        except (EndpointError, ValueError) as err:
+            raise click.ClickException(str(err)) from None
+    out = Path(out_path)
+    csv_data, side_data = write_run_bytes(rows, setup)
+    write_atomic(out, csv_data)
+    write_atomic(sidecar_path(out), side_data)
+    measured_rows = [r for r in rows if not r["warmup"] and not r["error"]]
+    hits = sum(1 for r in measured_rows if r["cached_tokens"] > 0)
+    console.print(f"wrote {out} and {sidecar_path(out).name}: {len(measured_rows)} measured requests, "
+                  f"request hit rate {hits / max(1, len(measured_rows)):.3f}, "
+                  f"{setup['measured_duration_s']:.1f} s")
+    if setup["failed_requests"]:
+        first = next(r["error"] for r in rows if r["error"])
+        raise click.ClickException(f"{setup['failed_requests']} request(s) failed after retries; first: {first}")
+
+
+def _tolerances(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]):
+    from sim.validate import Tolerance
+
+    try:
+        return [Tolerance.parse(v) for v in values]
+    except ValueError as err:
+        raise click.BadParameter(str(err)) from None
+
+
+@main.command()
+@click.argument("runs", nargs=-1, required=True, type=click.Path(dir_okay=False), metavar="RUN.csv...")
+@click.option("--scenario", "scenario_path", type=click.Path(dir_okay=False), default=None,
+              help="Base scenario for what a run does not describe (time model, devices). Default: the built-in one.")
+@click.option("--routing", type=click.Choice(["recorded", "simulated"]), default="recorded", show_default=True,
+              help="recorded: each request goes to the worker it went to; simulated: the run's router decides.")
+@click.option("--ttft", "ttft_source", type=click.Choice(["client", "server"]), default="client", show_default=True,
+              help="Compare the client-timed TTFT, or the server's queue + time to first token with kvsim's engine "
+                   "queue + prefill (needs the server_ttft_ms and server_queue_ms columns).")
+@click.option("--tolerance", "tolerances", multiple=True, callback=_tolerances,
+              help="METRIC=LIMIT, absolute (request_hit_rate=0.03) or relative (ttft_p50_ms=25%); repeatable. "
+                   "Exit 1 if a figure is outside.")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
+              help="Write one row per (run, metric): run, metric, measured, predicted, error.")
+def validate(runs, scenario_path, routing, ttft_source, tolerances, out_path) -> None:
+    """Simulate measured runs (run CSV + JSON sidecar, see README) and compare kvsim's prediction with them.
+
+    Rates are compared in points (predicted - measured), times in ms and throughput in requests/s; the
+    relative error is shown beside.
+    """
+    from sim.run_csv import RunFileError, read_run
+    from sim.validate import compare
+
+    base, _ = load_or_exit(scenario_path)
+    loaded = []
+    for path in runs:
+        try:
+            loaded.append(read_run(path))
+        except RunFileError as err:
+            raise click.ClickException(str(err)) from None
+    comparisons = []
+    for run in loaded:
+        try:
+            comparisons += compare(base, run, routing=routing, ttft_source=ttft_source)
+        except (ScenarioError, ValueError) as err:
+            raise click.ClickException(str(err)) from None
+    table = Table(title=f"measured vs kvsim ({routing} routing, {ttft_source} TTFT, base scenario {base.name})")
+    for col in ("run", "metric", "measured", "predicted", "error", "relative", "check"):
+        table.add_column(col, justify="left" if col in ("run", "metric", "check") else "right")
+    failed = []
+    for c in comparisons:
+        bad = [t for t in tolerances if t.violated_by(c)]
+        check = "" if not any(t.metric == c.metric for t in tolerances) else ("FAIL" if bad else "ok")
+        if bad:
+            failed.append(c)
+        spec = ".3f" if c.metric in ("request_hit_rate", "full_hit_rate", "token_hit_rate") else ".1f"
+        table.add_row(c.run, c.metric, fmt(c.measured, spec), fmt(c.predicted, spec), fmt(c.error, "+" + spec),
+                      fmt(100 * c.relative_error, "+.1f") + " %", check)
+    console.print(table)
+    if out_path:
+        rows = [{"run": c.run, "metric": c.metric, "measured": c.measured, "predicted": c.predicted,
+                 "error": c.error} for c in comparisons]
+        write_atomic(Path(out_path), csv_bytes(rows, ["run", "metric", "measured", "predicted", "error"]))
+        console.print(f"wrote {out_path}")
+    if failed:
+        worst = failed[0]
+        raise click.ClickException(f"{len(failed)} figure(s) outside tolerance, e.g. {worst.run} {worst.metric}: "
+                                   f"measured {worst.measured:.4g}, predicted {worst.predicted:.4g}")

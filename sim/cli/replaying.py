@@ -1,0 +1,122 @@
+"""`kvsim replay`: replay a Mooncake trace open loop and report prefix reuse, TTFT and throughput."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from sim.cli.app import console, fmt, load_or_exit, main, router_list
+from sim.report import csv_bytes, replay_figure, write_atomic
+from sim.scenario import ScenarioError
+
+
+@main.command()
+@click.argument("trace", type=click.Path(dir_okay=False))
+@click.option("--workers", type=click.IntRange(min=1), required=True, help="Number of workers.")
+@click.option("--kv-tokens", type=click.IntRange(min=1), default=None,
+              help="Usable KV capacity per worker in tokens (blocks = tokens / block size, plus vLLM's null block).")
+@click.option("--kv-blocks", type=click.IntRange(min=2), default=None,
+              help="KV blocks per worker as vLLM counts them (num_gpu_blocks, null block included).")
+@click.option("--kv-bytes", type=click.IntRange(min=1), default=None,
+              help="KV bytes per worker (with the scenario's model.kv_bytes_per_token).")
+@click.option("--router", callback=router_list, default=None, help="Router. Default: the scenario's (round-robin).")
+@click.option("--scenario", "scenario_path", type=click.Path(dir_okay=False), default=None,
+              help="Engine, time model and devices. Default: the built-in trace-replay scenario (Dynamo mocker-like).")
+@click.option("--block-size", type=click.IntRange(min=1), default=None,
+              help="Engine block size in tokens; must divide --trace-block-size. Default: the scenario's (64).")
+@click.option("--trace-block-size", type=click.IntRange(min=1), default=512, show_default=True,
+              help="Tokens per hash id in the trace (Mooncake: 512).")
+@click.option("--speed", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
+              help="Replay speed: arrival times are divided by it.")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Replay only the first N requests.")
+@click.option("--bin", "bin_s", type=click.FloatRange(min=0.001), default=60.0, show_default=True,
+              help="Seconds of trace time per point of the figure.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Write DIR/summary.csv (one row), DIR/workers.csv and DIR/replay.png.")
+@click.option("--jobs", type=click.IntRange(min=1), default=None,
+              help="Processes to split the workers over, for routers that ignore the cluster's state (round-robin, "
+                   "random); same results. Default: all cores.")
+def replay(trace, workers, kv_tokens, kv_blocks, kv_bytes, router, scenario_path, block_size, trace_block_size,
+           speed, limit, bin_s, out_dir, jobs) -> None:
+    """Replay a Mooncake JSONL trace (timestamp ms, input_length, output_length, hash_ids) open loop.
+
+    Every request is sent at its timestamp (divided by --speed), routed then, and served by vLLM-like workers.
+    Reported: prefix reuse = cached prompt tokens / prompt tokens (Dynamo's prefix_cache_reused_ratio), vLLM's
+    token hit rate (prefix_cache_hits / queries), request hit rate, TTFT percentiles, throughput and the load of
+    each worker. Memory stays bounded by the caches and the requests in flight, whatever the trace's length.
+    With a router that ignores the cluster's state, the workers are split over --jobs processes.
+    """
+    import os
+    import time as _time
+
+    from sim.replay import replay as run_replay
+    from sim.scenario import builtin_scenario_path
+    from sim.traces import TraceError, read_mooncake
+
+    base, _ = load_or_exit(scenario_path or str(builtin_scenario_path("trace-replay")))
+    given = [x for x in (kv_tokens, kv_blocks, kv_bytes) if x is not None]
+    if len(given) > 1:
+        raise click.BadParameter("give only one of --kv-tokens, --kv-blocks, --kv-bytes", param_hint="--kv-tokens")
+    B = block_size or base.engine.block_size
+    overrides: dict[str, object] = {"cluster.workers": workers, "engine.block_size": B}
+    if kv_tokens is not None:
+        overrides["engine.num_gpu_blocks_override"] = kv_tokens // B + 1
+    elif kv_blocks is not None:
+        overrides["engine.num_gpu_blocks_override"] = kv_blocks
+    elif kv_bytes is not None:
+        overrides.update({"engine.kv_cache_bytes": kv_bytes, "engine.num_gpu_blocks_override": None})
+    if router is not None:
+        if len(router) != 1:
+            raise click.BadParameter("give one router", param_hint="--router")
+        overrides.update({"router.name": router[0], "router.options": {}})
+    try:
+        scenario = base.with_overrides(**overrides)
+        t0 = _time.perf_counter()
+        result = run_replay(scenario, lambda: read_mooncake(trace, block_size=B, trace_block_tokens=trace_block_size,
+                                                            speed=speed, limit=limit),
+                            bin_s=bin_s, jobs=jobs or os.cpu_count() or 1)
+        wall_s = _time.perf_counter() - t0
+    except (ScenarioError, TraceError) as err:
+        raise click.ClickException(str(err)) from None
+    st = result.stats
+    queries = sum(w.prefix_cache.queries for w in result.workers)
+    hits = sum(w.prefix_cache.hits for w in result.workers)
+    row = {
+        "requests": st.requests, "rejected": result.rejected, "prefix_reuse": st.prefix_reuse,
+        "token_hit_rate": hits / queries if queries else float("nan"), "request_hit_rate": st.request_hit_rate,
+        "ttft_p50_ms": st.ttft_ms.percentile(50), "ttft_p90_ms": st.ttft_ms.percentile(90),
+        "ttft_p99_ms": st.ttft_ms.percentile(99), "e2e_p50_ms": st.e2e_ms.percentile(50),
+        "throughput_rps": st.throughput_rps, "preemptions": sum(w.preemptions for w in result.workers),
+        "evicted_blocks": sum(w.evicted_blocks for w in result.workers), "simulated_s": result.simulated_s,
+        "wall_s": wall_s, "jobs": result.jobs, "workers": workers, "kv_blocks_per_worker": scenario.num_gpu_blocks, "block_size": B,
+        "router": scenario.router.name,
+    }
+    table = Table(title=f"replay of {Path(trace).name}: {workers} workers x {scenario.num_gpu_blocks - 1} blocks of "
+                        f"{B} tokens, {scenario.router.name}")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key, value in row.items():
+        table.add_row(key, fmt(value, ".4g") if isinstance(value, float) else str(value))
+    console.print(table)
+    load = Table(title="per worker")
+    for col in ("worker", "requests", "share of prompt tokens", "token hit rate", "preemptions"):
+        load.add_column(col, justify="right")
+    worker_rows = []
+    for w, n, tokens in zip(result.workers, st.requests_per_worker, st.prompt_tokens_per_worker):
+        p = w.prefix_cache
+        worker_rows.append({"worker": w.worker, "requests": n, "prompt_tokens": tokens,
+                            "token_hit_rate": p.hits / p.queries if p.queries else float("nan"),
+                            "preemptions": w.preemptions})
+        load.add_row(str(w.worker), str(n), f"{tokens / max(1, st.prompt_tokens):.3f}",
+                     fmt(worker_rows[-1]["token_hit_rate"]), str(w.preemptions))
+    console.print(load)
+    console.print(f"{st.requests} requests in {wall_s:.2f} s wall = {st.requests / wall_s:.0f} requests/s")
+    if out_dir:
+        out = Path(out_dir)
+        write_atomic(out / "summary.csv", csv_bytes([row], list(row)))
+        write_atomic(out / "workers.csv", csv_bytes(worker_rows, list(worker_rows[0])))
+        write_atomic(out / "replay.png", replay_figure(st, title=f"{Path(trace).name}: {workers} workers, "
+                                                                  f"{scenario.router.name}"))
+        console.print(f"wrote {out / 'summary.csv'}, {out / 'workers.csv'} and {out / 'replay.png'}")

@@ -1,0 +1,170 @@
+"""`kvsim sweep`, `kvsim run` and `kvsim routers`: simulate points of a scenario and list the routers."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+from pathlib import Path
+
+import click
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from sim.analytic import formula_hit_rate
+from sim.cli.app import console, err_console, fmt, int_list, load_or_exit, main, reference_for, router_list
+from sim.report import SUMMARY_COLUMNS, aggregate, csv_bytes, hit_rate_figure, ttft_cdf_figure, write_atomic
+from sim.scenario import ScenarioError
+
+
+@main.command()
+@click.option("--scenario", "scenario_path", type=click.Path(dir_okay=False), default=None,
+              help="Scenario YAML file. Default: the built-in service-baseline scenario.")
+@click.option("--prefixes", callback=int_list, required=True, help="Distinct shared prefixes N, comma-separated (e.g. 2,7,12,24).")
+@click.option("--workers", callback=int_list, default=None, help="Worker counts, comma-separated (e.g. 3,6). Default: the scenario's.")
+@click.option("--concurrency", callback=int_list, default=None, help="Requests in flight (closed loop), comma-separated. Default: the scenario's.")
+@click.option("--router", "routers", callback=router_list, default=None,
+              help="Routers, comma-separated (see `kvsim routers`). Default: the scenario's.")
+@click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True, help="Runs per point; repeat r uses seed + r.")
+@click.option("--seed", type=int, default=None, help="Base seed. Default: the scenario's.")
+@click.option("--jobs", type=click.IntRange(min=1), default=None, help="Parallel processes. Default: all cores.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Write DIR/summary.csv (a row per run), DIR/hit_rate.png and DIR/ttft_cdf.png.")
+def sweep(scenario_path, prefixes, workers, concurrency, routers, repeats, seed, jobs, out_dir) -> None:
+    """Run a grid of points and compare the hit rate with the formula and the measurements.
+
+    The table shows, per (workers, N, concurrency, router), the mean over repeats of the request hit rate
+    (requests with any cached token), beside the formula min(1, C/N) with C = KV tokens per worker / prompt
+    tokens, and the measured value where the scenario's reference has one (for the scenario's own router).
+    """
+    from sim.sweep import run_sweep, sweep_points
+
+    base, path = load_or_exit(scenario_path)
+    reference = reference_for(base, path)
+    points = sweep_points(
+        workers=workers or [base.cluster.workers],
+        prefixes=prefixes,
+        concurrency=concurrency or [base.workload.concurrency],
+        routers=routers or [base.router.name],
+        repeats=repeats,
+        seed=base.seed if seed is None else seed,
+    )
+    try:
+        for point in points:
+            point.scenario(base)
+    except ScenarioError as err:
+        raise click.ClickException(str(err)) from None
+    out = Path(out_dir) if out_dir else None
+
+    with Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err_console, transient=True) as bar:
+        task = bar.add_task("runs", total=len(points))
+        outcomes = run_sweep(base, points, jobs=jobs, progress=lambda: bar.advance(task))
+    rows = [o.row for o in outcomes]
+
+    capacity = base.kv_capacity_requests
+    aggregated = aggregate(rows)
+    table = Table(title=f"{base.name}: request hit rate (mean of {repeats} run{'s' * (repeats > 1)}), C = {capacity:.2f}")
+    for col in ("workers", "N", "conc", "router", "hit rate", "formula", "measured", "sim-meas",
+                "full hit", "token hit", "TTFT p50 ms", "TTFT p99 ms", "req/s"):
+        table.add_column(col, justify="left" if col == "router" else "right")
+    errors = []
+    for row in aggregated:
+        key = (row["workers"], row["prefixes"], row["concurrency"])
+        meas = reference.get(key) if row["router"] == base.router.name else None
+        hit = float(row["request_hit_rate"])
+        sd = f" ±{row['request_hit_rate_sd']:.3f}" if repeats > 1 else ""
+        diff = ""
+        if meas is not None:
+            errors.append(hit - meas)
+            diff = f"{100 * (hit - meas):+.1f} pp"
+        table.add_row(
+            str(row["workers"]), str(row["prefixes"]), str(row["concurrency"]), str(row["router"]),
+            f"{hit:.3f}{sd}", f"{formula_hit_rate(capacity, int(row['prefixes'])):.3f}",
+            "-" if meas is None else f"{meas:.3f}", diff,
+            fmt(row["full_hit_rate"]), fmt(row["token_hit_rate"]),
+            fmt(row["ttft_p50_ms"], ".0f"), fmt(row["ttft_p99_ms"], ".0f"), fmt(row["throughput_rps"], ".1f"),
+        )
+    console.print(table)
+    if errors:
+        rmse = math.sqrt(sum(e * e for e in errors) / len(errors))
+        console.print(f"request hit rate vs measured over {len(errors)} points: RMSE {100 * rmse:.2f} pp, "
+                      f"max |error| {100 * max(abs(e) for e in errors):.2f} pp")
+    if out is not None:
+        write_atomic(out / "summary.csv", csv_bytes(rows, SUMMARY_COLUMNS))
+        shown = {k: v for k, v in reference.items() if k[0] in {p.workers for p in points}}
+        write_atomic(out / "hit_rate.png", hit_rate_figure(
+            aggregated, capacity_requests=capacity, measured=shown, title=f"{base.name}: request hit rate vs prefixes"))
+        write_atomic(out / "ttft_cdf.png", ttft_cdf_figure(outcomes, title=f"{base.name}: TTFT distribution"))
+        console.print(f"wrote {out / 'summary.csv'} ({len(rows)} rows), {out / 'hit_rate.png'} and {out / 'ttft_cdf.png'}")
+
+
+@main.command(name="run")
+@click.argument("scenario_path", required=False, type=click.Path(dir_okay=False), metavar="[SCENARIO]")
+@click.option("--prefixes", type=click.IntRange(min=1), default=None, help="Distinct shared prefixes N. Default: the scenario's.")
+@click.option("--workers", type=click.IntRange(min=1), default=None, help="Number of workers. Default: the scenario's.")
+@click.option("--concurrency", type=click.IntRange(min=1), default=None, help="Requests in flight. Default: the scenario's.")
+@click.option("--router", callback=router_list, default=None, help="Router (see `kvsim routers`). Default: the scenario's.")
+@click.option("--seed", type=int, default=None, help="Seed. Default: the scenario's.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Write DIR/summary.csv (one row) and DIR/requests.csv (a row per request, warm-ups flagged).")
+def run_command(scenario_path, prefixes, workers, concurrency, router, seed, out_dir) -> None:
+    """Run one point of SCENARIO (default: the built-in service-baseline) and print its summary."""
+    from sim.runner import run
+    from sim.summary import summarize
+
+    base, _ = load_or_exit(scenario_path)
+    overrides = {k: v for k, v in {
+        "workload.prefixes": prefixes, "cluster.workers": workers, "workload.concurrency": concurrency,
+        "seed": seed,
+    }.items() if v is not None}
+    if router is not None:
+        if len(router) != 1:
+            raise click.BadParameter("give one router", param_hint="--router")
+        overrides["router.name"] = router[0]
+        if router[0] != base.router.name:
+            overrides["router.options"] = {}
+    try:
+        scenario = base.with_overrides(**overrides) if overrides else base
+        result = run(scenario)
+    except ScenarioError as err:
+        raise click.ClickException(str(err)) from None
+    summary = summarize(result)
+    row = {"workers": result.num_workers, "prefixes": scenario.workload.prefixes,
+           "concurrency": scenario.workload.concurrency, "router": scenario.router.name,
+           "repeat": 0, "seed": scenario.seed, **summary.row()}
+    table = Table(title=f"{scenario.name}: {result.num_workers} workers, N={scenario.workload.prefixes}, "
+                        f"C={scenario.workload.concurrency}, router={scenario.router.name}, seed={scenario.seed}")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key in SUMMARY_COLUMNS[6:]:
+        table.add_row(key, fmt(row[key], ".4g"))
+    table.add_row("formula min(1, C/N)", f"{formula_hit_rate(scenario.kv_capacity_requests, scenario.workload.prefixes):.3f}")
+    console.print(table)
+    workers_table = Table(title="per worker (measured phase)")
+    for col in ("worker", "device", "requests", "token hit rate", "evicted blocks", "preemptions", "steps"):
+        workers_table.add_column(col, justify="right")
+    for w, n in zip(result.workers, summary.requests_per_worker):
+        stats = w.prefix_cache
+        workers_table.add_row(str(w.worker), w.device, str(n),
+                              fmt(stats.hits / stats.queries if stats.queries else float("nan")),
+                              str(w.evicted_blocks), str(w.preemptions), str(w.steps))
+    console.print(workers_table)
+    if out_dir:
+        out = Path(out_dir)
+        write_atomic(out / "summary.csv", csv_bytes([row], SUMMARY_COLUMNS))
+        records = [asdict(r) | {"ttft_ms": r.ttft_s * 1000, "e2e_ms": r.e2e_s * 1000} for r in result.records]
+        columns = list(records[0]) if records else []
+        write_atomic(out / "requests.csv", csv_bytes(records, columns))
+        console.print(f"wrote {out / 'summary.csv'} and {out / 'requests.csv'} ({len(records)} requests)")
+
+
+@main.command()
+def routers() -> None:
+    """List the routers and their options."""
+    from policies import ROUTERS
+
+    for name in sorted(ROUTERS):
+        cls = ROUTERS[name]
+        console.print(f"[bold]{name}[/bold]: {cls.summary}")
+        for field, info in cls.Options.model_fields.items():
+            console.print(f"    {field} (default {info.default!r}): {info.description}")
