@@ -23,10 +23,10 @@ class RouterBase:
     Options: ClassVar[type[RouterOptions]] = RouterOptions
     needs_cache_state: ClassVar[bool] = False
     """True if `route` peeks into the workers' caches (so it cannot drive real servers without KV events)."""
-    ignores_cluster_state: ClassVar[bool] = False
+    ignores_cluster_state: bool = False
     """True if `route` depends only on the requests routed before (and the router's own random stream), never on
     the cluster view or on the hooks: routing is then the same whatever the workers do, so a replay can be split
-    by worker over processes (`sim.replay`)."""
+    by worker over processes (`sim.replay`). A class default; a router may set it per instance from its options."""
 
     def __init__(self, *, num_workers: int, block_size: int, rng: random.Random, options: dict[str, Any]) -> None:
         if num_workers < 1:

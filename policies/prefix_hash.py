@@ -46,6 +46,7 @@ class PrefixHashRouter(RouterBase):
         )
         self._ring_keys = [p for p, _ in points]
         self._ring_workers = [w for _, w in points]
+        self.ignores_cluster_state = self.options.load_factor is None  # strict hashing reads no load
 
     def ring_walk(self, request: Request):
         """Workers in ring order from the request's key, each once."""

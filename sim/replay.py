@@ -1,9 +1,10 @@
 """Open-loop replay of timed requests (traces, synthetic Poisson streams), in one process or split over several.
 
-A router that ignores the cluster's state (round-robin, random, recorded) sends each request to the same worker
-whatever the workers do, and workers on different devices never interact. Such a replay splits exactly by device:
-every process routes the whole stream (cheap), simulates only its own devices' workers and drops the other
-requests; the statistics are then merged. Same numbers as one process, in about 1 / jobs of the time.
+A router that ignores the cluster's state (round-robin, random, strict prefix-hash, recorded) sends each request
+to the same worker whatever the workers do, and workers on different devices never interact. Such a replay splits
+exactly by device: every process routes the whole stream (cheap), simulates only its own devices' workers and drops
+the other requests; the statistics are then merged. Same numbers as one process, in about 1 / jobs of the time.
+This module is the replay's composition root (like `sim.runner` for runs).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from dataclasses import dataclass
 
 import simpy
 
-from policies import ROUTERS
 from sim.cluster import Cluster
 from sim.records import WorkerCounters
 from sim.runner import build_router
@@ -59,8 +59,7 @@ def device_groups(scenario: Scenario, jobs: int) -> list[frozenset[int]]:
     devices, balanced by worker count). One group when it cannot split: one job, one device, a router that reads the cluster
     (its choices depend on what every worker does) or no `fork` on this platform."""
     workers = scenario.cluster.workers
-    router = ROUTERS.get(scenario.router.name)
-    if (jobs <= 1 or not getattr(router, "ignores_cluster_state", False)
+    if (jobs <= 1 or not getattr(build_router(scenario), "ignores_cluster_state", False)
             or "fork" not in multiprocessing.get_all_start_methods()):
         return [frozenset(range(workers))]
     devices, first = [], 0

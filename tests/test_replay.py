@@ -107,7 +107,7 @@ def _same_replay(a, b) -> None:
     assert a.workers == b.workers and a.simulated_s == b.simulated_s and a.rejected == b.rejected
 
 
-@pytest.mark.parametrize("router,workers", [("round-robin", 4), ("random", 5)])
+@pytest.mark.parametrize("router,workers", [("round-robin", 4), ("random", 5), ("prefix-hash", 4)])
 def test_a_replay_split_over_processes_gives_the_same_numbers(trace_scenario, router, workers):
     # A pool small enough to evict, some requests too long to serve, and more processes than cores.
     s = trace_scenario.with_overrides(**{"engine.num_gpu_blocks_override": 300, "cluster.workers": workers,
@@ -123,8 +123,9 @@ def test_only_routers_blind_to_the_cluster_split_and_devices_stay_whole(trace_sc
     s = trace_scenario.with_overrides(**{"cluster.workers": 8})
     assert device_groups(s, 3) == [frozenset({0, 3, 6}), frozenset({1, 4, 7}), frozenset({2, 5})]
     assert device_groups(s, 1) == [frozenset(range(8))]
-    kv = s.with_overrides(**{"router.name": "kv-aware", "router.options": {}})
-    assert device_groups(kv, 4) == [frozenset(range(8))]
+    for name, options in [("kv-aware", {}), ("prefix-hash", {"load_factor": 1.25})]:
+        reads_cluster = s.with_overrides(**{"router.name": name, "router.options": options})
+        assert device_groups(reads_cluster, 4) == [frozenset(range(8))]
     baseline, _ = load_scenario()  # 6 workers: four time-share one GPU, one on each of two others
     shared = baseline.with_overrides(**{"cluster.workers": 6})
     assert device_groups(shared, 2) == [frozenset({0, 1, 2, 3}), frozenset({4, 5})]

@@ -196,3 +196,36 @@ def test_recorded_router_replays_the_assignment_and_rejects_bad_ones():
         r.route(prompt(5, 0), FakeView(3))
     with pytest.raises(ValueError, match="request 0 was sent to worker 4, but the cluster has 3"):
         RecordedRouter(num_workers=3, block_size=B, rng=random.Random(0), options={"workers": {0: 4}})
+
+
+class BlindView:
+    """A view that fails on any question: a router that claims to ignore the cluster must never ask one."""
+
+    num_workers = 6
+    block_size = B
+
+    def cached_mask(self, worker, hashes):
+        raise AssertionError("peeked at a cache")
+
+    def in_flight(self, worker):
+        raise AssertionError("read a load")
+
+
+def test_routers_that_ignore_the_cluster_never_read_it_and_the_others_do():
+    # `ignores_cluster_state` lets a replay split over processes (sim.replay); a router that reads the view and
+    # claimed it would silently route differently in each process.
+    requests = [prompt(rid, rid % 3) for rid in range(12)]
+    routers = [(name, cls(num_workers=6, block_size=B, rng=random.Random(0),
+                          options={"workers": {r.request_id: r.request_id % 6 for r in requests}}
+                          if name == "recorded" else {}))
+               for name, cls in ROUTERS.items()]
+    routers.append(("prefix-hash bounded", build(PrefixHashRouter, load_factor=1.25)))
+    for name, router in routers:
+        if router.ignores_cluster_state:
+            choices = [router.route(r, BlindView()) for r in requests]
+            assert all(0 <= w < 6 for w in choices), name
+        else:
+            with pytest.raises(AssertionError):
+                for r in requests:
+                    router.on_dispatch(r, router.route(r, BlindView()))
+    assert {n for n, r in routers if r.ignores_cluster_state} == {"random", "recorded", "round-robin", "prefix-hash"}

@@ -37,7 +37,7 @@ from sim.scenario import ScenarioError
               help="Write DIR/summary.csv (one row), DIR/workers.csv and DIR/replay.png.")
 @click.option("--jobs", type=click.IntRange(min=1), default=None,
               help="Processes to split the workers over, for routers that ignore the cluster's state (round-robin, "
-                   "random); same results. Default: all cores.")
+                   "random, prefix-hash without a load factor); same results. Default: all cores.")
 def replay(trace, workers, kv_tokens, kv_blocks, kv_bytes, router, scenario_path, block_size, trace_block_size,
            speed, limit, bin_s, out_dir, jobs) -> None:
     """Replay a Mooncake JSONL trace (timestamp ms, input_length, output_length, hash_ids) open loop.
