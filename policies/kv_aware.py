@@ -1,8 +1,9 @@
 """NVIDIA Dynamo's KV router with its default cost (`lib/kv-router/src/scheduling/selector/default.rs`).
 
 For each worker w, with B the block size and ISL the prompt length in tokens:
-    overlap_w   = leading request blocks cached on w (walking the request's full blocks while any worker has
-                  the block, as Dynamo's radix-tree indexer does)
+    overlap_w   = the request's leading blocks cached on w, up to w's first miss (Dynamo's radix-tree walk,
+                  `RadixTree::find_matches`: a worker drops out of the walk at the first node it does not hold
+                  and scores the depth it reached; a block it holds after that gap does not count)
     prefill_w   = (active_prefill_tokens_w + ISL - overlap_w * B) / B          (blocks, a float)
     decode_w    = active_blocks_w + new_blocks_w
     cost_w      = overlap_score_weight * prefill_w + decode_w
@@ -46,16 +47,12 @@ class KvAwareRouter(RouterBase):
         if self.options.overlap_score_weight == 0:
             return [0] * self.num_workers
         hashes = request.block_hashes
-        # NOTE: masks as bytes (1 = held) so that the union, the walk and the counts run in C, not per block.
-        masks = [bytes(view.cached_mask(w, hashes)) for w in range(self.num_workers)]
-        held_anywhere = 0
-        for m in masks:
-            held_anywhere |= int.from_bytes(m, "little")
-        # The tree walk stops at the first block no worker holds; each worker scores the blocks it holds before.
-        depth = held_anywhere.to_bytes(len(hashes), "little").find(0)
-        if depth < 0:
-            depth = len(hashes)
-        return [m.count(1, 0, depth) for m in masks]
+        leading = []
+        for w in range(self.num_workers):
+            # NOTE: the mask as bytes (1 = cached) so that finding the first miss runs in C, not per block.
+            first_miss = bytes(view.cached_mask(w, hashes)).find(0)
+            leading.append(len(hashes) if first_miss < 0 else first_miss)
+        return leading
 
     def costs(self, request: Request, view: ClusterView) -> tuple[list[float], list[int]]:
         B = self.block_size

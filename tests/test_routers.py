@@ -162,14 +162,15 @@ def test_kv_aware_ties_are_broken_uniformly_at_random():
     assert set(picks) == {0, 1, 2, 3} and all(850 < c < 1150 for c in picks.values())
 
 
-def test_kv_aware_overlap_walk_stops_where_no_worker_has_the_block():
-    # Worker 0 has blocks 0-1, worker 1 has blocks 0-3: overlaps 2 and 4. Worker 2 has only block 3 (no block 0):
-    # Dynamo's tree walk still credits it at depth 3 because worker 1 keeps the path alive.
-    r = build(KvAwareRouter, n=3)
+def test_kv_aware_overlap_is_each_workers_run_from_the_first_block():
+    # Worker 0 has blocks 0-1, worker 1 has blocks 0-3: overlaps 2 and 4. Worker 2 has only block 3 and worker 3
+    # blocks 0, 1 and 3: in Dynamo's tree walk (RadixTree::find_matches) a worker drops out at the first block it
+    # lacks and scores the depth it reached, even where another worker keeps the path alive: 0 and 2.
+    r = build(KvAwareRouter, n=4)
     h = [("p", 0, i) for i in range(6)]
-    view = FakeView(3, cached={0: set(h[:2]), 1: set(h[:4]), 2: {h[3]}})
+    view = FakeView(4, cached={0: set(h[:2]), 1: set(h[:4]), 2: {h[3]}, 3: {h[0], h[1], h[3]}})
     _, overlap = r.costs(Request(1, 100, 1, tuple(h)), view)
-    assert overlap == [2, 4, 1]
+    assert overlap == [2, 4, 0, 2]
 
 
 def test_kv_aware_weight_zero_routes_by_load_and_peeks_nothing():
