@@ -68,11 +68,19 @@ def _run_star(args: tuple[Scenario, SweepPoint]) -> PointOutcome:
     return run_point(*args)
 
 
+def available_cores() -> int:
+    """Cores this process may run on (its CPU affinity where the platform tells, else all of the machine's)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 class SweepRunner:
-    """Runs sweep points in `jobs` processes (default: all cores), keeping the processes between calls."""
+    """Runs sweep points in `jobs` processes (default: all available cores), keeping the processes between calls."""
 
     def __init__(self, jobs: int | None = None) -> None:
-        self.jobs = max(1, jobs or os.cpu_count() or 1)
+        self.jobs = max(1, jobs or available_cores())
         self._pool = ProcessPoolExecutor(max_workers=self.jobs) if self.jobs > 1 else None
 
     def __enter__(self) -> SweepRunner:
@@ -108,5 +116,5 @@ class SweepRunner:
 
 def run_sweep(base: Scenario, points: list[SweepPoint], *, jobs: int | None = None,
               progress: Callable[[], None] | None = None) -> list[PointOutcome]:
-    with SweepRunner(min(jobs or os.cpu_count() or 1, len(points))) as runner:
+    with SweepRunner(min(jobs or available_cores(), len(points))) as runner:
         return runner.run(base, points, progress)

@@ -48,11 +48,11 @@ def replay(trace, workers, kv_tokens, kv_blocks, kv_bytes, router, scenario_path
     each worker. Memory stays bounded by the caches and the requests in flight, whatever the trace's length.
     With a router that ignores the cluster's state, the workers are split over --jobs processes.
     """
-    import os
     import time as _time
 
     from sim.replay import replay as run_replay
     from sim.scenario import builtin_scenario_path
+    from sim.sweep import available_cores
     from sim.traces import TraceError, read_mooncake
 
     base, _ = load_or_exit(scenario_path or str(builtin_scenario_path("trace-replay")))
@@ -76,7 +76,7 @@ def replay(trace, workers, kv_tokens, kv_blocks, kv_bytes, router, scenario_path
         t0 = _time.perf_counter()
         result = run_replay(scenario, lambda: read_mooncake(trace, block_size=B, trace_block_tokens=trace_block_size,
                                                             speed=speed, limit=limit),
-                            bin_s=bin_s, jobs=jobs or os.cpu_count() or 1)
+                            bin_s=bin_s, jobs=jobs or available_cores())
         wall_s = _time.perf_counter() - t0
     except (ScenarioError, TraceError) as err:
         raise click.ClickException(str(err)) from None
