@@ -130,8 +130,7 @@ class KVCacheManager:
             # NOTE: the common decode case, same outcome as the general path: the slots exist already.
             end = state.num_computed_tokens + num_new_tokens
             if end <= len(state.block_ids) * B and end <= self.max_model_len:
-                if end // B > state.num_cached_blocks:
-                    self.cache_full_blocks(state, min(end, state.num_tokens))
+                self.cache_full_blocks(state, min(end, state.num_tokens))
                 return True
         num_hit_tokens = len(hit_blocks) * B
         num_computed = state.num_computed_tokens + num_hit_tokens

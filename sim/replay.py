@@ -56,8 +56,8 @@ def replay(scenario: Scenario, trace: Trace | Callable[[], Trace], *, bin_s: flo
 
 def device_groups(scenario: Scenario, jobs: int) -> list[frozenset[int]]:
     """How a replay of `scenario` splits over at most `jobs` processes: the workers each process simulates (whole
-    devices, balanced by worker count). One group when it cannot split: one job, one device, a router that reads the cluster
-    (its choices depend on what every worker does) or no `fork` on this platform."""
+    devices, balanced by worker count). One group when it cannot split: one job, one device, a router that reads
+    the cluster (its choices depend on what every worker does) or no `fork` on this platform."""
     workers = scenario.cluster.workers
     if (jobs <= 1 or not getattr(build_router(scenario), "ignores_cluster_state", False)
             or "fork" not in multiprocessing.get_all_start_methods()):
@@ -89,18 +89,16 @@ def _replay(scenario: Scenario, trace: Trace, *, bin_s: float, fast_forward: boo
             if request.prompt_tokens + request.output_tokens > max_tokens:
                 rejected += 1
                 continue
-            if owned is None:
-                if item.arrival_s > env.now:
-                    yield env.timeout(item.arrival_s - env.now)
-                cluster.send(request, stats.add)
-                continue
-            # NOTE: this router ignores the cluster, so it may route ahead of the clock; other processes simulate
-            # the workers this one does not own.
-            worker = cluster.route(request)
-            if worker in owned:
-                if item.arrival_s > env.now:
-                    yield env.timeout(item.arrival_s - env.now)
-                cluster.dispatch(request, worker, stats.add)
+            worker = None
+            if owned is not None:
+                # NOTE: this router ignores the cluster, so it may route ahead of the clock; other processes
+                # simulate the workers this one does not own.
+                worker = cluster.route(request)
+                if worker not in owned:
+                    continue
+            if item.arrival_s > env.now:
+                yield env.timeout(item.arrival_s - env.now)
+            cluster.dispatch(request, cluster.route(request) if worker is None else worker, stats.add)
 
     env.process(arrivals())
     env.run()

@@ -62,6 +62,12 @@ class TimeBin:
     cached_tokens: int = 0
     ttft_ms: LogHistogram = field(default_factory=LogHistogram)
 
+    def merge(self, other: TimeBin) -> None:
+        self.requests += other.requests
+        self.prompt_tokens += other.prompt_tokens
+        self.cached_tokens += other.cached_tokens
+        self.ttft_ms.merge(other.ttft_ms)
+
 
 @dataclass
 class StreamingStats:
@@ -125,11 +131,7 @@ class StreamingStats:
             self.requests_per_worker[w] += other.requests_per_worker[w]
             self.prompt_tokens_per_worker[w] += other.prompt_tokens_per_worker[w]
         for key, theirs in other.bins.items():
-            mine = self.bins.setdefault(key, TimeBin())
-            mine.requests += theirs.requests
-            mine.prompt_tokens += theirs.prompt_tokens
-            mine.cached_tokens += theirs.cached_tokens
-            mine.ttft_ms.merge(theirs.ttft_ms)
+            self.bins.setdefault(key, TimeBin()).merge(theirs)
 
     @property
     def prefix_reuse(self) -> float:

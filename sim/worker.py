@@ -71,11 +71,14 @@ class Worker:
             # NOTE: the engine sees the request when the step in progress ends: the stretch is cut there.
             self._stretch_cut = True
             steps = stretch.steps_started_by(self.env.now)
-            delay_s = stretch.start_s + stretch.elapsed_s(steps) - self.env.now
-            if delay_s > 0:
-                self.env.timeout(delay_s).callbacks.append(lambda _event: wakeup.triggered or wakeup.succeed(steps))
-            else:
-                wakeup.succeed(steps)
+            self._wake_after(wakeup, stretch.start_s + stretch.elapsed_s(steps) - self.env.now, steps)
+
+    def _wake_after(self, wakeup: simpy.Event, delay_s: float, steps: int) -> None:
+        """Trigger `wakeup` with `steps` in `delay_s`, unless something triggered it first (then nothing)."""
+        if delay_s > 0:
+            self.env.timeout(delay_s).callbacks.append(lambda _event: wakeup.triggered or wakeup.succeed(steps))
+        else:
+            wakeup.succeed(steps)
 
     def _loop(self):
         env, scheduler = self.env, self.scheduler
@@ -114,8 +117,7 @@ class Worker:
         # NOTE: the worker wakes with the number of steps done: all of them at the stretch's end, or fewer when an
         # arrival cut it (`submit`); whichever comes first wins, a later trigger of the spent event is ignored.
         # Cheaper than a SimPy condition on two events.
-        env.timeout(stretch.duration_s).callbacks.append(
-            lambda _event: wakeup.triggered or wakeup.succeed(stretch.num_steps))
+        self._wake_after(wakeup, stretch.duration_s, stretch.num_steps)
         steps = yield wakeup
         self._wakeup = None
         stretch.apply(steps)
