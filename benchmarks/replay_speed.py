@@ -31,7 +31,7 @@ KVSIM_TRACE = """
 import json, resource, sys, time
 from sim.replay import replay
 from sim.scenario import builtin_scenario_path, load_scenario
-from sim.traces import read_mooncake
+from sim.workloads.traces import read_mooncake
 """ + PEAK_RSS + """
 trace, workers, tokens, router, jobs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
 s, _ = load_scenario(builtin_scenario_path("trace-replay"))
@@ -48,7 +48,7 @@ KVSIM_SYNTHETIC = """
 import json, resource, sys, time
 from sim.replay import replay
 from sim.scenario import builtin_scenario_path, load_scenario
-from sim.workload import poisson_requests
+from sim.workloads.shared_prefix import poisson_requests
 """ + PEAK_RSS + """
 n, jobs = int(sys.argv[1]), int(sys.argv[2])
 s, _ = load_scenario(builtin_scenario_path("trace-replay"))
@@ -66,7 +66,7 @@ print(json.dumps({"wall_s": wall, "requests": r.stats.requests, "prefix_reuse": 
 KVSIM_SWEEP = """
 import json, resource, time
 from sim.scenario import load_scenario
-from sim.sweep import run_sweep, sweep_points
+from sim.studies.sweep import run_sweep, sweep_points
 s, _ = load_scenario()
 points = sweep_points(workers=[3, 6], prefixes=[2, 7, 12, 24], concurrency=[4, 8, 16], routers=["random"],
                       repeats=3, seed=s.seed)

@@ -12,7 +12,7 @@ import os
 import time
 
 from sim.scenario import load_scenario
-from sim.sweep import run_sweep, sweep_points
+from sim.studies.sweep import run_sweep, sweep_points
 
 
 def main() -> None:

@@ -7,8 +7,8 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from sim.request import Request
-from sim.router import ClusterView
+from sim.workloads.request import Request
+from sim.cluster.router import ClusterView
 
 
 class RouterOptions(BaseModel):

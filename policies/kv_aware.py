@@ -21,8 +21,8 @@ import math
 from pydantic import Field
 
 from policies.base import RouterBase, RouterOptions
-from sim.request import Request
-from sim.router import ClusterView
+from sim.workloads.request import Request
+from sim.cluster.router import ClusterView
 
 
 class KvAwareOptions(RouterOptions):
@@ -46,13 +46,8 @@ class KvAwareRouter(RouterBase):
     def overlaps(self, request: Request, view: ClusterView) -> list[int]:
         if self.options.overlap_score_weight == 0:
             return [0] * self.num_workers
-        hashes = request.block_hashes
-        leading = []
-        for w in range(self.num_workers):
-            # NOTE: the mask as bytes (1 = cached) so that finding the first miss runs in C, not per block.
-            first_miss = bytes(view.cached_mask(w, hashes)).find(0)
-            leading.append(len(hashes) if first_miss < 0 else first_miss)
-        return leading
+        B = self.block_size
+        return [view.cached_prefix_tokens(w, request) // B for w in range(self.num_workers)]
 
     def costs(self, request: Request, view: ClusterView) -> tuple[list[float], list[int]]:
         B = self.block_size

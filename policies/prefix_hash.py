@@ -17,8 +17,8 @@ import math
 from pydantic import Field
 
 from policies.base import RouterBase, RouterOptions
-from sim.request import Request
-from sim.router import ClusterView
+from sim.workloads.request import Request
+from sim.cluster.router import ClusterView
 
 
 def stable_hash64(value: object) -> int:

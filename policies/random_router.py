@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from policies.base import RouterBase
-from sim.request import Request
-from sim.router import ClusterView
+from sim.workloads.request import Request
+from sim.cluster.router import ClusterView
 
 
 class RandomRouter(RouterBase):

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pydantic import Field
 
 from policies.base import RouterBase, RouterOptions
-from sim.request import Request
-from sim.router import ClusterView
+from sim.workloads.request import Request
+from sim.cluster.router import ClusterView
 
 
 class RecordedOptions(RouterOptions):

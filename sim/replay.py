@@ -16,12 +16,12 @@ from dataclasses import dataclass
 
 import simpy
 
-from sim.cluster import Cluster
-from sim.records import WorkerCounters
+from sim.cluster.cluster import Cluster
+from sim.results.records import WorkerCounters
 from sim.runner import build_router
 from sim.scenario import Scenario
-from sim.streaming_stats import StreamingStats
-from sim.traces import TraceRequest
+from sim.results.streaming_stats import StreamingStats
+from sim.workloads.traces import TraceRequest
 
 Trace = Iterable[TraceRequest]
 
@@ -78,8 +78,7 @@ def _replay(scenario: Scenario, trace: Trace, *, bin_s: float, fast_forward: boo
     env = simpy.Environment()
     cluster = Cluster(env, scenario, build_router(scenario), fast_forward=fast_forward)
     stats = StreamingStats(num_workers=len(cluster.workers), bin_s=bin_s)
-    max_tokens = min(scenario.engine.max_model_len,
-                     (scenario.num_gpu_blocks - 1) * scenario.engine.block_size)
+    max_tokens = scenario.max_request_tokens
     rejected = 0
 
     def arrivals():

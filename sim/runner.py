@@ -8,12 +8,12 @@ from __future__ import annotations
 import simpy
 
 from policies import ROUTERS
-from sim.arrivals import closed_loop, one_at_a_time, poisson
-from sim.cluster import Cluster
-from sim.records import RequestRecord, RunResult
-from sim.router import Router
+from sim.cluster.arrivals import closed_loop, one_at_a_time, poisson
+from sim.cluster.cluster import Cluster
+from sim.results.records import RequestRecord, RunResult
+from sim.cluster.router import Router
 from sim.scenario import Scenario, ScenarioError
-from sim.workload import RequestStream, rng_for, shared_prefix_stream
+from sim.workloads.shared_prefix import RequestStream, rng_for, shared_prefix_stream
 
 
 def build_router(scenario: Scenario) -> Router:

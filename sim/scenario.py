@@ -5,12 +5,13 @@ from __future__ import annotations
 import math
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, model_validator
 
-from sim.vllm_behaviour import DEFAULT_VLLM_VERSION, parse_version
+from sim.config import ConfigModel
+from sim.engines import ENGINES
 
 BUILTIN_SCENARIO = "service-baseline"
 
@@ -19,45 +20,23 @@ class ScenarioError(ValueError):
     """A scenario (file or override) that cannot be run; the message names the field and what is allowed."""
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+def _engine_spec_type():
+    """The `engine:` section's type: one of the registered engines' specs, chosen by `kind`."""
+    specs = tuple(cls.Spec for cls in ENGINES.values())
+    if len(specs) == 1:
+        return specs[0]
+    return Annotated[Union[specs], Field(discriminator="kind")]  # noqa: UP007 - a runtime tuple of types
 
 
-class ModelSpec(_Model):
+EngineSpec = _engine_spec_type()
+
+
+class ModelSpec(ConfigModel):
     name: str = Field("unnamed", description="Model name, for reports only.")
     kv_bytes_per_token: int = Field(gt=0, description="KV bytes per token, all layers: layers x 2 x kv_heads x head_dim x dtype bytes.")
 
 
-class EngineSpec(_Model):
-    kind: str = Field("vllm", description="Engine profile; only 'vllm' (v1) so far.")
-    vllm_version: str = Field(DEFAULT_VLLM_VERSION, description="vLLM release whose cache/scheduler rules apply (0.10.0 to 0.33.0).")
-    block_size: int = Field(16, ge=1, description="KV block size in tokens.")
-    kv_cache_bytes: int = Field(gt=0, description="KV cache bytes per worker (vLLM --kv-cache-memory-bytes).")
-    num_gpu_blocks_override: int | None = Field(None, ge=2, description="Use this block count (null block included) instead of the bytes.")
-    max_num_batched_tokens: int = Field(8192, ge=1, description="Token budget per engine step.")
-    max_num_seqs: int = Field(256, ge=1, description="Most requests running at once per worker.")
-    max_model_len: int = Field(4096, ge=2, description="Longest sequence (prompt + output) in tokens.")
-    free_order: Literal["tail-first", "head-first"] = Field(
-        "tail-first",
-        description="Order a finished request's blocks enter the free queue: vLLM's tail-first, or the naive-LRU "
-                    "ablation head-first (no vLLM release does this).",
-    )
-
-    @field_validator("kind")
-    @classmethod
-    def _kind(cls, v: str) -> str:
-        if v != "vllm":
-            raise ValueError(f"engine.kind must be 'vllm', got {v!r}")
-        return v
-
-    @field_validator("vllm_version")
-    @classmethod
-    def _version(cls, v: str) -> str:
-        parse_version(v)
-        return v
-
-
-class LengthSpec(_Model):
+class LengthSpec(ConfigModel):
     """A token-length distribution (a plain integer in a scenario means a fixed length).
 
     uniform: integers in [low, high]; normal / lognormal: mean and sd in tokens, rounded and clipped to [low, high]
@@ -108,7 +87,7 @@ def sample_length(length: Length, rng) -> int:
     return min(max(value, length.low), length.high)
 
 
-class WorkloadSpec(_Model):
+class WorkloadSpec(ConfigModel):
     """A shared-prefix workload: N prefixes with a popularity, each request a prefix + its own tail + outputs.
 
     The reference experiment is the special case of uniform popularity, fixed lengths and a closed loop.
@@ -164,13 +143,13 @@ class WorkloadSpec(_Model):
         return [w / total for w in raw]
 
 
-class RouterSpec(_Model):
+class RouterSpec(ConfigModel):
     name: str = Field("random", description="Router name (see `kvsim routers`).")
     options: dict[str, Any] = Field(default_factory=dict, description="Router options, by router.")
 
 
-class TimeModelSpec(_Model):
-    """Step-time model at device speed 1.0 (`sim.time_model.LinearStepTimeModel`):
+class TimeModelSpec(ConfigModel):
+    """Step-time model at device speed 1.0 (`sim.cluster.time_model.LinearStepTimeModel`):
     step_s = base_s + prefill_token_s x prefill tokens + decode_seq_s x decodes
            + decode_context_token_s x decode context tokens + prefill_attention_pair_s x prefill attention pairs."""
 
@@ -181,7 +160,7 @@ class TimeModelSpec(_Model):
     prefill_attention_pair_s: float = Field(0.0, ge=0, description="Per query-key pair of the step's prefill tokens.")
 
 
-class DeviceSpec(_Model):
+class DeviceSpec(ConfigModel):
     name: str = Field(description="Device name (its class, e.g. gpu-24gb); calibration addresses devices by name.")
     workers: int = Field(1, ge=1, description="Workers that share this device's time.")
     speed: float = Field(1.0, gt=0, description="Relative speed: a step takes step_s / speed alone on the device.")
@@ -190,7 +169,7 @@ class DeviceSpec(_Model):
     time_model: TimeModelSpec | None = Field(None, description="This device class's own step-time model (default: the scenario's).")
 
 
-class DeploymentSpec(_Model):
+class DeploymentSpec(ConfigModel):
     workers: int = Field(ge=1, description="Worker count this deployment is used for.")
     devices: list[DeviceSpec] = Field(min_length=1)
 
@@ -202,7 +181,7 @@ class DeploymentSpec(_Model):
         return self
 
 
-class ClusterSpec(_Model):
+class ClusterSpec(ConfigModel):
     workers: int = Field(ge=1, description="Number of workers.")
     deployments: list[DeploymentSpec] = Field(default_factory=list, description="Device layouts by worker count.")
     default_device: DeviceSpec = Field(
@@ -221,7 +200,7 @@ class ClusterSpec(_Model):
                 for i in range(self.workers)]
 
 
-class CalibrationSpec(_Model):
+class CalibrationSpec(ConfigModel):
     """Which parameters `kvsim calibrate` fits by default, and what the last fit used (written by calibrate)."""
 
     parameters: list[str] = Field(
@@ -235,7 +214,7 @@ class CalibrationSpec(_Model):
     holdout_rms_log_error: float | None = Field(None, description="The same over the held-out figures.")
 
 
-class Scenario(_Model):
+class Scenario(ConfigModel):
     name: str = Field(description="Scenario name.")
     description: str = Field("", description="What the scenario models.")
     seed: int = Field(0, description="Base seed; every random stream is derived from it by name.")
@@ -248,37 +227,53 @@ class Scenario(_Model):
     reference: str | None = Field(None, description="Measured results (CSV) for this scenario, relative to the scenario file.")
     calibration: CalibrationSpec = Field(default_factory=CalibrationSpec, description="Time-model calibration.")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _default_engine_kind(cls, data: Any) -> Any:
+        # NOTE: scenario files written before there were several engines have no engine.kind: they mean vLLM.
+        if isinstance(data, dict) and isinstance(data.get("engine"), dict) and "kind" not in data["engine"]:
+            data = {**data, "engine": {"kind": "vllm", **data["engine"]}}
+        return data
+
     @property
-    def num_gpu_blocks(self) -> int:
-        """vLLM's block count, null block included: floor(kv_cache_bytes / (block_size x kv_bytes_per_token))."""
-        if self.engine.num_gpu_blocks_override is not None:
-            return self.engine.num_gpu_blocks_override
-        return self.engine.kv_cache_bytes // (self.engine.block_size * self.model.kv_bytes_per_token)
+    def capacity_tokens(self) -> int:
+        """Token slots of one worker's KV cache that requests can use (vLLM: all blocks but the null block)."""
+        return self.engine.capacity_tokens(self.model.kv_bytes_per_token)
+
+    @property
+    def max_request_tokens(self) -> int:
+        """The longest request (prompt + output) a worker accepts; longer ones are rejected."""
+        return self.engine.max_request_tokens(self.model.kv_bytes_per_token)
+
+    @property
+    def num_blocks(self) -> int:
+        """KV blocks per worker as the engine counts them (vLLM's num_gpu_blocks, null block included)."""
+        return self.engine.num_blocks(self.model.kv_bytes_per_token)
 
     @property
     def kv_capacity_requests(self) -> float:
         """C of the formula min(1, C/N): KV tokens per worker / mean prompt tokens."""
-        from sim.analytic import capacity_requests
+        from sim.studies.analytic import capacity_requests
 
         return capacity_requests(self.engine.kv_cache_bytes, self.model.kv_bytes_per_token, self.workload.prompt_tokens)
 
     @model_validator(mode="after")
     def _fits(self) -> Scenario:
-        bs = self.engine.block_size
-        num_blocks = self.num_gpu_blocks
-        if num_blocks < 2:
-            raise ValueError(
-                f"engine.kv_cache_bytes={self.engine.kv_cache_bytes} gives {num_blocks} blocks of {bs} tokens; need >= 2"
-            )
-        longest = self.workload.max_request_tokens
-        if longest > self.engine.max_model_len:
-            raise ValueError(f"workload prompt+output = {longest} tokens exceeds engine.max_model_len={self.engine.max_model_len}")
-        needed = -(-longest // bs)
-        if needed > num_blocks - 1:
-            raise ValueError(
-                f"one request needs {needed} blocks but a worker has {num_blocks - 1} usable: raise engine.kv_cache_bytes"
-            )
+        self.engine.check_fits(self.workload.max_request_tokens, self.model.kv_bytes_per_token)
         return self
+
+    def with_engine(self, kind: str) -> Scenario:
+        """The same scenario on another engine: the options both engines have (KV bytes, block size, model length)
+        carry over, the others take the new engine's defaults."""
+        if kind not in ENGINES:
+            raise ScenarioError(f"engine.kind: unknown engine {kind!r}; allowed: {', '.join(sorted(ENGINES))}")
+        if kind == self.engine.kind:
+            return self
+        target = ENGINES[kind].Spec
+        shared = {k: v for k, v in self.engine.model_dump().items() if k in target.model_fields and k != "kind"}
+        data = self.model_dump()
+        data["engine"] = {"kind": kind, **shared}
+        return validate_scenario(data, source=f"scenario {self.name!r} on engine {kind!r}")
 
     def with_overrides(self, **overrides: Any) -> Scenario:
         """A copy with dotted-path overrides, e.g. {'workload.prefixes': 7, 'cluster.workers': 3}; validated again."""

@@ -2,7 +2,7 @@
 
 The streams are generated here, deterministically, as token ids; vLLM's side runs them through
 `benchmarks/vllm-oracle/oracle.py` (its own Scheduler/KVCacheManager/BlockPool on CPU, no weights). kvsim's side
-hashes the same token ids into chained block hashes and replays them through `sim.scheduler.Scheduler` with the
+hashes the same token ids into chained block hashes and replays them through `sim.engines.vllm.scheduler.Scheduler` with the
 oracle's loop: lockstep engine steps, a closed-loop client over the whole cluster, the next request added after
 the step in which one finished. Compared: per request the hit tokens at first admission, the admission, first-token
 and finish steps and the preemptions; per worker vLLM's prefix-cache counters and the final free queue, block for block.
@@ -18,10 +18,11 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from sim.kv_cache_manager import KVCacheManager
-from sim.request import Request, RequestState
-from sim.scheduler import Scheduler, SchedulerLimits
-from sim.vllm_behaviour import VllmBehaviour
+from sim.engines.vllm.kv_cache_manager import KVCacheManager
+from sim.engines.vllm.request_state import RequestState
+from sim.workloads.request import Request
+from sim.engines.vllm.scheduler import Scheduler, SchedulerLimits
+from sim.engines.vllm.behaviour import VllmBehaviour
 
 REPO = Path(__file__).resolve().parents[1]
 ORACLE = REPO / "benchmarks" / "vllm-oracle" / "oracle.py"
@@ -149,7 +150,7 @@ def replay_kvsim(stream: dict, vllm_version: str = ORACLE_VLLM_VERSION) -> dict:
         r = reqs[idx]
         req = Request(request_id=idx, prompt_tokens=len(r["prompt_token_ids"]), output_tokens=r["max_tokens"],
                       block_hashes=chained_block_hashes(r["prompt_token_ids"], B))
-        state = RequestState(req, B, r["worker"], arrival_s=0.0)
+        state = RequestState(req, r["worker"], 0.0, block_size=B)
         rec = {"id": r["id"], "worker": r["worker"], "admit_step": None, "hit_tokens": None,
                "first_token_step": None, "finish_step": None, "num_preemptions": 0}
         tracked[idx] = _Tracked(state, rec)

@@ -1,4 +1,4 @@
-"""The analytic screens of `sim.analytic` against the reference's numbers, the literature and the simulator.
+"""The analytic screens of `sim.studies.analytic` against the reference's numbers, the literature and the simulator.
 
 Tolerances are stated per test; the simulator comparisons average several seeds because one 200-request run of
 the reference has a standard deviation of about 0.035 in its request hit rate.
@@ -11,11 +11,11 @@ import math
 import numpy as np
 import pytest
 
-from sim import analytic
-from sim.block_pool import BlockPool
+from sim.studies import analytic
+from sim.engines.vllm.block_pool import BlockPool
 from sim.runner import run
 from sim.scenario import load_scenario
-from sim.summary import summarize
+from sim.results.summary import summarize
 
 # The reference worker (scenarios/service-baseline.yaml): 585 blocks of 16 tokens, 584 usable; prompts of a
 # 2,032-token shared prefix + 339-token tail, 64 output tokens.

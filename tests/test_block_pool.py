@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from sim.block_pool import BlockPool
-from sim.kv_cache_manager import KVCacheManager
-from sim.request import Request, RequestState
+from sim.engines.vllm.block_pool import BlockPool
+from sim.engines.vllm.kv_cache_manager import KVCacheManager
+from sim.engines.vllm.request_state import RequestState
+from sim.workloads.request import Request
 
 B = 4  # tokens per block in these stories
 
@@ -17,7 +18,7 @@ def request(rid: int, prompt_tokens: int, *, shared: str | None = None, shared_b
     n_full = prompt_tokens // B
     hashes = tuple((shared, i) if shared and i < shared_blocks else ("own", rid, i) for i in range(n_full))
     req = Request(request_id=rid, prompt_tokens=prompt_tokens, output_tokens=output_tokens, block_hashes=hashes)
-    return RequestState(req, B, worker=0, arrival_s=0.0)
+    return RequestState(req, 0, 0.0, block_size=B)
 
 
 def manager(num_blocks: int, **kw) -> KVCacheManager:
@@ -113,7 +114,7 @@ def test_hit_stops_at_first_missing_block():
     # but the lookup must still stop at the first miss).
     req = Request(request_id=9, prompt_tokens=13, output_tokens=1,
                   block_hashes=(("p", 0), ("other", 1), ("p", 2)))
-    assert kv.find_longest_cache_hit(RequestState(req, B, 0, 0.0)) == [a.block_ids[0]]
+    assert kv.find_longest_cache_hit(RequestState(req, 0, 0.0, block_size=B)) == [a.block_ids[0]]
 
 
 def test_blocks_held_by_a_running_request_are_never_evicted():

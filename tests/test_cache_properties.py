@@ -11,8 +11,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.kv_cache_manager import KVCacheManager
-from sim.request import Request, RequestState
+from sim.engines.vllm.kv_cache_manager import KVCacheManager
+from sim.engines.vllm.request_state import RequestState
+from sim.workloads.request import Request
 
 B = 4
 
@@ -101,7 +102,7 @@ def test_manager_matches_naive_model(ops, num_blocks, unhashed_to_head):
             _, prefix, shared_blocks, tail_tokens, output_tokens = op
             prompt = shared_blocks * B + tail_tokens
             hashes = tuple(("p", prefix, i) if i < shared_blocks else ("u", next_id, i) for i in range(prompt // B))
-            state = RequestState(Request(next_id, prompt, output_tokens, hashes), B, 0, 0.0)
+            state = RequestState(Request(next_id, prompt, output_tokens, hashes), 0, 0.0, block_size=B)
             next_id += 1
             hits = kv.find_longest_cache_hit(state)
             n_hits = naive.lookup(list(hashes) + [state.block_hash(i) for i in range(len(hashes), 99)], prompt)
@@ -143,7 +144,7 @@ def test_hits_are_whole_blocks_contiguous_and_below_the_prompt(prompts):
     kv = KVCacheManager(num_blocks=12, block_size=B, max_model_len=10_000)
     for rid, (prefix, length) in enumerate(prompts):
         hashes = tuple(("p", prefix, i) for i in range(length // B))
-        state = RequestState(Request(rid, length, 1, hashes), B, 0, 0.0)
+        state = RequestState(Request(rid, length, 1, hashes), 0, 0.0, block_size=B)
         hits = kv.find_longest_cache_hit(state)
         assert len(hits) * B <= length - 1
         assert [kv.pool.block_hash(b) for b in hits] == list(hashes[: len(hits)])

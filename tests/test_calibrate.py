@@ -9,12 +9,12 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from sim.calibrate import Latencies, Simulator, Target, apply_parameters, fit, predict, read_parameter, targets_from_reference
+from sim.studies.calibrate import Latencies, Simulator, Target, apply_parameters, fit, predict, read_parameter, targets_from_reference
 from sim.cli import main
-from sim.reference import Measurement, load_reference
+from sim.studies.reference import Measurement, load_reference
 from sim.scenario import ScenarioError, load_scenario
-from sim.records import TtftSamples
-from sim.sweep import SweepRunner
+from sim.results.records import TtftSamples
+from sim.studies.sweep import SweepRunner
 
 from test_calibrate_helpers import small_scenario, synthetic_targets
 

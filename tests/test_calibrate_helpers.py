@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from sim.calibrate import Simulator, Target, predict
+from sim.studies.calibrate import Simulator, Target, predict
 from sim.scenario import Scenario, load_scenario
-from sim.sweep import SweepRunner
+from sim.studies.sweep import SweepRunner
 
 POINTS = [(2, 2, 2), (2, 4, 3)]
 CASES = ["2/2/2", "2/4/3"]

@@ -5,13 +5,12 @@ from __future__ import annotations
 import pytest
 import simpy
 
-from sim.device import Device
-from sim.kv_cache_manager import KVCacheManager
-from sim.request import Request, RequestState
-from sim.scheduler import Scheduler, SchedulerLimits, StepPlan
-from sim.time_model import LinearStepTimeModel
-from sim.vllm_behaviour import VllmBehaviour
-from sim.worker import Worker
+from sim.cluster.device import Device
+from sim.cluster.time_model import LinearStepTimeModel
+from sim.cluster.worker import Worker
+from sim.engines.interface import StepPlan
+from sim.engines.vllm import VllmEngine, VllmEngineSpec
+from sim.workloads.request import Request
 
 TM = LinearStepTimeModel(base_s=0.01, prefill_token_s=0.001, decode_seq_s=0.002)
 
@@ -66,17 +65,17 @@ def _job(env, dev, work, done, name, start=0.0):
 
 
 def _worker(env, device, *, budget=1000, index=0, events=None):
-    behaviour = VllmBehaviour.for_version("0.33.0")
-    kv = KVCacheManager(num_blocks=400, block_size=4, max_model_len=10_000)
+    spec = VllmEngineSpec(vllm_version="0.33.0", block_size=4, kv_cache_bytes=1, num_gpu_blocks_override=400,
+                          max_num_batched_tokens=budget, max_num_seqs=16, max_model_len=10_000)
     events = events if events is not None else []
-    w = Worker(env, index, Scheduler(SchedulerLimits(budget, 16, 10_000), kv, behaviour), device, TM,
+    w = Worker(env, index, VllmEngine(spec, kv_bytes_per_token=1), device, TM,
                on_first_token=lambda s: events.append(("first", s.request.request_id, env.now)),
                on_finished=lambda s: events.append(("done", s.request.request_id, env.now)))
     return w, events
 
 
-def _state(rid, prompt, out, worker=0):
-    return RequestState(Request(rid, prompt, out, tuple(("o", rid, i) for i in range(prompt // 4))), 4, worker, 0.0)
+def _request(rid, prompt, out):
+    return Request(rid, prompt, out, tuple(("o", rid, i) for i in range(prompt // 4)))
 
 
 def test_ttft_is_the_prefill_step_and_decode_steps_follow():
@@ -84,7 +83,7 @@ def test_ttft_is_the_prefill_step_and_decode_steps_follow():
     # 0.01 + 0.002 = 0.012 s each: done at 0.074 s.
     env = simpy.Environment()
     w, events = _worker(env, Device(env, "d"))
-    w.submit(_state(1, 40, 3))
+    w.submit(_request(1, 40, 3), env.now)
     env.run()
     assert events == [("first", 1, pytest.approx(0.05)), ("done", 1, pytest.approx(0.074))]
 
@@ -97,8 +96,8 @@ def test_a_long_prefill_on_a_shared_device_stretches_the_other_workers_decode_st
     dev = Device(env, "gpu", num_workers=2)
     w0, ev0 = _worker(env, dev, index=0)
     w1, ev1 = _worker(env, dev, index=1)
-    w0.submit(_state(1, 4, 5))
-    w1.submit(_state(2, 1000, 1, worker=1))
+    w0.submit(_request(1, 4, 5), env.now)
+    w1.submit(_request(2, 1000, 1), env.now)
     env.run()
     assert ev0[-1] == ("done", 1, pytest.approx(2 * (0.014 + 4 * 0.012)))
     # Worker 1's prefill: 0.124 s at half speed covers 0.062 s of its work; the remaining 0.948 s alone.

@@ -17,11 +17,11 @@ from collections import defaultdict
 
 import pytest
 
-from sim.reference import load_reference, measured
+from sim.studies.reference import load_reference, measured
 from sim.runner import run
 from sim.scenario import load_scenario
-from sim.summary import summarize
-from sim.sweep import run_sweep, sweep_points
+from sim.results.summary import summarize
+from sim.studies.sweep import run_sweep, sweep_points
 
 
 @pytest.fixture(scope="module")

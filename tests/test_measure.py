@@ -7,10 +7,10 @@ import json
 from click.testing import CliRunner
 
 from sim.cli import main
-from sim.openai_client import Endpoint, EndpointError, parse_prometheus, stream_completion
-from sim.run_csv import read_run
+from sim.servers.openai_client import Endpoint, EndpointError, parse_prometheus, stream_completion
+from sim.servers.run_csv import read_run
 from sim.scenario import load_scenario
-from sim.workload import prompt_token_ids, shared_prefix_stream
+from sim.workloads.shared_prefix import prompt_token_ids, shared_prefix_stream
 from stub_server import StubServer
 
 ARGS = ["--prefixes", "3", "--concurrency", "2", "--requests", "20", "--prefix-tokens", "64", "--tail-tokens", "40",

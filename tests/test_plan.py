@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from sim import analytic
+from sim.studies import analytic
 from sim.cli import main
-from sim.plan import PlanSpec, PlanTarget, analytic_hit_rate, configure, make_grid, plan, transient_requests
+from sim.studies.plan import PlanSpec, PlanTarget, analytic_hit_rate, configure, make_grid, plan, transient_requests
 from sim.scenario import load_scenario
-from sim.sweep import run_sweep, sweep_points
+from sim.studies.sweep import run_sweep, sweep_points
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +41,7 @@ def test_che_block_model_tracks_zipf_simulation_within_three_points(baseline, ex
     K, U = analytic.shared_prefix_blocks(2032, 2371, 64, 16)
     model = analytic.random_routing_hit_rates(
         workers=6, popularity=analytic.zipf_popularity(24, exponent), prefix_blocks=K, own_blocks=U,
-        usable_blocks=scenario.num_gpu_blocks - 1, block_size=16, prompt_tokens=2371)
+        usable_blocks=scenario.num_blocks - 1, block_size=16, prompt_tokens=2371)
     print(f"Zipf {exponent}: simulated {simulated:.3f}, Che block model {model.request_hit_rate:.3f}")
     assert abs(model.request_hit_rate - simulated) <= 0.03
 

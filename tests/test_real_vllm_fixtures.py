@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from sim.run_csv import read_run
+from sim.servers.run_csv import read_run
 from sim.runner import run as simulate
 from sim.scenario import load_scenario
-from sim.validate import compare, scenario_for_run, stream_for_run
+from sim.studies.validate import compare, scenario_for_run, stream_for_run
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "real-vllm"
 RUNS = sorted(FIXTURES.glob("*.csv"))

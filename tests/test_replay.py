@@ -14,7 +14,7 @@ from sim.cli import main
 from sim.replay import device_groups, replay
 from sim.runner import run
 from sim.scenario import load_scenario
-from sim.traces import TraceError, read_mooncake
+from sim.workloads.traces import TraceError, read_mooncake
 
 TRACES = Path(__file__).resolve().parent / "fixtures" / "traces"
 CONVERSATION = TRACES / "conversation_head400.jsonl"

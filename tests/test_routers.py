@@ -12,7 +12,7 @@ from policies.kv_aware import KvAwareRouter
 from policies.prefix_hash import PrefixHashRouter
 from policies.random_router import RandomRouter
 from policies.round_robin import RoundRobinRouter
-from sim.request import Request
+from sim.workloads.request import Request
 
 B = 16
 
@@ -27,9 +27,15 @@ class FakeView:
         self.loads = in_flight or [0] * num_workers
         self.peeks = 0
 
-    def cached_mask(self, worker, hashes):
+    def cached_prefix_tokens(self, worker, request):
+        """The worker's leading run of cached blocks, in tokens (the cache's peek)."""
         self.peeks += 1
-        return [h in self.cached[worker] for h in hashes]
+        n = 0
+        for h in request.block_hashes:
+            if h not in self.cached[worker]:
+                break
+            n += 1
+        return n * B
 
     def in_flight(self, worker):
         return self.loads[worker]
@@ -205,7 +211,7 @@ class BlindView:
     num_workers = 6
     block_size = B
 
-    def cached_mask(self, worker, hashes):
+    def cached_prefix_tokens(self, worker, request):
         raise AssertionError("peeked at a cache")
 
     def in_flight(self, worker):

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from sim.kv_cache_manager import KVCacheManager
-from sim.request import Request, RequestState
-from sim.scheduler import Scheduler, SchedulerLimits
-from sim.vllm_behaviour import VllmBehaviour
+from sim.engines.vllm.kv_cache_manager import KVCacheManager
+from sim.engines.vllm.request_state import RequestState
+from sim.workloads.request import Request
+from sim.engines.vllm.scheduler import Scheduler, SchedulerLimits
+from sim.engines.vllm.behaviour import VllmBehaviour
 
 B = 4
 NEW = VllmBehaviour.for_version("0.33.0")
@@ -20,7 +21,7 @@ def make(num_blocks=32, budget=1000, max_seqs=16, behaviour=NEW) -> Scheduler:
 def req(rid, prompt, out=3, prefix=None, shared_blocks=0) -> RequestState:
     hashes = tuple((prefix, i) if prefix is not None and i < shared_blocks else ("own", rid, i)
                    for i in range(prompt // B))
-    return RequestState(Request(rid, prompt, out, hashes), B, 0, 0.0)
+    return RequestState(Request(rid, prompt, out, hashes), 0, 0.0, block_size=B)
 
 
 def step(s: Scheduler):

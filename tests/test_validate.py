@@ -9,10 +9,10 @@ import pytest
 from click.testing import CliRunner
 
 from sim.cli import main
-from sim.run_csv import RunFileError, read_run, write_run_bytes
+from sim.servers.run_csv import RunFileError, read_run, write_run_bytes
 from sim.runner import run as simulate
 from sim.scenario import load_scenario
-from sim.validate import Tolerance, compare
+from sim.studies.validate import Tolerance, compare
 
 
 def simulated_run_files(tmp_path, *, prefixes=7, workers=3, concurrency=4, name="sim"):

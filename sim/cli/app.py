@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from sim.reference import load_reference, measured
+from sim.studies.reference import load_reference, measured
 from sim.scenario import Scenario, ScenarioError, load_scenario
 
 # NOTE: piped output (CI logs, files) gets a wide table instead of rich's 80-column default.

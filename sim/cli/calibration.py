@@ -12,8 +12,8 @@ from rich.progress import Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from sim.cli.app import console, err_console, load_or_exit, main
-from sim.reference import load_reference
-from sim.report import csv_bytes, write_atomic
+from sim.studies.reference import load_reference
+from sim.results.report import csv_bytes, write_atomic
 
 
 def _holdout(ctx: click.Context, param: click.Parameter, value: str | None):
@@ -60,8 +60,8 @@ def calibrate(scenario_path, measured_path, run_paths, ttft_source, fit_params, 
     parameters. The fitted scenario records which points were fitted and the residuals; the table shows
     measured vs predicted for every figure, fitted or held out. Takes a few minutes.
     """
-    from sim.calibrate import fit, parameter_bounds, read_parameter, targets_from_reference, targets_from_runs
-    from sim.run_csv import RunFileError, read_run
+    from sim.studies.calibrate import fit, parameter_bounds, read_parameter, targets_from_reference, targets_from_runs
+    from sim.servers.run_csv import RunFileError, read_run
 
     base, path = load_or_exit(scenario_path)
     ref_path = Path(measured_path) if measured_path else (

@@ -9,7 +9,7 @@ from rich.progress import Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from sim.cli.app import console, err_console, load_or_exit, main, router_list
-from sim.report import csv_bytes, plan_figure, write_atomic
+from sim.results.report import csv_bytes, plan_figure, write_atomic
 from sim.scenario import ScenarioError
 
 
@@ -44,8 +44,8 @@ def plan(scenario_path, prefixes, zipf, target_hit_rate, target_ttft_p99_ms, var
     The analytic block model screens the range; simulation confirms by bisection with repeats (steady state),
     and the table reports the simulated mean at the answer with its 95 % interval beside the analytic answer.
     """
-    from sim.plan import VARY_UNITS, PlanSpec, PlanTarget, make_grid
-    from sim.plan import plan as run_plan
+    from sim.studies.plan import VARY_UNITS, PlanSpec, PlanTarget, make_grid
+    from sim.studies.plan import plan as run_plan
 
     base, _ = load_or_exit(scenario_path)
     overrides: dict[str, object] = {}

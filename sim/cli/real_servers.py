@@ -10,7 +10,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from sim.cli.app import console, err_console, fmt, load_or_exit, main, router_names
-from sim.report import csv_bytes, write_atomic
+from sim.results.report import csv_bytes, write_atomic
 from sim.scenario import ScenarioError
 
 
@@ -47,10 +47,10 @@ def measure(endpoints, prefixes, concurrency, requests, scenario_path, router, p
     usage.prompt_tokens_details (vLLM needs --enable-prompt-tokens-details); /metrics counters are read before
     and after. Exits non-zero if any request failed after its retries.
     """
-    from sim.measure import MeasureConfig
-    from sim.measure import measure as run_measure
-    from sim.openai_client import Endpoint, EndpointError
-    from sim.run_csv import sidecar_path, write_run_bytes
+    from sim.servers.measure import MeasureConfig
+    from sim.servers.measure import measure as run_measure
+    from sim.servers.openai_client import Endpoint, EndpointError
+    from sim.servers.run_csv import sidecar_path, write_run_bytes
 
     base, _ = load_or_exit(scenario_path)
     allowed = [n for n in router_names()]
@@ -97,7 +97,7 @@ def measure(endpoints, prefixes, concurrency, requests, scenario_path, router, p
 
 
 def _tolerances(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]):
-    from sim.validate import Tolerance
+    from sim.studies.validate import Tolerance
 
     try:
         return [Tolerance.parse(v) for v in values]
@@ -125,8 +125,8 @@ def validate(runs, scenario_path, routing, ttft_source, tolerances, out_path) ->
     Rates are compared in points (predicted - measured), times in ms and throughput in requests/s; the
     relative error is shown beside.
     """
-    from sim.run_csv import RunFileError, read_run
-    from sim.validate import compare
+    from sim.servers.run_csv import RunFileError, read_run
+    from sim.studies.validate import compare
 
     base, _ = load_or_exit(scenario_path)
     loaded = []

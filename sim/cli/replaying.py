@@ -8,7 +8,7 @@ import click
 from rich.table import Table
 
 from sim.cli.app import console, fmt, load_or_exit, main, router_list
-from sim.report import csv_bytes, replay_figure, write_atomic
+from sim.results.report import csv_bytes, replay_figure, write_atomic
 from sim.scenario import ScenarioError
 
 
@@ -52,8 +52,8 @@ def replay(trace, workers, kv_tokens, kv_blocks, kv_bytes, router, scenario_path
 
     from sim.replay import replay as run_replay
     from sim.scenario import builtin_scenario_path
-    from sim.sweep import available_cores
-    from sim.traces import TraceError, read_mooncake
+    from sim.studies.sweep import available_cores
+    from sim.workloads.traces import TraceError, read_mooncake
 
     base, _ = load_or_exit(scenario_path or str(builtin_scenario_path("trace-replay")))
     given = [x for x in (kv_tokens, kv_blocks, kv_bytes) if x is not None]
@@ -61,12 +61,9 @@ def replay(trace, workers, kv_tokens, kv_blocks, kv_bytes, router, scenario_path
         raise click.BadParameter("give only one of --kv-tokens, --kv-blocks, --kv-bytes", param_hint="--kv-tokens")
     B = block_size or base.engine.block_size
     overrides: dict[str, object] = {"cluster.workers": workers, "engine.block_size": B}
-    if kv_tokens is not None:
-        overrides["engine.num_gpu_blocks_override"] = kv_tokens // B + 1
-    elif kv_blocks is not None:
-        overrides["engine.num_gpu_blocks_override"] = kv_blocks
-    elif kv_bytes is not None:
-        overrides.update({"engine.kv_cache_bytes": kv_bytes, "engine.num_gpu_blocks_override": None})
+    if given:
+        engine = base.engine.model_copy(update={"block_size": B})
+        overrides.update(engine.capacity_overrides(tokens=kv_tokens, blocks=kv_blocks, kv_bytes=kv_bytes))
     if router is not None:
         if len(router) != 1:
             raise click.BadParameter("give one router", param_hint="--router")
@@ -90,11 +87,11 @@ def replay(trace, workers, kv_tokens, kv_blocks, kv_bytes, router, scenario_path
         "ttft_p99_ms": st.ttft_ms.percentile(99), "e2e_p50_ms": st.e2e_ms.percentile(50),
         "throughput_rps": st.throughput_rps, "preemptions": sum(w.preemptions for w in result.workers),
         "evicted_blocks": sum(w.evicted_blocks for w in result.workers), "simulated_s": result.simulated_s,
-        "wall_s": wall_s, "jobs": result.jobs, "workers": workers, "kv_blocks_per_worker": scenario.num_gpu_blocks, "block_size": B,
+        "wall_s": wall_s, "jobs": result.jobs, "workers": workers, "kv_blocks_per_worker": scenario.num_blocks, "block_size": B,
         "router": scenario.router.name,
     }
-    table = Table(title=f"replay of {Path(trace).name}: {workers} workers x {scenario.num_gpu_blocks - 1} blocks of "
-                        f"{B} tokens, {scenario.router.name}")
+    table = Table(title=f"replay of {Path(trace).name}: {workers} workers x {scenario.capacity_tokens:,} KV tokens "
+                        f"(blocks of {B}), {scenario.router.name}")
     table.add_column("metric")
     table.add_column("value", justify="right")
     for key, value in row.items():

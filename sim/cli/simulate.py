@@ -10,9 +10,9 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from sim.analytic import formula_hit_rate
+from sim.studies.analytic import formula_hit_rate
 from sim.cli.app import console, err_console, fmt, int_list, load_or_exit, main, reference_for, router_list
-from sim.report import SUMMARY_COLUMNS, aggregate, csv_bytes, hit_rate_figure, ttft_cdf_figure, write_atomic
+from sim.results.report import SUMMARY_COLUMNS, aggregate, csv_bytes, hit_rate_figure, ttft_cdf_figure, write_atomic
 from sim.scenario import ScenarioError
 
 
@@ -36,7 +36,7 @@ def sweep(scenario_path, prefixes, workers, concurrency, routers, repeats, seed,
     (requests with any cached token), beside the formula min(1, C/N) with C = KV tokens per worker / prompt
     tokens, and the measured value where the scenario's reference has one (for the scenario's own router).
     """
-    from sim.sweep import run_sweep, sweep_points
+    from sim.studies.sweep import run_sweep, sweep_points
 
     base, path = load_or_exit(scenario_path)
     reference = reference_for(base, path)
@@ -110,7 +110,7 @@ def sweep(scenario_path, prefixes, workers, concurrency, routers, repeats, seed,
 def run_command(scenario_path, prefixes, workers, concurrency, router, seed, out_dir) -> None:
     """Run one point of SCENARIO (default: the built-in service-baseline) and print its summary."""
     from sim.runner import run
-    from sim.summary import summarize
+    from sim.results.summary import summarize
 
     base, _ = load_or_exit(scenario_path)
     overrides = {k: v for k, v in {

@@ -1,0 +1,125 @@
+"""The cluster: devices, the workers on them, and the router in front; requests in, records out."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import simpy
+
+from sim.cluster.device import Device
+from sim.cluster.router import Router
+from sim.cluster.time_model import LinearStepTimeModel
+from sim.cluster.worker import Worker
+from sim.engines import build_engine
+from sim.engines.interface import ServedRequest
+from sim.results.records import RequestRecord, WorkerCounters
+from sim.scenario import Scenario, TimeModelSpec
+from sim.workloads.request import Request
+
+
+def build_time_model(spec: TimeModelSpec) -> LinearStepTimeModel:
+    return LinearStepTimeModel(**spec.model_dump())
+
+
+class Cluster:
+    """Routes each request as it is sent, delivers it to its worker after the router hop and the per-request
+    overhead, and completes the sender's event with the request's record when its last token is out.
+
+    Also the router's `ClusterView`: cache queries are peeks into the workers' prefix caches. Each worker runs the
+    scenario's engine (`engine.kind`), built from the engine registry; the cluster knows it only through the engine
+    interface.
+    """
+
+    def __init__(self, env: simpy.Environment, scenario: Scenario, router: Router, *, fast_forward: bool = True) -> None:
+        self.env = env
+        self.router = router
+        self._block_size = scenario.engine.block_size
+        self._delivery_delay_s = scenario.cluster.router_hop_s + scenario.cluster.request_overhead_s
+        self._response_delay_s = scenario.cluster.response_overhead_s
+        self.devices: list[Device] = []
+        self.workers: list[Worker] = []
+        for dev in scenario.cluster.devices():
+            device = Device(env, dev.name, speed=dev.speed, sharing_efficiency=dev.sharing_efficiency,
+                            num_workers=dev.workers, cores=dev.cores)
+            time_model = build_time_model(dev.time_model or scenario.time_model)
+            self.devices.append(device)
+            for _ in range(dev.workers):
+                engine = build_engine(scenario.engine, kv_bytes_per_token=scenario.model.kv_bytes_per_token)
+                worker = Worker(
+                    env, len(self.workers), engine, device, time_model,
+                    on_first_token=self._first_token, on_finished=self._finished, fast_forward=fast_forward,
+                )
+                self.workers.append(worker)
+        self._in_flight = [0] * len(self.workers)
+        self._pending: dict[int, tuple[float, Callable[[RequestRecord], object]]] = {}
+
+    # ------------------------------------------------------------------ ClusterView
+    @property
+    def num_workers(self) -> int:
+        return len(self.workers)
+
+    @property
+    def block_size(self) -> int:
+        return self._block_size
+
+    def cached_prefix_tokens(self, worker: int, request: Request) -> int:
+        w = self.workers[worker]
+        w.sync()
+        return w.engine.cache.peek_prefix_tokens(request)
+
+    def in_flight(self, worker: int) -> int:
+        return self._in_flight[worker]
+
+    # ------------------------------------------------------------------ requests
+    def send(self, request: Request, on_done: Callable[[RequestRecord], object] | None = None) -> simpy.Event | None:
+        """Route and dispatch `request` now. Its `RequestRecord` goes to `on_done` when the response ends or, without
+        `on_done`, becomes the value of the returned event (for senders that wait on it)."""
+        done = None
+        if on_done is None:
+            done = self.env.event()
+            on_done = done.succeed
+        self.dispatch(request, self.route(request), on_done)
+        return done
+
+    def route(self, request: Request) -> int:
+        """Ask the router for `request`'s worker (and tell it the request is dispatched there)."""
+        worker = self.router.route(request, self)
+        if not 0 <= worker < len(self.workers):
+            raise RuntimeError(f"router {self.router.name!r} chose worker {worker}; valid: 0..{len(self.workers) - 1}")
+        self.router.on_dispatch(request, worker)
+        return worker
+
+    def dispatch(self, request: Request, worker: int, on_done: Callable[[RequestRecord], object]) -> None:
+        """Send `request` to `worker` now: it reaches the engine after the router hop and the per-request overhead."""
+        env = self.env
+        self._in_flight[worker] += 1
+        self._pending[request.request_id] = (env.now, on_done)
+        arrival_s = env.now + self._delivery_delay_s
+        target = self.workers[worker]
+        self._after(self._delivery_delay_s, lambda: target.submit(request, arrival_s))
+
+    def _after(self, delay_s: float, action) -> None:
+        if delay_s > 0:
+            self.env.timeout(delay_s).callbacks.append(lambda _event: action())
+        else:
+            action()
+
+    # NOTE: the client and the router see a token `response_overhead_s` after the engine emits it.
+    def _first_token(self, state: ServedRequest) -> None:
+        self._after(self._response_delay_s, lambda: self.router.on_first_token(state.request, state.worker))
+
+    def _finished(self, state: ServedRequest) -> None:
+        self._after(self._response_delay_s, lambda: self._complete(state))
+
+    def _complete(self, state: ServedRequest) -> None:
+        self._in_flight[state.worker] -= 1
+        self.router.on_complete(state.request, state.worker)
+        sent_s, on_done = self._pending.pop(state.request.request_id)
+        on_done(RequestRecord.from_state(state, sent_s, response_delay_s=self._response_delay_s))
+
+    # ------------------------------------------------------------------ counters
+    def counters(self) -> tuple[WorkerCounters, ...]:
+        for w in self.workers:
+            w.sync()
+        return tuple(WorkerCounters.of(w.index, w.device.name, w.engine.counters(), steps=w.num_steps)
+                     for w in self.workers)

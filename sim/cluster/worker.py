@@ -1,0 +1,117 @@
+"""A worker: one serving engine (scheduler + KV cache, `sim.engines`) running its step loop on a device, as a
+SimPy process."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import simpy
+
+from sim.cluster.device import Device
+from sim.engines.interface import DecodeStretch, Engine, ServedRequest, StepTimeModel
+from sim.workloads.request import Request
+
+
+class Worker:
+    """The engine loop: schedule -> run the step on the device -> process outputs -> repeat.
+
+    Requests that arrive while a step runs wait for the next `schedule()` (the engine pulls its input queue
+    between steps). An idle worker sleeps until a request arrives. `on_first_token` and `on_finished` are called
+    at the end of the step that produced the token. With `fast_forward`, runs of decode-only steps on a device of
+    its own are advanced as one event (the engine's decode stretches), with the same outcome as step by step.
+    The worker knows engines only through `sim.engines.interface.Engine`.
+    """
+
+    def __init__(
+        self,
+        env: simpy.Environment,
+        index: int,
+        engine: Engine,
+        device: Device,
+        time_model: StepTimeModel,
+        *,
+        on_first_token: Callable[[ServedRequest], None],
+        on_finished: Callable[[ServedRequest], None],
+        fast_forward: bool = True,
+    ) -> None:
+        self.env = env
+        self.index = index
+        self.engine = engine
+        self.device = device
+        self.time_model = time_model
+        self._on_first_token = on_first_token
+        self._on_finished = on_finished
+        self._wakeup: simpy.Event | None = None
+        self._stretch: DecodeStretch | None = None
+        self._stretch_cut = False
+        self.fast_forward = fast_forward and device.exclusive
+        self.num_steps = 0
+        self.process = env.process(self._loop())
+
+    def sync(self) -> None:
+        """Apply the decode steps of a running stretch that have started by now (before anyone reads the cache)."""
+        if self._stretch is not None:
+            self._stretch.apply(self._stretch.steps_started_by(self.env.now))
+
+    def submit(self, request: Request, arrival_s: float) -> ServedRequest:
+        """The request reaches the engine's queue (at `arrival_s`, which is now)."""
+        state = self.engine.add_request(request, worker=self.index, arrival_s=arrival_s)
+        wakeup = self._wakeup
+        if wakeup is None or wakeup.triggered:
+            return state
+        stretch = self._stretch
+        if stretch is None:
+            wakeup.succeed()  # idle
+        elif not self._stretch_cut:
+            # NOTE: the engine sees the request when the step in progress ends: the stretch is cut there.
+            self._stretch_cut = True
+            steps = stretch.steps_started_by(self.env.now)
+            self._wake_after(wakeup, stretch.start_s + stretch.elapsed_s(steps) - self.env.now, steps)
+        return state
+
+    def _wake_after(self, wakeup: simpy.Event, delay_s: float, steps: int) -> None:
+        """Trigger `wakeup` with `steps` in `delay_s`, unless something triggered it first (then nothing)."""
+        if delay_s > 0:
+            self.env.timeout(delay_s).callbacks.append(lambda _event: wakeup.triggered or wakeup.succeed(steps))
+        else:
+            wakeup.succeed(steps)
+
+    def _loop(self):
+        env, engine = self.env, self.engine
+        while True:
+            if not engine.has_work:
+                self._wakeup = env.event()
+                yield self._wakeup
+                self._wakeup = None
+            if self.fast_forward:
+                stretch = engine.plan_decode_stretch(self.time_model, speed=self.device.speed, now_s=env.now)
+                if stretch is not None:
+                    yield from self._run_stretch(stretch)
+                    continue
+            plan = engine.schedule(env.now)
+            if plan.is_empty:
+                raise RuntimeError(f"worker {self.index}: {engine.describe_stall()}")
+            yield self.device.run(self.time_model.step_seconds(plan))
+            self.num_steps += 1
+            outcome = engine.update_from_output(plan, env.now)
+            for state in outcome.first_token:
+                self._on_first_token(state)
+            for state in outcome.finished:
+                self._on_finished(state)
+
+    def _run_stretch(self, stretch: DecodeStretch):
+        env = self.env
+        self._stretch = stretch
+        self._stretch_cut = False
+        wakeup = self._wakeup = env.event()
+        # NOTE: the worker wakes with the number of steps done: all of them at the stretch's end, or fewer when an
+        # arrival cut it (`submit`); whichever comes first wins, a later trigger of the spent event is ignored.
+        # Cheaper than a SimPy condition on two events.
+        self._wake_after(wakeup, stretch.duration_s, stretch.num_steps)
+        steps = yield wakeup
+        self._wakeup = None
+        self._stretch = None
+        self.num_steps += steps
+        self.device.busy_s += stretch.elapsed_s(steps)
+        for state in self.engine.finish_stretch(stretch, steps, env.now):
+            self._on_finished(state)

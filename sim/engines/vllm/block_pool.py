@@ -1,0 +1,239 @@
+"""vLLM v1's block pool: physical KV blocks, their reference counts, the prefix-cache map and the free queue.
+
+Mirrors `vllm/v1/core/block_pool.py` (`BlockPool`, `FreeKVCacheBlockQueue`, `BlockHashToBlockMap`).
+Block ids are plain ints; per-block state lives in two lists indexed by block id.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+
+from sim.engines.interface import CacheEvent
+from sim.workloads.request import BlockHash
+
+NULL_BLOCK_ID = 0
+
+
+class BlockPool:
+    """Fixed pool of `num_blocks` KV blocks; block 0 is vLLM's null block and is never handed out.
+
+    Invariants (checked by `check_invariants`, relied on everywhere):
+    * A block is in the free queue **iff** its ref count is 0 and it is not the null block.
+    * The free queue's head is the next block to allocate; its tail is the most recently freed cached block.
+      Initially it holds ids 1..num_blocks-1 in id order.
+    * A block with a hash is registered in the cache map under that hash, whether it is held (ref > 0) or
+      free (ref == 0, an *evictable* cached block). Eviction is lazy: a cached block loses its hash only when
+      it reaches the head of the free queue and is reallocated.
+    * Identical blocks are not de-duplicated (vLLM block tables are append-only). Several blocks may carry the
+      same hash; lookups return the first one registered that is still cached.
+
+    Free order: `free()` takes a request's blocks in the order given (callers pass them tail block first).
+    A block whose ref count reaches 0 goes to the **tail** of the queue if it has a hash; without a hash it goes
+    to the **head** when `unhashed_to_head` (vLLM >= 0.24, PR #42656) and to the tail otherwise (<= 0.23).
+
+    Events (only once `events` is a list, see `record_events`): a `removed` event per evicted block, in eviction
+    order (vLLM `_maybe_evict_cached_block`); `stored` events are the cache manager's (one per caching pass).
+    """
+
+    __slots__ = (
+        "num_blocks",
+        "unhashed_to_head",
+        "_ref_cnt",
+        "_hash",
+        "_free",
+        "_cached",
+        "_duplicates",
+        "num_evicted_blocks",
+        "block_size",
+        "events",
+    )
+
+    def __init__(self, num_blocks: int, *, unhashed_to_head: bool = True, block_size: int = 0) -> None:
+        if num_blocks < 2:
+            raise ValueError(f"num_blocks must be >= 2 (block 0 is the null block), got {num_blocks}")
+        self.num_blocks = num_blocks
+        self.unhashed_to_head = unhashed_to_head
+        self._ref_cnt = [0] * num_blocks
+        self._hash: list[BlockHash | None] = [None] * num_blocks
+        # NOTE: an OrderedDict is a doubly linked list with O(1) remove, popleft, append and prepend.
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_blocks))
+        self._cached: dict[BlockHash, int] = {}
+        self._duplicates: dict[BlockHash, list[int]] = {}
+        self.num_evicted_blocks = 0
+        self.block_size = block_size
+        """Tokens per block (only for the events' `block_size`)."""
+        self.events: list[CacheEvent] | None = None
+        """Cache events not yet published, in emission order; None while nobody listens."""
+
+    def record_events(self) -> None:
+        """Start recording cache events (vLLM's `enable_kv_cache_events`)."""
+        if self.events is None:
+            self.events = []
+
+    # ------------------------------------------------------------------ queries (no side effects)
+    @property
+    def num_usable_blocks(self) -> int:
+        return self.num_blocks - 1
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Free-queue length: never-used, unhashed and evictable cached blocks alike (vLLM's `get_num_free_blocks`)."""
+        return len(self._free)
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return len(self._cached) + sum(len(v) for v in self._duplicates.values())
+
+    def get_cached_block(self, block_hash: BlockHash) -> int | None:
+        return self._cached.get(block_hash)
+
+    def ref_cnt(self, block_id: int) -> int:
+        return self._ref_cnt[block_id]
+
+    @property
+    def ref_counts(self) -> Sequence[int]:
+        """Reference count by block id (read-only use: a hot-path view for the cache manager)."""
+        return self._ref_cnt
+
+    def block_hash(self, block_id: int) -> BlockHash | None:
+        return self._hash[block_id]
+
+    def free_queue(self) -> list[int]:
+        """Block ids in allocation order (head first)."""
+        return list(self._free)
+
+    def lookup(self, block_hashes: Iterable[BlockHash]) -> list[int | None]:
+        """The block cached under each hash, or None. A peek: changes nothing."""
+        return list(map(self._cached.get, block_hashes))
+
+    def cached_mask(self, block_hashes: Iterable[BlockHash]) -> list[bool]:
+        """Whether each hash is cached. A peek: changes nothing."""
+        return list(map(self._cached.__contains__, block_hashes))
+
+    # ------------------------------------------------------------------ mutations
+    def touch(self, block_ids: Sequence[int]) -> None:
+        """Take a reference on hit blocks; a block at ref 0 leaves the free queue (and so cannot be evicted)."""
+        ref, free = self._ref_cnt, self._free
+        for b in block_ids:
+            if ref[b] == 0:
+                del free[b]
+            ref[b] += 1
+
+    def get_new_blocks(self, num_blocks: int, cache_hashes: Sequence[BlockHash] = ()) -> list[int]:
+        """Pop `num_blocks` from the head of the free queue, evicting any cached hash they still carry; the first
+        `len(cache_hashes)` of them are then registered under those hashes (`cache_blocks`, in the same pass)."""
+        if num_blocks > len(self._free):
+            raise RuntimeError(f"cannot allocate {num_blocks} blocks: only {len(self._free)} free")
+        free, ref, hashes, cached, dups = self._free, self._ref_cnt, self._hash, self._cached, self._duplicates
+        popleft = free.popitem
+        out = []
+        n_cache = len(cache_hashes)
+        for i in range(num_blocks):
+            b = popleft(last=False)[0]
+            h = hashes[b]
+            if h is not None:
+                # NOTE: the common case inline (the block is its hash's only copy); duplicates take the long way.
+                if not dups or h not in dups:
+                    if cached.get(h) != b:
+                        raise RuntimeError(f"block {b} carries hash {h!r} but is not registered under it")
+                    del cached[h]
+                else:
+                    self._uncache(h, b)
+                hashes[b] = None
+                self.num_evicted_blocks += 1
+                if self.events is not None:
+                    self.events.append(CacheEvent("removed", (h,), block_size=self.block_size))
+            ref[b] = 1
+            out.append(b)
+            if i < n_cache:
+                # NOTE: registering before the next pop is equivalent to vLLM's pop-all-then-cache: should a later
+                # popped block still carry this hash, its eviction promotes this block, the state vLLM ends in.
+                new_hash = cache_hashes[i]
+                hashes[b] = new_hash
+                if new_hash in cached:
+                    dups.setdefault(new_hash, []).append(b)
+                else:
+                    cached[new_hash] = b
+        return out
+
+    def cache_blocks(self, block_ids: Sequence[int], block_hashes: Sequence[BlockHash]) -> None:
+        """`cache_block` for pairs of blocks and hashes, in order."""
+        hashes, cached = self._hash, self._cached
+        for b, h in zip(block_ids, block_hashes):
+            if hashes[b] is not None:
+                raise RuntimeError(f"block {b} already carries hash {hashes[b]!r}")
+            hashes[b] = h
+            if h in cached:
+                self._duplicates.setdefault(h, []).append(b)
+            else:
+                cached[h] = b
+
+    def cache_block(self, block_id: int, block_hash: BlockHash) -> None:
+        """Register a newly full block under its hash (first registered wins lookups; duplicates are kept)."""
+        if self._hash[block_id] is not None:
+            raise RuntimeError(f"block {block_id} already carries hash {self._hash[block_id]!r}")
+        self._hash[block_id] = block_hash
+        if block_hash in self._cached:
+            self._duplicates.setdefault(block_hash, []).append(block_id)
+        else:
+            self._cached[block_hash] = block_id
+
+    def free(self, block_ids: Iterable[int]) -> None:
+        """Drop one reference from each block, in the order given (callers pass a request's blocks tail first)."""
+        ref, hashes, free = self._ref_cnt, self._hash, self._free
+        unhashed_to_head = self.unhashed_to_head
+        to_head: list[int] = []
+        for b in block_ids:
+            left = ref[b] - 1
+            ref[b] = left
+            if left == 0:
+                if unhashed_to_head and hashes[b] is None:
+                    to_head.append(b)
+                else:
+                    free[b] = None
+            elif left < 0:
+                raise RuntimeError(f"block {b} freed more often than it was taken")
+        # NOTE: prepended as a group that keeps its given order, so the request's last unhashed block is reused first.
+        for b in reversed(to_head):
+            free[b] = None
+            free.move_to_end(b, last=False)
+
+    def _uncache(self, block_hash: BlockHash, block_id: int) -> None:
+        dups = self._duplicates.get(block_hash)
+        if self._cached.get(block_hash) == block_id:
+            if dups:
+                self._cached[block_hash] = dups.pop(0)
+                if not dups:
+                    del self._duplicates[block_hash]
+            else:
+                del self._cached[block_hash]
+        elif dups is not None and block_id in dups:
+            dups.remove(block_id)
+            if not dups:
+                del self._duplicates[block_hash]
+        else:
+            raise RuntimeError(f"block {block_id} carries hash {block_hash!r} but is not registered under it")
+
+    # ------------------------------------------------------------------ checking
+    def check_invariants(self) -> None:
+        """Raise if the pool's state is impossible (used by tests and property tests)."""
+        ref, hashes = self._ref_cnt, self._hash
+        if ref[NULL_BLOCK_ID] != 0 or NULL_BLOCK_ID in self._free or hashes[NULL_BLOCK_ID] is not None:
+            raise AssertionError("the null block was handed out, freed or cached")
+        for b in range(1, self.num_blocks):
+            in_free = b in self._free
+            if in_free != (ref[b] == 0):
+                raise AssertionError(f"block {b}: ref_cnt={ref[b]} but in_free_queue={in_free}")
+        registered: dict[int, BlockHash] = {b: h for h, b in self._cached.items()}
+        for h, bs in self._duplicates.items():
+            if h not in self._cached:
+                raise AssertionError(f"duplicates of {h!r} without a primary block")
+            for b in bs:
+                registered[b] = h
+        for b in range(1, self.num_blocks):
+            if hashes[b] is not None and registered.get(b) != hashes[b]:
+                raise AssertionError(f"block {b} has hash {hashes[b]!r} but is not registered under it")
+        for b, h in registered.items():
+            if hashes[b] != h:
+                raise AssertionError(f"map says block {b} holds {h!r}, block says {hashes[b]!r}")

@@ -1,0 +1,104 @@
+"""Fast-forwarding a vLLM worker through decode-only steps: k identical-shape steps advanced as one event.
+
+When a worker has nothing waiting and every running request is decoding, the next steps are known in advance
+up to the step in which the first request samples its last token: each step schedules one token per request, in
+running order, and only the block boundaries change the cache (a request needs a new block every `block_size`
+tokens). The step time grows linearly with the steps (`sim.engines.stretch`). Exactness is kept where it matters:
+
+* blocks are allocated in the order step-by-step simulation would (by step, then running order), so the free
+  queue and every eviction are the same; the stretch only starts if all the blocks it needs are free, so nothing
+  can be preempted inside it;
+* an arrival cuts the stretch after the step in progress, where the engine would have seen it;
+* a router's peek first applies the steps already started (`apply(steps_started_by(now))`).
+Only a worker alone on its device takes stretches (on a shared device other workers' steps change its speed), and
+none is taken while someone listens to the cache's events (a stretch registers filled blocks at its boundaries,
+not at the step that fills them, so events would come out of step order).
+"""
+
+from __future__ import annotations
+
+from sim.engines.interface import StepTimeModel
+from sim.engines.stretch import MIN_STEPS, StretchTiming
+from sim.engines.vllm.kv_cache_manager import cdiv
+from sim.engines.vllm.request_state import RequestState
+from sim.engines.vllm.scheduler import Scheduler
+
+
+class DecodeStretch(StretchTiming):
+    """`num_steps` decode steps of the scheduler's running requests from `start_s` (timing: `StretchTiming`)."""
+
+    __slots__ = ("scheduler", "requests", "computed0", "outputs0", "applied")
+
+    def __init__(self, scheduler: Scheduler, start_s: float, first_step_s: float, step_growth_s: float,
+                 num_steps: int) -> None:
+        super().__init__(start_s, first_step_s, step_growth_s, num_steps)
+        self.scheduler = scheduler
+        self.requests: list[RequestState] = list(scheduler.running)
+        self.computed0 = [r.num_computed_tokens for r in self.requests]
+        self.outputs0 = [r.num_output_tokens for r in self.requests]
+        self.applied = 0
+
+    @classmethod
+    def plan(cls, scheduler: Scheduler, time_model: StepTimeModel, *, speed: float, now_s: float,
+             max_model_len: int) -> DecodeStretch | None:
+        """A stretch for the scheduler's current state, or None when the next step is not a plain decode step."""
+        if scheduler.waiting or not scheduler.running or scheduler.kv.pool.events is not None:
+            return None
+        running = scheduler.running
+        n = len(running)
+        if n > scheduler.limits.max_num_batched_tokens:
+            return None
+        steps = None
+        context = 0
+        for r in running:
+            c = r.num_computed_tokens
+            if r.num_tokens - c != 1 or c < r.request.prompt_tokens:
+                return None  # a prefill (or recomputation) is in progress
+            left = r.request.output_tokens - r.num_output_tokens  # tokens still to sample, incl. this step's
+            limit = min(left, max_model_len - 2 - c)
+            steps = limit if steps is None else min(steps, limit)
+            context += c
+        if steps is None or steps < MIN_STEPS:
+            return None
+        kv = scheduler.kv
+        B = kv.block_size
+        needed = sum(cdiv(r.num_computed_tokens + steps, B) - len(r.block_ids) for r in running)
+        if needed > kv.num_free_blocks:
+            return None  # a block may run out: step one at a time (and preempt as vLLM would)
+        series = time_model.decode_steps(n, context)
+        if series is None:
+            return None  # no closed form for this time model
+        first, growth = series
+        return cls(scheduler, now_s, first / speed, growth / speed, steps)
+
+    def finished(self) -> list[RequestState]:
+        """The requests whose last token the applied steps sampled (only the stretch's last step can), in running
+        order: the worker ends them at the end of that step, as `Scheduler.update_from_output` would."""
+        return [r for r in self.requests if r.num_output_tokens >= r.request.output_tokens]
+
+    def apply(self, k: int) -> None:
+        """Bring the requests and the cache to the state after the first k steps (idempotent, incremental)."""
+        k = min(k, self.num_steps)
+        lo = self.applied
+        if k <= lo:
+            return
+        kv = self.scheduler.kv
+        B = kv.block_size
+        boundaries = []
+        for idx, c in enumerate(self.computed0):
+            first = lo + (-(c + lo)) % B  # first step >= lo that computes the first token of a new block
+            boundaries.extend((j, idx) for j in range(first, k, B))
+        boundaries.sort()
+        requests = self.requests
+        for j, idx in boundaries:
+            r = requests[idx]
+            r.num_computed_tokens = self.computed0[idx] + j
+            r.num_output_tokens = self.outputs0[idx] + j
+            if not kv.allocate_slots(r, 1):
+                raise RuntimeError(f"decode stretch: no block for request {r.request.request_id} at step {j}, "
+                                   f"although {kv.num_free_blocks} were checked free")
+        for idx, r in enumerate(requests):
+            r.num_computed_tokens = self.computed0[idx] + k
+            r.num_output_tokens = self.outputs0[idx] + k
+            kv.cache_full_blocks(r, r.num_computed_tokens)
+        self.applied = k

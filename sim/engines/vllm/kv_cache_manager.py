@@ -1,0 +1,192 @@
+"""vLLM v1's KV cache manager for one worker: prefix lookup, slot allocation, caching at schedule time, free.
+
+Mirrors `vllm/v1/core/kv_cache_manager.py` with one full-attention group
+(`single_type_kv_cache_manager.FullAttentionManager`), on top of `sim.engines.vllm.block_pool.BlockPool`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sim.engines.interface import CacheEvent, CacheListener, PrefixCacheStats
+from sim.engines.vllm.block_pool import BlockPool
+from sim.engines.vllm.request_state import RequestState
+from sim.workloads.request import BlockHash, Request
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class KVCacheManager:
+    """Prefix cache of one worker, `num_blocks` blocks of `block_size` tokens (block 0 is the null block).
+
+    Contract, as in vLLM:
+    * `find_longest_cache_hit` is a pure lookup: the longest run of cached blocks from block 0, over at most
+      `(num_tokens - 1) // block_size` blocks, stopping at the first miss. It locks and touches nothing.
+    * `allocate_slots` either fails and changes nothing, or touches the hit blocks (pulling them out of the free
+      queue), pops new blocks from the queue head (lazy eviction) and registers every block that the scheduled
+      tokens fill (caching at schedule time: a request scheduled later in the same step already hits them).
+    * `free` releases a request's blocks tail first, so a cached chain is evicted from its end.
+
+    It is also the worker's `PrefixCache` (`sim.engines.interface`): routers peek with `peek_prefix_tokens`, and
+    subscribers get vLLM's KV events: per caching pass one `stored` event with the newly hashed blocks (parent: the
+    block before them), per evicted block one `removed` event, in the order vLLM emits them (evictions happen while
+    allocating, before the pass caches), published once per step (`publish`).
+    """
+
+    def __init__(
+        self,
+        *,
+        num_blocks: int,
+        block_size: int,
+        max_model_len: int,
+        unhashed_to_head: bool = True,
+        free_tail_first: bool = True,
+    ) -> None:
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.free_tail_first = free_tail_first
+        self.pool = BlockPool(num_blocks, unhashed_to_head=unhashed_to_head, block_size=block_size)
+        self.stats = PrefixCacheStats()
+        self._listeners: list[CacheListener] = []
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free_blocks
+
+    def usage(self) -> float:
+        """vLLM's `kv_cache_usage_perc`: evictable cached blocks count as free."""
+        return 1.0 - self.pool.num_free_blocks / self.pool.num_usable_blocks
+
+    def cached_mask(self, block_hashes: Sequence[BlockHash]) -> list[bool]:
+        """Whether each hash is cached. Changes no recency (peek is not touch)."""
+        return self.pool.cached_mask(block_hashes)
+
+    # ------------------------------------------------------------------ PrefixCache
+    def peek_prefix_tokens(self, request: Request) -> int:
+        """Tokens of the request's leading run of cached full blocks (no hit cap); a peek."""
+        hashes = request.block_hashes
+        # NOTE: the mask as bytes (1 = cached) so that finding the first miss runs in C, not per block.
+        first_miss = bytes(self.pool.cached_mask(hashes)).find(0)
+        return (len(hashes) if first_miss < 0 else first_miss) * self.block_size
+
+    def block_keys(self, request: Request) -> Sequence[BlockHash]:
+        return request.block_hashes
+
+    def subscribe(self, listener: CacheListener) -> None:
+        self.pool.record_events()
+        self._listeners.append(listener)
+
+    def publish(self, now_s: float) -> None:
+        """Hand the events recorded since the last call to the subscribers, stamped `now_s`."""
+        events = self.pool.events
+        if events:
+            self.pool.events = []
+            for listener in self._listeners:
+                listener(events, now_s)
+
+    def _record_stored(self, state: RequestState, start: int) -> None:
+        """A `stored` event for blocks start..num_cached_blocks-1 of `state` (one caching pass), if any."""
+        stop = state.num_cached_blocks
+        if stop > start:
+            self.pool.events.append(CacheEvent(
+                "stored", tuple(state.block_hashes(start, stop)),
+                parent_hash=state.block_hash(start - 1) if start > 0 else None, block_size=self.block_size))
+
+    def find_longest_cache_hit(self, state: RequestState) -> list[int]:
+        # NOTE: a full hit still recomputes the last token (its logits are needed), so hits are capped at
+        # num_tokens - 1 and rounded down to whole blocks: a block-aligned resend recomputes its last block.
+        max_hit_blocks = (state.num_tokens - 1) // self.block_size
+        found = self.pool.lookup(state.block_hashes(0, max_hit_blocks))
+        try:
+            return found[: found.index(None)]  # the run stops at the first miss
+        except ValueError:
+            return found
+
+    def _num_evictable(self, hit_blocks: Sequence[int]) -> int:
+        """Hit blocks sitting in the free queue: touching them takes them out of it."""
+        return list(map(self.pool.ref_counts.__getitem__, hit_blocks)).count(0)
+
+    def num_blocks_to_admit(self, state: RequestState, hit_blocks: Sequence[int]) -> int:
+        """Free blocks a waiting request needs for its whole prompt (vLLM >= 0.19 `full_sequence_must_fit`)."""
+        return (cdiv(state.num_tokens, self.block_size) - len(state.block_ids) - len(hit_blocks)
+                + self._num_evictable(hit_blocks))
+
+    def allocate_slots(
+        self,
+        state: RequestState,
+        num_new_tokens: int,
+        hit_blocks: Sequence[int] = (),
+        *,
+        full_sequence_must_fit: bool = False,
+    ) -> bool:
+        """Give `state` slots for `num_new_tokens` more tokens after its computed and hit tokens; False if they do not fit."""
+        pool = self.pool
+        B = self.block_size
+        if not hit_blocks and not full_sequence_must_fit:
+            # NOTE: the common decode case, same outcome as the general path: the slots exist already.
+            end = state.num_computed_tokens + num_new_tokens
+            if end <= len(state.block_ids) * B and end <= self.max_model_len:
+                self.cache_full_blocks(state, min(end, state.num_tokens))
+                return True
+        events = pool.events
+        num_hit_tokens = len(hit_blocks) * B
+        num_computed = state.num_computed_tokens + num_hit_tokens
+        num_tokens_need_slot = min(num_computed + num_new_tokens, self.max_model_len)
+        num_new_blocks = cdiv(num_tokens_need_slot, B) - len(state.block_ids) - len(hit_blocks)
+        num_evictable_hits = self._num_evictable(hit_blocks) if hit_blocks else 0
+        free = pool.num_free_blocks
+        if full_sequence_must_fit and (cdiv(state.num_tokens, B) - len(state.block_ids) - len(hit_blocks)
+                                       + num_evictable_hits) > free:
+            return False
+        if max(num_new_blocks, 0) + num_evictable_hits > free:
+            return False
+        if hit_blocks:
+            pool.touch(hit_blocks)
+            state.block_ids.extend(hit_blocks)
+            # NOTE: hit blocks already carry their hashes; caching resumes after them.
+            state.num_cached_blocks = max(state.num_cached_blocks, len(state.block_ids))
+        first_uncached = state.num_cached_blocks
+        num_full_blocks = min(num_computed + num_new_tokens, state.num_tokens) // B
+        if num_new_blocks > 0:
+            first_new = len(state.block_ids)
+            if state.num_cached_blocks >= first_new and num_full_blocks > first_new:
+                # NOTE: the new blocks that the scheduled tokens fill are hashed in the allocation pass itself.
+                n = min(num_new_blocks, num_full_blocks - first_new)
+                state.block_ids.extend(pool.get_new_blocks(num_new_blocks, state.block_hashes(first_new, first_new + n)))
+                state.num_cached_blocks = first_new + n
+            else:
+                state.block_ids.extend(pool.get_new_blocks(num_new_blocks))
+        self._cache_full_blocks(state, min(num_computed + num_new_tokens, state.num_tokens))
+        if events is not None:
+            self._record_stored(state, first_uncached)
+        return True
+
+    def cache_full_blocks(self, state: RequestState, num_tokens: int) -> None:
+        """Register the hashes of every block fully covered by the first `num_tokens` tokens of `state` (one
+        caching pass: one `stored` event when recording)."""
+        start = state.num_cached_blocks
+        self._cache_full_blocks(state, num_tokens)
+        if self.pool.events is not None:
+            self._record_stored(state, start)
+
+    def _cache_full_blocks(self, state: RequestState, num_tokens: int) -> None:
+        num_full_blocks = num_tokens // self.block_size
+        start = state.num_cached_blocks
+        if num_full_blocks <= start:
+            return
+        self.pool.cache_blocks(state.block_ids[start:num_full_blocks], state.block_hashes(start, num_full_blocks))
+        state.num_cached_blocks = num_full_blocks
+
+    def free(self, state: RequestState) -> None:
+        """Release every block of `state`, tail block first (vLLM's reverse-order free).
+
+        `free_tail_first=False` frees head first instead: the naive LRU that no vLLM release implements, kept as
+        an ablation because it shows how much the free order matters (a prefix is then evicted from its root).
+        """
+        self.pool.free(reversed(state.block_ids) if self.free_tail_first else state.block_ids)
+        state.block_ids = []
+        state.num_cached_blocks = 0

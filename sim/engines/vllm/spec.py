@@ -1,0 +1,76 @@
+"""The `engine:` section of a scenario for vLLM v1 (`kind: vllm`): its options, defaults and capacity arithmetic."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from sim.config import ConfigModel
+from sim.engines.vllm.behaviour import DEFAULT_VLLM_VERSION, parse_version
+from sim.engines.vllm.kv_cache_manager import cdiv
+
+
+class VllmEngineSpec(ConfigModel):
+    """vLLM v1 with prefix caching (`sim/engines/vllm/`); defaults are `vllm serve`'s for GPUs under 70 GiB."""
+
+    kind: Literal["vllm"] = Field("vllm", description="Engine: vLLM v1 (block prefix cache, step scheduler).")
+    vllm_version: str = Field(DEFAULT_VLLM_VERSION, description="vLLM release whose cache/scheduler rules apply (0.10.0 to 0.33.0).")
+    block_size: int = Field(16, ge=1, description="KV block size in tokens (also the block size of the prompt hashes routers read).")
+    kv_cache_bytes: int = Field(gt=0, description="KV cache bytes per worker (vLLM --kv-cache-memory-bytes).")
+    num_gpu_blocks_override: int | None = Field(None, ge=2, description="Use this block count (null block included) instead of the bytes.")
+    max_num_batched_tokens: int = Field(8192, ge=1, description="Token budget per engine step.")
+    max_num_seqs: int = Field(256, ge=1, description="Most requests running at once per worker.")
+    max_model_len: int = Field(4096, ge=2, description="Longest sequence (prompt + output) in tokens.")
+    free_order: Literal["tail-first", "head-first"] = Field(
+        "tail-first",
+        description="Order a finished request's blocks enter the free queue: vLLM's tail-first, or the naive-LRU "
+                    "ablation head-first (no vLLM release does this).",
+    )
+
+    @field_validator("vllm_version")
+    @classmethod
+    def _version(cls, v: str) -> str:
+        parse_version(v)
+        return v
+
+    @property
+    def version(self) -> str:
+        return self.vllm_version
+
+    def num_blocks(self, kv_bytes_per_token: int) -> int:
+        """vLLM's `num_gpu_blocks`, null block included: floor(kv_cache_bytes / (block_size x kv_bytes_per_token))."""
+        if self.num_gpu_blocks_override is not None:
+            return self.num_gpu_blocks_override
+        return self.kv_cache_bytes // (self.block_size * kv_bytes_per_token)
+
+    def capacity_tokens(self, kv_bytes_per_token: int) -> int:
+        """Usable token slots: every block but the null block."""
+        return (self.num_blocks(kv_bytes_per_token) - 1) * self.block_size
+
+    def max_request_tokens(self, kv_bytes_per_token: int) -> int:
+        return min(self.max_model_len, self.capacity_tokens(kv_bytes_per_token))
+
+    def check_fits(self, longest_request_tokens: int, kv_bytes_per_token: int) -> None:
+        """Raise (naming the field) if the cache cannot exist or one request of this length could never run."""
+        num_blocks = self.num_blocks(kv_bytes_per_token)
+        if num_blocks < 2:
+            raise ValueError(f"engine.kv_cache_bytes={self.kv_cache_bytes} gives {num_blocks} blocks of "
+                             f"{self.block_size} tokens; need >= 2")
+        if longest_request_tokens > self.max_model_len:
+            raise ValueError(f"workload prompt+output = {longest_request_tokens} tokens exceeds "
+                             f"engine.max_model_len={self.max_model_len}")
+        needed = cdiv(longest_request_tokens, self.block_size)
+        if needed > num_blocks - 1:
+            raise ValueError(f"one request needs {needed} blocks but a worker has {num_blocks - 1} usable: "
+                             f"raise engine.kv_cache_bytes")
+
+    def capacity_overrides(self, *, tokens: int | None = None, blocks: int | None = None,
+                           kv_bytes: int | None = None) -> dict[str, object]:
+        """Scenario overrides that set the KV capacity: `tokens` usable slots, `blocks` as vLLM counts them
+        (null block included) or `kv_bytes`."""
+        if tokens is not None:
+            return {"engine.num_gpu_blocks_override": tokens // self.block_size + 1}
+        if blocks is not None:
+            return {"engine.num_gpu_blocks_override": blocks}
+        return {"engine.kv_cache_bytes": kv_bytes, "engine.num_gpu_blocks_override": None}

@@ -1,0 +1,150 @@
+"""What a run leaves behind: one record per request and counters per worker (rates are derived later)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from sim.engines.interface import EngineCounters, PrefixCacheStats, ServedRequest
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """One served request. Times are simulated seconds as the client sees them (sent, first token, last token);
+    `admitted_s` is engine time. `cached_tokens` is the hit at first admission."""
+
+    request_id: int
+    prefix_id: int | None
+    warmup: bool
+    worker: int
+    prompt_tokens: int
+    output_tokens: int
+    cached_tokens: int
+    shareable_tokens: int
+    sent_s: float
+    arrival_s: float
+    """When the request reached the engine's queue (after the router hop and the per-request overhead)."""
+    admitted_s: float
+    engine_first_token_s: float
+    """When the engine emitted the first token (the client sees it `response_overhead_s` later)."""
+    first_token_s: float
+    finished_s: float
+    num_preemptions: int
+
+    @property
+    def ttft_s(self) -> float:
+        return self.first_token_s - self.sent_s
+
+    @property
+    def engine_ttft_s(self) -> float:
+        """Queue time + engine time to the first token: what vLLM reports as queue_time + time_to_first_token."""
+        return self.engine_first_token_s - self.arrival_s
+
+    @property
+    def e2e_s(self) -> float:
+        return self.finished_s - self.sent_s
+
+    @property
+    def is_hit(self) -> bool:
+        return self.cached_tokens > 0
+
+    @property
+    def is_full_hit(self) -> bool:
+        return self.shareable_tokens > 0 and self.cached_tokens >= self.shareable_tokens
+
+    @classmethod
+    def from_state(cls, state: ServedRequest, sent_s: float, *, response_delay_s: float = 0.0) -> RequestRecord:
+        req = state.request
+        assert state.num_cached_tokens is not None and state.admitted_s is not None
+        assert state.first_token_s is not None and state.finished_s is not None
+        return cls(
+            request_id=req.request_id,
+            prefix_id=req.prefix_id,
+            warmup=req.warmup,
+            worker=state.worker,
+            prompt_tokens=req.prompt_tokens,
+            output_tokens=req.output_tokens,
+            cached_tokens=state.num_cached_tokens,
+            shareable_tokens=req.num_shareable_tokens,
+            sent_s=sent_s,
+            arrival_s=state.arrival_s,
+            admitted_s=state.admitted_s,
+            engine_first_token_s=state.first_token_s,
+            first_token_s=state.first_token_s + response_delay_s,
+            finished_s=state.finished_s + response_delay_s,
+            num_preemptions=state.num_preemptions,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TtftSamples:
+    """TTFT (ms) of a run's measured requests, split into hits and misses (for percentiles and CDFs)."""
+
+    hit_ms: tuple[float, ...]
+    miss_ms: tuple[float, ...]
+
+    def ttft_ms(self, split: str = "all") -> tuple[float, ...]:
+        """`split`: "hit", "miss" or "all"."""
+        if split == "hit":
+            return self.hit_ms
+        if split == "miss":
+            return self.miss_ms
+        return self.hit_ms + self.miss_ms
+
+    @classmethod
+    def of(cls, records: Iterable[RequestRecord], *, engine: bool = False) -> TtftSamples:
+        """Client TTFT of `records`, or with `engine` the engine's queue + time to first token."""
+        hit, miss = [], []
+        for r in records:
+            (hit if r.is_hit else miss).append((r.engine_ttft_s if engine else r.ttft_s) * 1000)
+        return cls(tuple(hit), tuple(miss))
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerCounters:
+    """One worker's counters over the measured phase (deltas from the end of the warm-ups to the end)."""
+
+    worker: int
+    device: str
+    prefix_cache: PrefixCacheStats
+    evicted_blocks: int
+    """Cached blocks (vLLM) or pages (SGLang) evicted."""
+    preemptions: int
+    """vLLM preemptions, SGLang retractions."""
+    steps: int
+    """Engine steps (forward passes) run."""
+    evicted_tokens: int = 0
+    """Evicted KV in tokens."""
+
+    @classmethod
+    def of(cls, worker: int, device: str, counters: EngineCounters, *, steps: int) -> WorkerCounters:
+        return cls(worker=worker, device=device, prefix_cache=counters.prefix_cache,
+                   evicted_blocks=counters.evicted_blocks, preemptions=counters.preemptions, steps=steps,
+                   evicted_tokens=counters.evicted_tokens)
+
+    def minus(self, earlier: WorkerCounters) -> WorkerCounters:
+        return WorkerCounters(
+            worker=self.worker,
+            device=self.device,
+            prefix_cache=self.prefix_cache.minus(earlier.prefix_cache),
+            evicted_blocks=self.evicted_blocks - earlier.evicted_blocks,
+            preemptions=self.preemptions - earlier.preemptions,
+            steps=self.steps - earlier.steps,
+            evicted_tokens=self.evicted_tokens - earlier.evicted_tokens,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    """Everything `run(scenario)` produces; nothing is written anywhere."""
+
+    scenario_name: str
+    num_workers: int
+    records: tuple[RequestRecord, ...]
+    workers: tuple[WorkerCounters, ...]
+    measured_start_s: float
+    measured_end_s: float
+
+    @property
+    def measured(self) -> tuple[RequestRecord, ...]:
+        return tuple(r for r in self.records if not r.warmup)

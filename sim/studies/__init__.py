@@ -1,0 +1,2 @@
+"""Studies built from many runs: sweeps, capacity plans, calibration of the time model, validation against measured
+runs, the measured reference, and the analytic models used to screen before simulating."""

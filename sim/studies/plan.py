@@ -1,0 +1,219 @@
+"""What-if capacity planning: the cheapest worker count or KV size per worker that meets a target, per router.
+
+For each router: screen with the analytic block model (`sim.studies.analytic`: the per-worker LRU-over-blocks model for
+random and round-robin routing, the prefix-partition model for routers that keep a prefix on one worker), then
+confirm by simulation: a bisection over the grid of candidate values (assuming more workers or more KV never
+lowers the hit rate), starting at the analytic answer, each candidate simulated `repeats` times at steady state:
+a run first sends enough requests for every (worker, prefix) pair the router can create to be visited a few
+times (coupon collector: 2 x pairs x ln(pairs), pairs = W x N for routers that spread every prefix, N for routers
+that keep a prefix on one worker), discards them, then measures `horizon_requests`. The answer is the smallest simulated value whose mean meets the
+target; the 95 % confidence interval of that mean is reported with it.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sim.studies import analytic
+from sim.runner import run
+from sim.scenario import Scenario, length_mean
+from sim.results.summary import summarize
+from sim.studies.sweep import SweepRunner
+
+GIB = 1 << 30
+VARY_UNITS = {"workers": "workers", "kv-gib": "GiB"}
+PARTITIONING_ROUTERS = {"prefix-hash", "kv-aware"}
+
+
+@dataclass(frozen=True, slots=True)
+class PlanTarget:
+    hit_rate: float | None = None
+    ttft_p99_ms: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.hit_rate is None and self.ttft_p99_ms is None:
+            raise ValueError("give a target: a request hit rate and/or a TTFT p99")
+
+    def met_by(self, hit_rate: float, ttft_p99_ms: float) -> bool:
+        ok = True
+        if self.hit_rate is not None:
+            ok &= hit_rate >= self.hit_rate
+        if self.ttft_p99_ms is not None:
+            ok &= ttft_p99_ms <= self.ttft_p99_ms
+        return ok
+
+
+@dataclass(frozen=True, slots=True)
+class Evaluation:
+    """One candidate value, simulated `repeats` times."""
+
+    value: float
+    hit_rates: tuple[float, ...]
+    ttft_p99_ms: tuple[float, ...]
+
+    @property
+    def hit_rate(self) -> float:
+        return statistics.fmean(self.hit_rates)
+
+    @property
+    def ttft_p99(self) -> float:
+        return statistics.fmean(self.ttft_p99_ms)
+
+    @staticmethod
+    def _ci95(values: tuple[float, ...]) -> float:
+        return 1.96 * statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else float("nan")
+
+    @property
+    def hit_rate_ci95(self) -> float:
+        return self._ci95(self.hit_rates)
+
+    @property
+    def ttft_p99_ci95(self) -> float:
+        return self._ci95(self.ttft_p99_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class RouterPlan:
+    router: str
+    vary: str
+    answer: float | None
+    analytic_answer: float | None
+    evaluations: tuple[Evaluation, ...]
+    analytic_curve: tuple[tuple[float, float], ...]
+    """(value, analytic hit rate) over the grid; empty when the target is a TTFT only."""
+
+    @property
+    def at_answer(self) -> Evaluation | None:
+        return next((e for e in self.evaluations if e.value == self.answer), None)
+
+
+@dataclass(frozen=True, slots=True)
+class PlanSpec:
+    vary: str
+    grid: tuple[float, ...]
+    target: PlanTarget
+    repeats: int = 3
+    horizon_requests: int = 1000
+    routers: tuple[str, ...] = field(default_factory=lambda: ("random",))
+
+    def __post_init__(self) -> None:
+        if self.vary not in VARY_UNITS:
+            raise ValueError(f"vary must be one of {', '.join(VARY_UNITS)}, got {self.vary!r}")
+        if not self.grid:
+            raise ValueError("the range to vary is empty")
+
+
+def make_grid(vary: str, low: float, high: float, step: float) -> tuple[float, ...]:
+    if vary == "workers":
+        lo, hi = max(1, math.ceil(low)), math.floor(high)
+        return tuple(float(v) for v in range(lo, hi + 1))
+    if step <= 0 or high < low:
+        raise ValueError(f"need low <= high and step > 0, got low={low}, high={high}, step={step}")
+    n = int(math.floor((high - low) / step + 1e-9))
+    return tuple(round(low + i * step, 6) for i in range(n + 1))
+
+
+def transient_requests(router: str, workers: int, prefixes: int) -> int:
+    """Requests to discard before steady state: every reachable (worker, prefix) pair visited a few times."""
+    pairs = prefixes if router in PARTITIONING_ROUTERS else workers * prefixes
+    return math.ceil(2 * pairs * math.log(max(pairs, 2)))
+
+
+def configure(base: Scenario, spec: PlanSpec, router: str, value: float) -> Scenario:
+    """`base` at one candidate value, as a steady-state run: a discarded transient, then `horizon_requests`."""
+    workers = int(value) if spec.vary == "workers" else base.cluster.workers
+    discard = transient_requests(router, workers, base.workload.prefixes)
+    overrides: dict[str, object] = {
+        "router.name": router,
+        "router.options": base.router.options if router == base.router.name else {},
+        "workload.min_requests": discard + spec.horizon_requests,
+        "workload.requests_per_prefix": 0,
+        "workload.discard_first": discard,
+        "cluster.workers": workers,
+    }
+    if spec.vary == "kv-gib":
+        overrides["engine.kv_cache_bytes"] = int(value * GIB)
+    return base.with_overrides(**overrides)
+
+
+def analytic_hit_rate(scenario: Scenario, router: str) -> float:
+    """The block model's steady-state request hit rate for `scenario` (mean lengths where they vary)."""
+    w = scenario.workload
+    B = scenario.engine.block_size
+    prompt = w.prompt_tokens
+    output = round(length_mean(w.output_tokens))
+    prefix = round(length_mean(w.prefix_tokens))
+    K, U = analytic.shared_prefix_blocks(prefix, prompt, output, B)
+    common = dict(popularity=np.array(w.popularity_weights()), prefix_blocks=K, own_blocks=U,
+                  usable_blocks=scenario.capacity_tokens // B, block_size=B, prompt_tokens=prompt)
+    if router in PARTITIONING_ROUTERS:
+        return analytic.prefix_routing_hit_rates(workers=scenario.cluster.workers, **common).request_hit_rate
+    return analytic.random_routing_hit_rates(workers=scenario.cluster.workers, **common).request_hit_rate
+
+
+def _simulate(job: tuple[Scenario]) -> tuple[float, float]:
+    summary = summarize(run(job[0]))
+    return summary.request_hit_rate, summary.ttft_ms["p99"]
+
+
+def plan_router(base: Scenario, spec: PlanSpec, router: str, runner: SweepRunner,
+                progress: Callable[[str], None] | None = None) -> RouterPlan:
+    grid = spec.grid
+    curve: list[tuple[float, float]] = []
+    analytic_index = None
+    if spec.target.hit_rate is not None:
+        for i, value in enumerate(grid):
+            h = analytic_hit_rate(configure(base, spec, router, value), router)
+            curve.append((value, h))
+            if analytic_index is None and h >= spec.target.hit_rate:
+                analytic_index = i
+    evaluations: dict[int, Evaluation] = {}
+
+    def evaluate(i: int) -> Evaluation:
+        if i not in evaluations:
+            scenario = configure(base, spec, router, grid[i])
+            jobs = [(scenario.with_overrides(seed=scenario.seed + r),) for r in range(spec.repeats)]
+            results = runner.map(_simulate, jobs)
+            evaluations[i] = Evaluation(grid[i], tuple(h for h, _ in results), tuple(t for _, t in results))
+            if progress:
+                e = evaluations[i]
+                progress(f"{router}: {spec.vary}={grid[i]:g} -> hit {e.hit_rate:.3f}, TTFT p99 {e.ttft_p99:.0f} ms")
+        return evaluations[i]
+
+    def meets(i: int) -> bool:
+        e = evaluate(i)
+        return spec.target.met_by(e.hit_rate, e.ttft_p99)
+
+    # Bisection for the first grid index that meets the target, bracketed from the analytic answer.
+    lo, hi = -1, len(grid)  # invariant: lo fails (or is before the grid), hi meets (or is past it)
+    start = analytic_index if analytic_index is not None else len(grid) // 2
+    if meets(start):
+        hi = start
+    else:
+        lo = start
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if meets(mid):
+            hi = mid
+        else:
+            lo = mid
+    answer = grid[hi] if hi < len(grid) else None
+    return RouterPlan(
+        router=router, vary=spec.vary, answer=answer,
+        analytic_answer=grid[analytic_index] if analytic_index is not None else None,
+        evaluations=tuple(evaluations[i] for i in sorted(evaluations)), analytic_curve=tuple(curve),
+    )
+
+
+def plan(base: Scenario, spec: PlanSpec, *, jobs: int | None = None,
+         progress: Callable[[str], None] | None = None) -> list[RouterPlan]:
+    for router in spec.routers:  # validate every configuration before simulating any
+        for value in (spec.grid[0], spec.grid[-1]):
+            configure(base, spec, router, value)
+    with SweepRunner(jobs) as runner:
+        return [plan_router(base, spec, router, runner, progress) for router in spec.routers]

@@ -1,0 +1,120 @@
+"""A grid of runs over workers x prefixes x concurrency x router x repeat, run in parallel processes."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+
+from sim.results.records import TtftSamples
+from sim.runner import run
+from sim.scenario import Scenario
+from sim.results.summary import summarize
+
+
+@dataclass(frozen=True, slots=True)
+class SweepPoint:
+    workers: int
+    prefixes: int
+    concurrency: int
+    router: str
+    repeat: int
+    seed: int
+
+    def scenario(self, base: Scenario) -> Scenario:
+        return base.with_overrides(**{
+            "cluster.workers": self.workers,
+            "workload.prefixes": self.prefixes,
+            "workload.concurrency": self.concurrency,
+            "router.name": self.router,
+            "router.options": base.router.options if self.router == base.router.name else {},
+            "seed": self.seed,
+        })
+
+
+def sweep_points(
+    *, workers: Iterable[int], prefixes: Iterable[int], concurrency: Iterable[int], routers: Iterable[str],
+    repeats: int, seed: int,
+) -> list[SweepPoint]:
+    """Every combination; repeat r runs with seed + r (so repeat 0 of every point shares the base seed)."""
+    return [
+        SweepPoint(w, n, c, r, k, seed + k)
+        for w, n, c, r, k in itertools.product(workers, prefixes, concurrency, routers, range(repeats))
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class PointOutcome:
+    """One run of a sweep point: its summary row and its TTFT samples of hits and misses."""
+
+    point: SweepPoint
+    row: dict[str, object]
+    ttft: TtftSamples
+
+
+def run_point(base: Scenario, point: SweepPoint) -> PointOutcome:
+    result = run(point.scenario(base))
+    summary = summarize(result)
+    row = {
+        "workers": point.workers, "prefixes": point.prefixes, "concurrency": point.concurrency,
+        "router": point.router, "repeat": point.repeat, "seed": point.seed, **summary.row(),
+    }
+    return PointOutcome(point, row, TtftSamples.of(result.measured))
+
+
+def _run_star(args: tuple[Scenario, SweepPoint]) -> PointOutcome:
+    return run_point(*args)
+
+
+def available_cores() -> int:
+    """Cores this process may run on (its CPU affinity where the platform tells, else all of the machine's)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+class SweepRunner:
+    """Runs sweep points in `jobs` processes (default: all available cores), keeping the processes between calls."""
+
+    def __init__(self, jobs: int | None = None) -> None:
+        self.jobs = max(1, jobs or available_cores())
+        self._pool = ProcessPoolExecutor(max_workers=self.jobs) if self.jobs > 1 else None
+
+    def __enter__(self) -> SweepRunner:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+
+    def map(self, fn: Callable, items: list) -> list:
+        """`fn` over `items` (picklable), in the worker processes, results in order."""
+        if self._pool is None or len(items) <= 1:
+            return [fn(i) for i in items]
+        return list(self._pool.map(fn, items, chunksize=max(1, len(items) // (self.jobs * 8))))
+
+    def run(self, base: Scenario, points: list[SweepPoint],
+            progress: Callable[[], None] | None = None) -> list[PointOutcome]:
+        """One outcome per point, in the order of `points`."""
+        for point in points:
+            point.scenario(base)  # validate every point before spending time on any
+        tasks = [(base, p) for p in points]
+        if self._pool is None or len(points) == 1:
+            results = map(_run_star, tasks)
+        else:
+            results = self._pool.map(_run_star, tasks, chunksize=max(1, len(points) // (self.jobs * 8)))
+        outcomes = []
+        for outcome in results:
+            outcomes.append(outcome)
+            if progress:
+                progress()
+        return outcomes
+
+
+def run_sweep(base: Scenario, points: list[SweepPoint], *, jobs: int | None = None,
+              progress: Callable[[], None] | None = None) -> list[PointOutcome]:
+    with SweepRunner(min(jobs or available_cores(), len(points))) as runner:
+        return runner.run(base, points, progress)

@@ -1,0 +1,182 @@
+"""Comparing measured runs with kvsim's prediction of the same runs (`kvsim validate`).
+
+For each run CSV the simulator gets the run's setup from the sidecar (workers, block size and count, scheduler
+limits, lengths, concurrency) on top of a base scenario (time model, devices), and the run's own requests: the same
+prefixes in the same order, each sent to the worker it went to (`routing="recorded"`, isolating the engine from the
+router's randomness) or routed afresh by the run's router (`routing="simulated"`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from sim.results.records import RunResult
+from sim.servers.run_csv import Run
+from sim.runner import run as simulate
+from sim.scenario import Scenario, ScenarioError
+from sim.engines.vllm.behaviour import parse_version
+from sim.workloads.shared_prefix import RequestStream, SharedPrefixRequests
+
+METRICS = ("request_hit_rate", "full_hit_rate", "token_hit_rate", "ttft_p50_ms", "ttft_p99_ms",
+           "ttft_hit_p50_ms", "ttft_miss_p50_ms", "throughput_rps")
+RATE_METRICS = {"request_hit_rate", "full_hit_rate", "token_hit_rate"}
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    run: str
+    metric: str
+    measured: float
+    predicted: float
+
+    @property
+    def error(self) -> float:
+        """predicted - measured, in the metric's unit (points of a rate, ms, requests/s)."""
+        return self.predicted - self.measured
+
+    @property
+    def relative_error(self) -> float:
+        return self.error / self.measured if self.measured else float("nan")
+
+
+def scenario_for_run(base: Scenario, run: Run, *, routing: str = "recorded") -> Scenario:
+    """`base` with the run's setup; the router replays the run's assignment unless `routing="simulated"`."""
+    s = run.setup
+    overrides: dict[str, object] = {
+        "cluster.workers": s.workers,
+        "engine.block_size": s.block_size,
+        "engine.num_gpu_blocks_override": s.blocks_per_worker,
+        "workload.prefixes": s.prefixes,
+        "workload.prefix_tokens": s.prefix_tokens,
+        "workload.tail_tokens": s.prompt_tokens - s.prefix_tokens,
+        "workload.output_tokens": s.output_tokens,
+        "workload.concurrency": s.concurrency,
+        "workload.warmup_per_prefix": s.warmup_per_prefix,
+        "workload.min_requests": s.requests,
+        "workload.requests_per_prefix": 0,
+        "seed": s.seed,
+        "reference": None,
+    }
+    for field in ("max_num_batched_tokens", "max_num_seqs", "max_model_len"):
+        if getattr(s, field) is not None:
+            overrides[f"engine.{field}"] = getattr(s, field)
+    try:
+        parse_version(s.engine.version)
+        if s.engine.name == "vllm":
+            overrides["engine.vllm_version"] = s.engine.version
+    except ValueError:
+        pass  # an unknown version string: keep the scenario's rules
+    if routing == "recorded":
+        overrides["router.name"] = "recorded"
+        overrides["router.options"] = {"workers": {r.request_id: r.worker for r in run.rows}}
+    elif routing == "simulated":
+        overrides["router.name"] = s.router
+        overrides["router.options"] = getattr(s, "router_options", None) or {}
+    else:
+        raise ValueError(f"routing must be 'recorded' or 'simulated', got {routing!r}")
+    try:
+        return base.with_overrides(**overrides)
+    except ScenarioError as err:
+        raise ScenarioError(f"{run.csv_path}: the run's setup does not make a valid scenario: {err}") from None
+
+
+def stream_for_run(run: Run, *, block_size: int) -> RequestStream:
+    """The run's requests in the order they were sent (warm-ups first), with its prompt lengths."""
+    maker = SharedPrefixRequests(block_size=block_size)
+    rows = sorted(run.rows, key=lambda r: (not r.warmup, r.start_s, r.request_id))
+    made = [maker.make(r.request_id, r.prefix_id, prefix_tokens=run.setup.prefix_tokens, prompt_tokens=r.prompt_tokens,
+                       output_tokens=run.setup.output_tokens, warmup=r.warmup) for r in rows if not r.error]
+    return RequestStream(tuple(m for m in made if m.warmup), tuple(m for m in made if not m.warmup))
+
+
+def _figures(*, hit: list[bool], full: list[bool], cached: list[int], prompt: list[int], ttft_ms: list[float],
+             duration_s: float) -> dict[str, float]:
+    """The compared figures from per-request values (measured or simulated alike)."""
+    ttft = np.array(ttft_ms)
+    hits = np.array(hit, dtype=bool)
+
+    def pct(values, q):
+        return float(np.percentile(values, q)) if len(values) else float("nan")
+
+    return {
+        "request_hit_rate": float(hits.mean()),
+        "full_hit_rate": float(np.mean(full)),
+        "token_hit_rate": sum(cached) / sum(prompt),
+        "ttft_p50_ms": pct(ttft, 50), "ttft_p99_ms": pct(ttft, 99),
+        "ttft_hit_p50_ms": pct(ttft[hits], 50), "ttft_miss_p50_ms": pct(ttft[~hits], 50),
+        "throughput_rps": len(hit) / duration_s if duration_s > 0 else float("nan"),
+    }
+
+
+def measured_figures(run: Run, *, ttft_source: str = "client") -> dict[str, float]:
+    rows = run.measured
+    if not rows:
+        raise ValueError(f"{run.csv_path}: no completed measured requests")
+    B = run.setup.block_size
+    return _figures(
+        hit=[r.is_hit for r in rows],
+        full=[r.cached_tokens >= min(run.setup.prefix_tokens // B, (r.prompt_tokens - 1) // B) * B > 0 for r in rows],
+        cached=[r.cached_tokens for r in rows], prompt=[r.prompt_tokens for r in rows],
+        ttft_ms=[r.ttft(ttft_source) for r in rows],
+        duration_s=max(r.end_s for r in rows) - min(r.start_s for r in rows),
+    )
+
+
+def simulate_run(base: Scenario, run: Run, *, routing: str = "recorded") -> RunResult:
+    scenario = scenario_for_run(base, run, routing=routing)
+    return simulate(scenario, stream_for_run(run, block_size=scenario.engine.block_size))
+
+
+def predicted_figures(base: Scenario, run: Run, *, routing: str = "recorded",
+                      ttft_source: str = "client") -> dict[str, float]:
+    result = simulate_run(base, run, routing=routing)
+    records = result.measured
+    return _figures(
+        hit=[r.is_hit for r in records], full=[r.is_full_hit for r in records],
+        cached=[r.cached_tokens for r in records], prompt=[r.prompt_tokens for r in records],
+        ttft_ms=[(r.ttft_s if ttft_source == "client" else r.engine_ttft_s) * 1000 for r in records],
+        duration_s=max(r.finished_s for r in records) - min(r.sent_s for r in records),
+    )
+
+
+def compare(base: Scenario, run: Run, *, routing: str = "recorded", ttft_source: str = "client") -> list[Comparison]:
+    """Measured vs predicted figures of one run. `ttft_source`: "client" (as timed by the client) or "server"
+    (vLLM's queue time + time to first token, compared with the simulated engine queue + prefill)."""
+    if ttft_source not in ("client", "server"):
+        raise ValueError(f"ttft_source must be 'client' or 'server', got {ttft_source!r}")
+    measured = measured_figures(run, ttft_source=ttft_source)
+    predicted = predicted_figures(base, run, routing=routing, ttft_source=ttft_source)
+    return [Comparison(run.name, m, measured[m], predicted[m]) for m in METRICS
+            if not (math.isnan(measured[m]) and math.isnan(predicted[m]))]
+
+
+@dataclass(frozen=True, slots=True)
+class Tolerance:
+    metric: str
+    limit: float
+    relative: bool
+
+    @classmethod
+    def parse(cls, text: str) -> Tolerance:
+        """'request_hit_rate=0.03' (absolute, in the metric's unit) or 'ttft_p50_ms=25%' (relative)."""
+        metric, sep, value = text.partition("=")
+        metric = metric.strip()
+        if not sep or metric not in METRICS:
+            raise ValueError(f"{text!r}: expected METRIC=LIMIT with METRIC one of {', '.join(METRICS)}")
+        relative = value.strip().endswith("%")
+        try:
+            limit = float(value.strip().rstrip("%"))
+        except ValueError:
+            raise ValueError(f"{text!r}: the limit must be a number, optionally with %") from None
+        if limit < 0:
+            raise ValueError(f"{text!r}: the limit must be >= 0")
+        return cls(metric, limit / 100 if relative else limit, relative)
+
+    def violated_by(self, c: Comparison) -> bool:
+        if c.metric != self.metric:
+            return False
+        error = c.relative_error if self.relative else c.error
+        return math.isnan(error) or abs(error) > self.limit

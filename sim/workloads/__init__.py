@@ -1,0 +1,1 @@
+"""What is sent: the `Request` value, the shared-prefix workload generator and Mooncake traces."""

@@ -1,0 +1,48 @@
+"""A request as the workload describes it: immutable, with the identity of its prompt's blocks and tokens."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass
+
+BlockHash = Hashable
+"""Identity of a whole prompt prefix up to the end of one block (a chained hash, as vLLM's)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One inference request, described by the identity of its prompt rather than by token ids.
+
+    Two descriptions of the same prompt, for the two kinds of cache:
+    * `block_hashes[i]` identifies the whole prompt prefix up to the end of full block i (a chained hash, as
+      vLLM's), so two requests share block i exactly when they share every token up to it. Only full blocks have
+      hashes: `len(block_hashes) == prompt_tokens // block_size`, at the block size of the stream.
+    * `token_runs` describes the tokens themselves, for token-granular caches (SGLang's radix tree): a run
+      `(key, n)` is the n tokens `(key, 0) .. (key, n - 1)`, so two prompts share their first t tokens exactly when
+      their runs agree token by token up to t. Empty: derived from `block_hashes` (each block a run of its own key,
+      the partial last block unique to the request; see `sim.engines.sglang.tokens`).
+    Output tokens are sampled, hence unique to the request.
+    """
+
+    request_id: int
+    prompt_tokens: int
+    output_tokens: int
+    block_hashes: tuple[BlockHash, ...]
+    num_shareable_tokens: int = 0
+    """Leading prompt tokens another request may share (the shared prefix); a full hit caches all of them."""
+    prefix_id: int | None = None
+    prefix_tokens: int = 0
+    """Tokens of the shared prefix the prompt starts with (the rest of the prompt is the request's own)."""
+    warmup: bool = False
+    """Excluded from statistics (a warm-up, or a request of the discarded start of a steady-state run)."""
+    token_runs: tuple[tuple[Hashable, int], ...] = ()
+    """The prompt's tokens as runs `(key, count)` (see the class docstring); counts sum to `prompt_tokens`."""
+
+    def __post_init__(self) -> None:
+        if self.prompt_tokens < 1:
+            raise ValueError(f"request {self.request_id}: prompt_tokens must be >= 1, got {self.prompt_tokens}")
+        if self.output_tokens < 1:
+            raise ValueError(f"request {self.request_id}: output_tokens must be >= 1, got {self.output_tokens}")
+        if self.token_runs and sum(n for _, n in self.token_runs) != self.prompt_tokens:
+            raise ValueError(f"request {self.request_id}: token_runs cover {sum(n for _, n in self.token_runs)} "
+                             f"tokens, prompt_tokens is {self.prompt_tokens}")

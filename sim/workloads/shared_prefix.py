@@ -1,0 +1,132 @@
+"""Request streams: the shared-prefix workload of the reference experiment, as `Request` values.
+
+Prompts are described by block identity, not token ids: block i of a request with prefix p is shared with every
+other request of prefix p exactly when all its tokens lie inside the prefix ((i + 1) * block_size <= prefix
+tokens); any block that reaches into the unique tail is the request's own. This is what vLLM's chained hashes
+give for token-identical prefixes and random tails.
+"""
+
+from __future__ import annotations
+
+import random
+from bisect import bisect_right
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from itertools import accumulate
+
+from sim.workloads.request import BlockHash
+from sim.workloads.request import Request
+from sim.scenario import WorkloadSpec, sample_length
+from sim.workloads.traces import TraceRequest
+
+
+@dataclass(frozen=True, slots=True)
+class RequestStream:
+    """Warm-ups (sent one at a time, excluded from statistics) then the measured requests, in send order."""
+
+    warmups: tuple[Request, ...]
+    requests: tuple[Request, ...]
+
+
+def rng_for(seed: int, stream: str) -> random.Random:
+    """An independent random stream derived from the scenario seed by name (never the module-level `random`)."""
+    return random.Random(f"kvsim:{seed}:{stream}")
+
+
+def prefix_block_hashes(prefix_id: int, num_blocks: int) -> tuple[BlockHash, ...]:
+    return tuple(("p", prefix_id, i) for i in range(num_blocks))
+
+
+class SharedPrefixRequests:
+    """Builds requests of a shared-prefix workload: block i of a request is its prefix's block i when all its
+    tokens lie in the prefix, else the request's own."""
+
+    def __init__(self, *, block_size: int) -> None:
+        self.block_size = block_size
+        self._prefix_hashes: dict[int, tuple[BlockHash, ...]] = {}
+
+    def make(self, request_id: int, prefix_id: int, *, prefix_tokens: int, prompt_tokens: int, output_tokens: int,
+             warmup: bool = False) -> Request:
+        B = self.block_size
+        num_prompt_blocks = prompt_tokens // B
+        num_shared = min(prefix_tokens // B, num_prompt_blocks)
+        shared = self._prefix_hashes.get(prefix_id)
+        if shared is None or len(shared) < num_shared:
+            shared = self._prefix_hashes[prefix_id] = prefix_block_hashes(prefix_id, num_shared)
+        own = tuple([("u", request_id, i) for i in range(num_shared, num_prompt_blocks)])
+        # NOTE: a full hit stops at num_tokens - 1, so a prefix that covers the whole prompt shares one block less.
+        shareable = min(num_shared, (prompt_tokens - 1) // B) * B
+        return Request(request_id=request_id, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
+                       block_hashes=shared[:num_shared] + own, num_shareable_tokens=shareable,
+                       prefix_id=prefix_id, prefix_tokens=prefix_tokens, warmup=warmup)
+
+
+def iter_shared_prefix_requests(spec: WorkloadSpec, *, block_size: int, seed: int,
+                                num_requests: int | None = None) -> Iterator[Request]:
+    """The requests of `spec`, lazily: warm-ups (one per prefix, in prefix order, flagged), then `num_requests`
+    (default: the spec's) with prefixes drawn by popularity and lengths drawn per prefix (prefix) and per
+    request (tail, output).
+
+    Every draw has its own named random stream, so changing one distribution leaves the others' draws alone, and
+    drawing lazily gives the same requests as drawing all at once.
+    """
+    maker = SharedPrefixRequests(block_size=block_size)
+    prefix_len_rng = rng_for(seed, "prefix-lengths")
+    prefix_tokens = [sample_length(spec.prefix_tokens, prefix_len_rng) for _ in range(spec.prefixes)]
+    tails, outputs = rng_for(seed, "tail-lengths"), rng_for(seed, "output-lengths")
+    rid = 0
+
+    def make(p: int, warm: bool) -> Request:
+        prompt = prefix_tokens[p] + sample_length(spec.tail_tokens, tails)
+        return maker.make(rid, p, prefix_tokens=prefix_tokens[p], prompt_tokens=prompt,
+                          output_tokens=sample_length(spec.output_tokens, outputs), warmup=warm)
+
+    for p in range(spec.prefixes):
+        for _ in range(spec.warmup_per_prefix):
+            yield make(p, True)
+            rid += 1
+    draw = rng_for(seed, "prefixes")
+    cum_weights = list(accumulate(spec.popularity_weights())) if spec.popularity != "uniform" else None
+    for _ in range(spec.num_requests if num_requests is None else num_requests):
+        if cum_weights is None:
+            p = draw.randrange(spec.prefixes)
+        else:
+            # NOTE: `draw.choices(range(prefixes), cum_weights=cum_weights)[0]` spelled out (the same draw, faster).
+            p = bisect_right(cum_weights, draw.random() * cum_weights[-1], 0, spec.prefixes - 1)
+        yield make(p, False)
+        rid += 1
+
+
+def shared_prefix_stream(spec: WorkloadSpec, *, block_size: int, seed: int) -> RequestStream:
+    """`iter_shared_prefix_requests` materialised: warm-ups (sent one at a time) and the measured requests, of
+    which the first `discard_first` are flagged as warm-ups (excluded from statistics) but sent like the rest."""
+    made = list(iter_shared_prefix_requests(spec, block_size=block_size, seed=seed))
+    warmups = tuple(made[: len(made) - spec.num_requests])
+    main = made[len(warmups):]
+    main[: spec.discard_first] = [replace(r, warmup=True) for r in main[: spec.discard_first]]
+    return RequestStream(warmups, tuple(main))
+
+
+def poisson_requests(spec: WorkloadSpec, *, block_size: int, seed: int, rate_rps: float,
+                     num_requests: int) -> Iterator[TraceRequest]:
+    """A synthetic timed stream for `replay`: the spec's requests (no warm-ups) at Poisson arrivals, lazily."""
+    gaps = rng_for(seed, "arrivals")
+    t = 0.0
+    requests = iter_shared_prefix_requests(spec.model_copy(update={"warmup_per_prefix": 0}), block_size=block_size,
+                                           seed=seed, num_requests=num_requests)
+    for request in requests:
+        t += gaps.expovariate(rate_rps)
+        yield TraceRequest(t, request)
+
+
+def prompt_token_ids(request: Request, *, seed: int, min_token_id: int = 3,
+                     max_token_id: int = 8191) -> list[int]:
+    """Token ids for a request of `shared_prefix_stream`: its prefix's tokens, then its own random tail.
+
+    Deterministic in (seed, prefix id) and (seed, request id), so `kvsim measure` sends real servers exactly the
+    stream the simulator models: same prefixes, same order, tails unique to each request.
+    """
+    prefix = rng_for(seed, f"prefix-tokens:{request.prefix_id}")
+    tail = rng_for(seed, f"tail-tokens:{request.request_id}")
+    return ([prefix.randint(min_token_id, max_token_id) for _ in range(request.prefix_tokens)]
+            + [tail.randint(min_token_id, max_token_id) for _ in range(request.prompt_tokens - request.prefix_tokens)])

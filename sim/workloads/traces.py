@@ -1,0 +1,106 @@
+"""Request traces: Mooncake JSONL (`timestamp` ms, `input_length`, `output_length`, `hash_ids`), read lazily.
+
+Each line's `hash_ids` are chained hashes of 512-token blocks (equal ids mean the same block *and* the same whole
+prefix before it; the last block may be partial). The engine's block size must divide the trace's: trace block
+`h` becomes the k sub-blocks `h·k + j` (j < k) of the engine's size, which keeps the chaining (a sub-block's
+identity still names its whole prefix). Only full engine blocks get hashes, as in vLLM: a partial last trace block of r
+tokens contributes floor(r / B) hashed sub-blocks and its remainder is the request's unhashed tail.
+"""
+
+from __future__ import annotations
+
+import json
+from itertools import chain
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from sim.workloads.request import Request
+
+TRACE_BLOCK_TOKENS = 512
+
+
+class TraceError(ValueError):
+    """A malformed trace line; the message names the file, the line number and the field."""
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRequest:
+    arrival_s: float
+    request: Request
+
+
+def _field(obj: dict, name: str, kind: type, path: Path, line: int):
+    if name not in obj:
+        raise TraceError(f"{path}:{line}: missing field {name!r}")
+    value = obj[name]
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise TraceError(f"{path}:{line}: field {name!r} must be an integer, got {value!r}")
+    if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise TraceError(f"{path}:{line}: field {name!r} must be a number, got {value!r}")
+    if kind is list and not isinstance(value, list):
+        raise TraceError(f"{path}:{line}: field {name!r} must be a list, got {type(value).__name__}")
+    return value
+
+
+def read_mooncake(path: str | Path, *, block_size: int, trace_block_tokens: int = TRACE_BLOCK_TOKENS,
+                  speed: float = 1.0, limit: int | None = None, first_request_id: int = 0) -> Iterator[TraceRequest]:
+    """Yield the trace's requests in file order with arrival times `timestamp / 1000 / speed` (seconds).
+
+    Lazy: one line in memory at a time. Raises TraceError (file:line: field) on the first malformed line.
+    """
+    path = Path(path)
+    if trace_block_tokens % block_size:
+        raise TraceError(f"engine block size {block_size} must divide the trace's block size {trace_block_tokens}")
+    if speed <= 0:
+        raise TraceError(f"speed must be > 0, got {speed}")
+    per_block = trace_block_tokens // block_size
+    last_ts = None
+    try:
+        handle = path.open()
+    except OSError as err:
+        raise TraceError(f"{path}: cannot open ({err.strerror})") from None
+    with handle:
+        rid = first_request_id
+        for line_no, text in enumerate(handle, start=1):
+            if limit is not None and rid - first_request_id >= limit:
+                return
+            text = text.strip()
+            if not text:
+                continue
+            try:
+                obj = json.loads(text)
+            except json.JSONDecodeError as err:
+                raise TraceError(f"{path}:{line_no}: not valid JSON ({err.msg})") from None
+            if not isinstance(obj, dict):
+                raise TraceError(f"{path}:{line_no}: expected a JSON object")
+            ts = _field(obj, "timestamp", float, path, line_no)
+            n_in = _field(obj, "input_length", int, path, line_no)
+            n_out = _field(obj, "output_length", int, path, line_no)
+            ids = _field(obj, "hash_ids", list, path, line_no)
+            if not all(isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in ids):
+                raise TraceError(f"{path}:{line_no}: field 'hash_ids' must hold non-negative integers")
+            if n_in < 1:
+                raise TraceError(f"{path}:{line_no}: field 'input_length' must be >= 1, got {n_in}")
+            if n_out < 1:
+                n_out = 1  # a request always samples at least one token
+            if len(ids) != -(-n_in // trace_block_tokens):
+                raise TraceError(f"{path}:{line_no}: field 'hash_ids' has {len(ids)} ids; input_length {n_in} "
+                                 f"needs ceil({n_in}/{trace_block_tokens}) = {-(-n_in // trace_block_tokens)}")
+            if last_ts is not None and ts < last_ts:
+                raise TraceError(f"{path}:{line_no}: field 'timestamp' goes backwards ({ts} after {last_ts})")
+            last_ts = ts
+            full_sub_blocks = n_in // block_size
+            # NOTE: sub-block j of trace block h is the int h * per_block + j: unique, and cheaper to hash than a
+            # tuple (trace ids are non-negative; kvsim's own synthetic keys are tuples, so they never collide).
+            if per_block == 1:
+                hashes = tuple(ids[:full_sub_blocks])
+            else:
+                starts = [h * per_block for h in ids]
+                hashes = tuple(chain.from_iterable(map(range, starts, [s + per_block for s in starts])))
+                hashes = hashes[:full_sub_blocks]
+            yield TraceRequest(ts / 1000.0 / speed, Request(
+                request_id=rid, prompt_tokens=n_in, output_tokens=n_out, block_hashes=hashes,
+                num_shareable_tokens=0, prefix_id=ids[0] if ids else None,
+            ))
+            rid += 1
