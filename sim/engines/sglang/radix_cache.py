@@ -1,0 +1,342 @@
+"""SGLang 0.5.23's RadixAttention prefix cache: a radix tree of token segments with lock refs and leaf eviction.
+
+Mirrors `python/sglang/srt/mem_cache/radix_cache.py` (`RadixCache`, `TreeNode`) operation for operation, with
+kvsim's token identities (`sim.engines.sglang.tokens`) in place of token ids and a token count in place of the KV
+index tensors (which slot holds a token changes no hit and no eviction). Checked against SGLang's own class by
+`tests/test_sglang_oracle.py`.
+
+Contract, as upstream:
+* `match_prefix(key)` returns the longest cached prefix of the page-aligned key (a multiple of `page_size`
+  tokens) and the node it ends in; if the match ends inside a node, that node is split there. Every node on the
+  path gets the call's access time.
+* `insert(key)` walks the same way (splitting where the key diverges inside a node), stamps the path, adds the
+  rest of the key as one new leaf, and returns how many tokens were already there: their KV is a duplicate,
+  which the caller frees.
+* `inc_lock_ref(node)` / `dec_lock_ref(node)` count holders on every node from `node` up to the root; a node
+  with holders is *protected*, otherwise *evictable*. `evictable_size + protected_size` = tokens in the tree.
+* `evict(n)` pops evictable leaves (no children, no holders) smallest priority first (`evict_policy`), frees
+  whole nodes until at least n tokens are freed or none is left, and pushes a parent that becomes an evictable
+  leaf (so a cold branch is eaten from its tip towards the root).
+Times are ticks of a logical clock: SGLang uses `time.monotonic()`, of which only the order matters.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Hashable
+
+from sim.engines.interface import CacheEvent
+from sim.engines.sglang.evict_policy import EVICTION_POLICIES
+from sim.engines.sglang.tokens import Tokens
+
+
+class TreeNode:
+    """A segment of tokens below its parent. The root holds nothing and is always locked."""
+
+    __slots__ = ("children", "parent", "key", "lock_ref", "last_access_time", "creation_time", "hit_count",
+                 "priority", "id")
+
+    def __init__(self, cache: RadixCache, priority: int = 0) -> None:
+        self.children: dict[Hashable, TreeNode] = {}
+        self.parent: TreeNode | None = None
+        self.key: Tokens = Tokens()
+        self.lock_ref = 0
+        # NOTE: two `time.monotonic()` calls upstream, in this order.
+        self.last_access_time = cache.tick()
+        self.creation_time = cache.tick()
+        self.hit_count = 0
+        self.priority = priority
+        self.id = cache.next_node_id()
+
+    def __repr__(self) -> str:
+        return f"TreeNode(id={self.id}, tokens={len(self.key)}, lock_ref={self.lock_ref})"
+
+
+class RadixCache:
+    """One worker's radix tree (see the module docstring). `page_size` tokens per page; `eviction_policy` one of
+    `EVICTION_POLICIES`. Events (`stored` per new node, `removed` per evicted node, page by page, as SGLang's
+    `KVCacheEventRecorder`) are recorded once `events` is a list."""
+
+    def __init__(self, *, page_size: int = 1, eviction_policy: str = "lru") -> None:
+        if page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {page_size}")
+        if eviction_policy not in EVICTION_POLICIES:
+            raise ValueError(f"eviction_policy must be one of {', '.join(EVICTION_POLICIES)}, got {eviction_policy!r}")
+        self.page_size = page_size
+        self.eviction_policy = eviction_policy
+        self._priority = EVICTION_POLICIES[eviction_policy]
+        self._clock = 0
+        self._node_ids = 0
+        self.events: list[CacheEvent] | None = None
+        self.evictable_leaves: set[TreeNode] = set()
+        self.num_evicted_tokens = 0
+        self.reset()
+
+    # ------------------------------------------------------------------ clock and ids
+    def tick(self) -> int:
+        """The next logical time (one per `time.monotonic()` call upstream)."""
+        self._clock += 1
+        return self._clock
+
+    def next_node_id(self) -> int:
+        self._node_ids += 1
+        return self._node_ids
+
+    # ------------------------------------------------------------------ public API
+    def reset(self) -> None:
+        self.root_node = TreeNode(self, priority=-(1 << 62))
+        self.root_node.lock_ref = 1
+        self.evictable_size_ = 0
+        self.protected_size_ = 0
+        self.evictable_leaves.clear()
+        if self.events is not None:
+            self.events.append(CacheEvent("cleared"))
+
+    def page_aligned(self, key: Tokens) -> Tokens:
+        if self.page_size == 1:
+            return key
+        return key.slice(0, len(key) // self.page_size * self.page_size)
+
+    def child_key(self, key: Tokens, offset: int = 0) -> Hashable:
+        return key.page_key(offset, self.page_size)
+
+    def _match_len(self, node_key: Tokens, key: Tokens) -> int:
+        """`RadixKey.match`: shared leading tokens, rounded down to whole pages."""
+        n = node_key.match(key)
+        return n if self.page_size == 1 else n // self.page_size * self.page_size
+
+    def match_prefix(self, key: Tokens) -> tuple[int, TreeNode]:
+        """(matched tokens, last node) for the page-aligned `key`; splits the last node at the match's end."""
+        key = self.page_aligned(key)
+        if len(key) == 0:
+            return 0, self.root_node
+        return self._match_prefix_helper(self.root_node, key)
+
+    def touch_prefix(self, key: Tokens) -> None:
+        """Refresh recency along `key`'s cached path (`RadixCache.touch_prefix`: a match that keeps nothing)."""
+        key = self.page_aligned(key)
+        if len(key):
+            self._match_prefix_helper(self.root_node, key)
+
+    def peek_prefix(self, key: Tokens) -> int:
+        """Matched tokens of the page-aligned `key`, with no side effect (no split, no access time): a router's
+        peek."""
+        key = self.page_aligned(key)
+        node, matched = self.root_node, 0
+        while matched < len(key):
+            child = node.children.get(self.child_key(key, matched))
+            if child is None:
+                break
+            n = self._match_len(child.key, key.slice(matched))
+            matched += n
+            if n < len(child.key):
+                break
+            node = child
+        return matched
+
+    def insert(self, key: Tokens, *, priority: int = 0, inserted_len: int = 0) -> tuple[int, TreeNode]:
+        """Insert the page-aligned `key`; returns (tokens already in the tree, last node)."""
+        return self._insert_helper(self.root_node, self.page_aligned(key), priority, inserted_len)
+
+    def evict(self, num_tokens: int) -> int:
+        """Free whole evictable leaves, lowest priority first, until `num_tokens` are freed; returns the number."""
+        get_priority = self._priority
+        heap = [(get_priority(node), node.id, node) for node in self.evictable_leaves]
+        heapq.heapify(heap)
+        num_evicted = 0
+        while num_evicted < num_tokens and heap:
+            _, _, x = heapq.heappop(heap)
+            num_evicted += len(x.key)
+            self._delete_leaf(x)
+            parent = x.parent
+            if len(parent.children) == 0 and parent.lock_ref == 0:
+                heapq.heappush(heap, (get_priority(parent), parent.id, parent))
+            if self.events is not None:
+                self._record_remove(x)
+        self.num_evicted_tokens += num_evicted
+        return num_evicted
+
+    def inc_lock_ref(self, node: TreeNode) -> int:
+        """Add a holder on `node` and its ancestors; returns the change in evictable tokens (<= 0)."""
+        delta = 0
+        while node is not self.root_node:
+            if node.lock_ref == 0:
+                self.evictable_size_ -= len(node.key)
+                self.protected_size_ += len(node.key)
+                delta -= len(node.key)
+            node.lock_ref += 1
+            self._update_leaf_status(node)
+            node = node.parent
+        return delta
+
+    def dec_lock_ref(self, node: TreeNode) -> int:
+        """Drop a holder from `node` and its ancestors; returns the change in evictable tokens (>= 0)."""
+        delta = 0
+        while node is not self.root_node:
+            if node.lock_ref == 1:
+                self.evictable_size_ += len(node.key)
+                self.protected_size_ -= len(node.key)
+                delta += len(node.key)
+            elif node.lock_ref < 1:
+                raise RuntimeError(f"{node!r}: lock released more often than taken")
+            node.lock_ref -= 1
+            self._update_leaf_status(node)
+            node = node.parent
+        return delta
+
+    def evictable_size(self) -> int:
+        return self.evictable_size_
+
+    def protected_size(self) -> int:
+        return self.protected_size_
+
+    def total_size(self) -> int:
+        total, stack = 0, [self.root_node]
+        while stack:
+            node = stack.pop()
+            total += len(node.key)
+            stack.extend(node.children.values())
+        return total
+
+    def path_tokens(self, node: TreeNode) -> Tokens:
+        """The tokens from the root to the end of `node`."""
+        keys = []
+        while node is not self.root_node:
+            keys.append(node.key)
+            node = node.parent
+        return Tokens(run for key in reversed(keys) for run in key.runs)
+
+    def path_length(self, node: TreeNode) -> int:
+        """Tokens from the root to the end of `node` (`len(path_device_indices(node))`)."""
+        n = 0
+        while node is not self.root_node:
+            n += len(node.key)
+            node = node.parent
+        return n
+
+    # ------------------------------------------------------------------ internals (as upstream)
+    def _match_prefix_helper(self, node: TreeNode, key: Tokens) -> tuple[int, TreeNode]:
+        access_time = self.tick()
+        node.last_access_time = access_time
+        matched = 0
+        child_key = self.child_key(key)
+        while len(key) > 0 and child_key in node.children:
+            child = node.children[child_key]
+            child.last_access_time = access_time
+            prefix_len = self._match_len(child.key, key)
+            if prefix_len < len(child.key):
+                node = self._split_node(child, prefix_len)
+                matched += prefix_len
+                break
+            matched += prefix_len
+            node = child
+            key = key.slice(prefix_len)
+            if len(key):
+                child_key = self.child_key(key)
+        return matched, node
+
+    def _split_node(self, child: TreeNode, split_len: int) -> TreeNode:
+        """`child` becomes `new_node -> child`, `new_node` holding its first `split_len` tokens."""
+        new_node = TreeNode(self, priority=child.priority)
+        new_node.hit_count = child.hit_count
+        suffix = child.key.slice(split_len)
+        new_node.children = {self.child_key(suffix): child}
+        new_node.parent = child.parent
+        new_node.lock_ref = child.lock_ref
+        new_node.key = child.key.slice(0, split_len)
+        child.parent = new_node
+        child.key = suffix
+        new_node.parent.children[self.child_key(new_node.key)] = new_node
+        return new_node
+
+    def _insert_helper(self, node: TreeNode, key: Tokens, priority: int, inserted_len: int) -> tuple[int, TreeNode]:
+        access_time = self.tick()
+        node.last_access_time = access_time
+        node.priority = max(node.priority, priority)
+        if len(key) == 0:
+            return 0, node
+        child_key = self.child_key(key)
+        total_prefix_length = 0
+        while len(key) > 0 and child_key in node.children:
+            node = node.children[child_key]
+            node.last_access_time = access_time
+            prefix_len = self._match_len(node.key, key)
+            total_prefix_length += prefix_len
+            key = key.slice(prefix_len)
+            if prefix_len < len(node.key):
+                node = self._split_node(node, prefix_len)
+            node.priority = max(node.priority, priority)
+            # NOTE: nodes this request already inserted were counted back then (SGLang's hit count for LFU).
+            if total_prefix_length > inserted_len:
+                node.hit_count += 1
+            if len(key):
+                child_key = self.child_key(key)
+        if len(key):
+            new_node = TreeNode(self, priority=priority)
+            new_node.parent = node
+            new_node.key = key
+            if total_prefix_length + len(key) > inserted_len:
+                new_node.hit_count += 1
+            node.children[child_key] = new_node
+            self.evictable_size_ += len(key)
+            self._update_leaf_status(node)
+            self._update_leaf_status(new_node)
+            if self.events is not None:
+                self._record_store(new_node)
+            node = new_node
+        return total_prefix_length, node
+
+    def _delete_leaf(self, node: TreeNode) -> None:
+        parent = node.parent
+        if parent.children.pop(self.child_key(node.key), None) is not node:
+            raise RuntimeError(f"{node!r} is not a child of its parent")
+        self.evictable_size_ -= len(node.key)
+        self.evictable_leaves.discard(node)
+        self._update_leaf_status(parent)
+
+    def _update_leaf_status(self, node: TreeNode) -> None:
+        if node.lock_ref > 0 or node.children:
+            self.evictable_leaves.discard(node)
+        else:
+            self.evictable_leaves.add(node)
+
+    # ------------------------------------------------------------------ events (SGLang's KVCacheEventRecorder)
+    def _pages(self, node: TreeNode) -> tuple[Hashable, ...]:
+        """The node's pages as event identities: each page's key (a token, or its canonical runs)."""
+        key, P = node.key, self.page_size
+        return tuple(key.page_key(start, min(P, len(key) - start)) for start in range(0, len(key), P))
+
+    def _record_store(self, node: TreeNode) -> None:
+        parent = node.parent
+        parent_hash = self._pages(parent)[-1] if parent is not self.root_node and len(parent.key) else None
+        self.events.append(CacheEvent("stored", self._pages(node), parent_hash=parent_hash, block_size=self.page_size))
+
+    def _record_remove(self, node: TreeNode) -> None:
+        self.events.append(CacheEvent("removed", self._pages(node), block_size=self.page_size))
+
+    # ------------------------------------------------------------------ checking
+    def check_invariants(self) -> None:
+        """Raise if the tree's bookkeeping is impossible (tests and property tests)."""
+        evictable = protected = 0
+        leaves = set()
+        stack = list(self.root_node.children.values())
+        while stack:
+            node = stack.pop()
+            if len(node.key) == 0 or len(node.key) % self.page_size:
+                raise AssertionError(f"{node!r} holds {len(node.key)} tokens, not whole pages of {self.page_size}")
+            if node.parent.children.get(self.child_key(node.key)) is not node:
+                raise AssertionError(f"{node!r} is not under its first page in its parent")
+            if node.lock_ref > node.parent.lock_ref and node.parent is not self.root_node:
+                raise AssertionError(f"{node!r} has more holders than its parent (a lock counts up to the root)")
+            if node.lock_ref > 0:
+                protected += len(node.key)
+            else:
+                evictable += len(node.key)
+            if node.lock_ref == 0 and not node.children:
+                leaves.add(node)
+            stack.extend(node.children.values())
+        if (evictable, protected) != (self.evictable_size_, self.protected_size_):
+            raise AssertionError(f"sizes {(self.evictable_size_, self.protected_size_)} but the tree holds "
+                                 f"{(evictable, protected)} (evictable, protected)")
+        if leaves != self.evictable_leaves:
+            raise AssertionError("evictable_leaves is not the set of unlocked leaves")

@@ -1,0 +1,131 @@
+"""Token sequences for the radix tree, by identity rather than by id: runs of tokens that share a key.
+
+SGLang's radix tree compares token ids one by one. kvsim describes a prompt by the identity of its tokens instead
+(`Request.token_runs`): a run `(key, start, n)` is the n tokens `(key, start) .. (key, start + n - 1)`, and two
+sequences share a token position exactly when those pairs are equal there. A shared prefix is one run, a unique
+tail another, so a 2,371-token prompt is two runs and the tree's work is per run, not per token, while matches
+stay token-exact (a match may end inside a run: the tree splits the node there, as SGLang's does).
+
+    tokens:  | ("p",7) 0 .. 2031 | ("u",42) 0 .. 338 |       a prompt: the 2,032-token prefix 7, then its own tail
+    runs:    ((("p",7), 0, 2032), (("u",42), 0, 339))
+
+A page (SGLang `page_size` > 1) is identified by the canonical runs of its tokens (adjacent runs of one key with
+consecutive offsets merged), so two pages are equal exactly when all their tokens are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable
+
+from sim.workloads.request import Request
+
+Run = tuple[Hashable, int, int]
+"""(key, first offset, number of tokens)."""
+
+
+def _canonical(runs: Iterable[Run]) -> tuple[Run, ...]:
+    out: list[Run] = []
+    for key, start, n in runs:
+        if n <= 0:
+            continue
+        if out:
+            k, s, m = out[-1]
+            if k == key and s + m == start:
+                out[-1] = (k, s, m + n)
+                continue
+        out.append((key, start, n))
+    return tuple(out)
+
+
+class Tokens:
+    """An immutable token sequence as canonical runs. `len()` is its length in tokens."""
+
+    __slots__ = ("runs", "length")
+
+    def __init__(self, runs: Iterable[Run] = ()) -> None:
+        self.runs = _canonical(runs)
+        self.length = sum(n for _, _, n in self.runs)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Tokens) and self.runs == other.runs
+
+    def __hash__(self) -> int:
+        return hash(self.runs)
+
+    def __repr__(self) -> str:
+        return f"Tokens({self.runs!r})"
+
+    def __add__(self, other: Tokens) -> Tokens:
+        return Tokens(self.runs + other.runs)
+
+    def slice(self, start: int, stop: int | None = None) -> Tokens:
+        """Tokens [start, stop) (stop defaults to the end, and is clipped to it)."""
+        stop = self.length if stop is None else min(stop, self.length)
+        if start <= 0 and stop >= self.length:
+            return self
+        out: list[Run] = []
+        pos = 0
+        for key, s, n in self.runs:
+            lo, hi = max(start, pos), min(stop, pos + n)
+            if lo < hi:
+                out.append((key, s + lo - pos, hi - lo))
+            pos += n
+            if pos >= stop:
+                break
+        return Tokens(out)
+
+    def token(self, index: int) -> tuple[Hashable, int]:
+        """The identity of token `index`."""
+        pos = 0
+        for key, s, n in self.runs:
+            if index < pos + n:
+                return key, s + index - pos
+            pos += n
+        raise IndexError(f"token {index} of a {self.length}-token sequence")
+
+    def page_key(self, offset: int, page_size: int) -> Hashable:
+        """Identity of the page of `page_size` tokens at `offset` (SGLang's `RadixKey.child_key_at`): the token
+        itself for page size 1, else the page's canonical runs."""
+        if page_size == 1:
+            return self.token(offset)
+        return self.slice(offset, offset + page_size).runs
+
+    def match(self, other: Tokens, offset: int = 0) -> int:
+        """How many leading tokens of `self` equal `other`'s from `offset` on (SGLang `RadixKey.match_at`, before
+        page rounding)."""
+        b = other.runs if offset == 0 else other.slice(offset).runs
+        a = self.runs
+        n = ia = ib = oa = ob = 0
+        while ia < len(a) and ib < len(b):
+            ka, sa, na = a[ia]
+            kb, sb, nb = b[ib]
+            if ka != kb or sa + oa != sb + ob:
+                return n
+            step = min(na - oa, nb - ob)
+            n += step
+            oa += step
+            ob += step
+            if oa == na:
+                ia, oa = ia + 1, 0
+            if ob == nb:
+                ib, ob = ib + 1, 0
+        return n
+
+
+def prompt_tokens(request: Request, block_size: int) -> Tokens:
+    """`request`'s prompt as tokens: its `token_runs`, or, without them, one run per full block of its chained
+    block hashes (a block hash names its whole prefix, so `(hash, offset)` names a token) and a run of its own
+    for the partial last block."""
+    if request.token_runs:
+        return Tokens((key, 0, n) for key, n in request.token_runs)
+    hashes = request.block_hashes
+    tail = request.prompt_tokens - len(hashes) * block_size
+    return Tokens([(h, 0, block_size) for h in hashes] + [(("tail", request.request_id), 0, tail)])
+
+
+def output_tokens(request: Request, num_tokens: int) -> Tokens:
+    """The first `num_tokens` sampled output tokens of `request`: unique to it (sampling is random)."""
+    return Tokens([(("out", request.request_id), 0, num_tokens)])
