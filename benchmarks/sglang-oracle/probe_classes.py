@@ -79,23 +79,23 @@ class _StubModule(types.ModuleType):
 
 
 class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Serves the roots in _STUB_ROOTS from memory, unless the real package is importable."""
+
+    _real: dict = {}
+
     def find_spec(self, fullname, path, target=None):
-        if fullname.split(".")[0] in _STUB_ROOTS:
-            try:  # use the real package when it is installed
-                if fullname.split(".")[0] not in sys.modules:
-                    sys.meta_path.remove(self)
-                    try:
-                        importlib.util.find_spec(fullname.split(".")[0])
-                        real = importlib.util.find_spec(fullname.split(".")[0]) is not None
-                    finally:
-                        sys.meta_path.insert(0, self)
-                    if real:
-                        _STUB_ROOTS.discard(fullname.split(".")[0])
-                        return None
-            except Exception:
-                pass
-            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
-        return None
+        root = fullname.split(".")[0]
+        if root not in _STUB_ROOTS:
+            return None
+        if root not in self._real:
+            sys.meta_path.remove(self)
+            try:
+                self._real[root] = importlib.util.find_spec(root) is not None
+            finally:
+                sys.meta_path.insert(0, self)
+        if self._real[root]:
+            return None
+        return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
 
     def create_module(self, spec):
         m = _StubModule(spec.name)
@@ -558,14 +558,20 @@ class SchedulerShell:
             logprob_result_processor=_Null(), output_streamer=_Null(), beam_coordinator=_Beams(),
             abort_request=_Null(),
         )
-        self.s, self.overlap, self.trace = s, overlap, []
+        self.s, self.overlap, self.trace, self.produced = s, overlap, [], {}
+
+    eos_at: dict = {}  # rid -> n: the model emits EOS (token 2) as the request's n-th sampled token
 
     def _run_batch(self, batch):  # Scheduler.run_batch minus the model
         from sglang.srt.managers.utils import GenerationBatchResult
 
         self.s.forward_ct += 1
         batch.forward_iter = self.s.forward_ct
-        return GenerationBatchResult(next_token_ids=torch.tensor([7] * len(batch.reqs)))
+        toks = []
+        for r in batch.reqs:
+            self.produced[r.rid] = self.produced.get(r.rid, 0) + 1
+            toks.append(2 if self.produced[r.rid] == self.eos_at.get(r.rid) else 7)
+        return GenerationBatchResult(next_token_ids=torch.tensor(toks))
 
     def _process(self, batch, result):  # Scheduler.process_batch_result (scheduler.py:5074), generation only
         brp = self.s.batch_result_processor
@@ -626,6 +632,32 @@ def scenario_scheduler_shell():
             print(f"      {t}")
         print(f"      cached_tokens A/B/C = {a.cached_tokens}/{b.cached_tokens}/{c.cached_tokens}; "
               f"{state(sh.alloc, sh.tree)}; ratio={sh.s.new_token_ratio_tracker.current:.4f}")
+    print("   EOS finish (40-token prompt, EOS sampled as the 4th token, max_new_tokens=50):")
+    for overlap in (True, False):
+        sh = SchedulerShell(pool_tokens=2000, overlap=overlap)
+        sh.eos_at = {"E": 4}
+        e = mk_req("E", list(range(300, 340)), max_new_tokens=50)
+        e.eos_token_ids = {2}
+        for it in range(10):
+            sh.step([e] if it == 0 else ())
+        n_dec = sum(1 for t in sh.trace if t[1] == "decode")
+        print(f"      overlap={overlap}: outputs={list(e.output_ids)} decode forwards={n_dec} "
+              f"tree tokens after release={sh.tree.total_size()[0]} (input 40 + {sh.tree.total_size()[0] - 40} outputs)")
+    print("   retraction under overlap (pool 260, 4 x 40-token prompts, max_new_tokens=80):")
+    sh = SchedulerShell(pool_tokens=260, overlap=True)
+    sh.s.new_token_ratio_tracker.current = 0.1
+    reqs = [mk_req(f"R{i}", [9000 + 100 * i + j for j in range(40)], max_new_tokens=80) for i in range(4)]
+    arrivals = {i: [r] for i, r in enumerate(reqs)}
+    for it in range(400):
+        n_before = len(sh.s.waiting_queue)
+        sh.step(arrivals.get(it, ()))
+        if not sh.s.result_queue and not sh.s.waiting_queue and sh.s.running_batch.is_empty() and it > 4:
+            break
+    kinds = [t[1] for t in sh.trace]
+    print(f"      {kinds.count('prefill')} prefill / {kinds.count('decode')} decode forwards; prefills: "
+          f"{[t[2] for t in sh.trace if t[1] == 'prefill']}")
+    print(f"      outputs per request={[len(r.output_ids) for r in reqs]}, retraction_count={[r.retraction_count for r in reqs]}, "
+          f"cached_tokens={[r.cached_tokens for r in reqs]}")
 
 
 if __name__ == "__main__":
