@@ -289,8 +289,13 @@ class Scenario(ConfigModel):
 
 def _format_error(err: ValidationError) -> str:
     first = err.errors()[0]
-    loc = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    parts = list(first["loc"])
+    if len(parts) >= 2 and parts[0] == "engine" and parts[1] in ENGINES:
+        del parts[1]  # the engine union's tag: `engine.vllm.block_size` is the file's `engine.block_size`
+    loc = ".".join(str(p) for p in parts) or "(top level)"
     msg = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "union_tag_invalid":
+        loc, msg = "engine.kind", f"unknown engine {first['input'].get('kind')!r}; allowed: {', '.join(sorted(ENGINES))}"
     extra = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
     return f"{loc}: {msg}{extra}"
 

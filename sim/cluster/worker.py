@@ -90,7 +90,9 @@ class Worker:
                     continue
             plan = engine.schedule(env.now)
             if plan.is_empty:
-                raise RuntimeError(f"worker {self.index}: {engine.describe_stall()}")
+                if engine.has_work:
+                    raise RuntimeError(f"worker {self.index}: {engine.describe_stall()}")
+                continue  # the engine found nothing left to do (its loop went idle)
             yield self.device.run(self.time_model.step_seconds(plan))
             self.num_steps += 1
             outcome = engine.update_from_output(plan, env.now)

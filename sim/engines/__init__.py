@@ -4,6 +4,7 @@ one package (`sim/engines/<kind>/`: its spec, its cache and scheduler, its `Engi
 from __future__ import annotations
 
 from sim.engines.interface import Engine, EngineClass
+from sim.engines.sglang import SglangEngine
 from sim.engines.vllm import VllmEngine
 
 
@@ -16,7 +17,7 @@ def _registry(*classes: EngineClass) -> dict[str, EngineClass]:
     return registry
 
 
-ENGINES = _registry(VllmEngine)
+ENGINES = _registry(VllmEngine, SglangEngine)
 
 
 def build_engine(spec, *, kv_bytes_per_token: int) -> Engine:

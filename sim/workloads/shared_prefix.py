@@ -56,9 +56,12 @@ class SharedPrefixRequests:
         own = tuple([("u", request_id, i) for i in range(num_shared, num_prompt_blocks)])
         # NOTE: a full hit stops at num_tokens - 1, so a prefix that covers the whole prompt shares one block less.
         shareable = min(num_shared, (prompt_tokens - 1) // B) * B
+        prefix_in_prompt = min(prefix_tokens, prompt_tokens)
+        runs = (((("p", prefix_id), prefix_in_prompt),) if prefix_in_prompt else ()) + (
+            ((("u", request_id), prompt_tokens - prefix_in_prompt),) if prompt_tokens > prefix_in_prompt else ())
         return Request(request_id=request_id, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
                        block_hashes=shared[:num_shared] + own, num_shareable_tokens=shareable,
-                       prefix_id=prefix_id, prefix_tokens=prefix_tokens, warmup=warmup)
+                       prefix_id=prefix_id, prefix_tokens=prefix_tokens, warmup=warmup, token_runs=runs)
 
 
 def iter_shared_prefix_requests(spec: WorkloadSpec, *, block_size: int, seed: int,

@@ -99,8 +99,12 @@ def read_mooncake(path: str | Path, *, block_size: int, trace_block_tokens: int 
                 starts = [h * per_block for h in ids]
                 hashes = tuple(chain.from_iterable(map(range, starts, [s + per_block for s in starts])))
                 hashes = hashes[:full_sub_blocks]
+            # NOTE: token identities for token-granular caches: trace block h is the tokens (h, 0..511); the last
+            # block has only the prompt's remaining tokens (a partial block's id names those tokens).
+            last = n_in - (len(ids) - 1) * trace_block_tokens
+            runs = tuple((h, trace_block_tokens) for h in ids[:-1]) + ((ids[-1], last),)
             yield TraceRequest(ts / 1000.0 / speed, Request(
                 request_id=rid, prompt_tokens=n_in, output_tokens=n_out, block_hashes=hashes,
-                num_shareable_tokens=0, prefix_id=ids[0] if ids else None,
+                num_shareable_tokens=0, prefix_id=ids[0] if ids else None, token_runs=runs,
             ))
             rid += 1

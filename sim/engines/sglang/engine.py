@@ -1,0 +1,134 @@
+"""SGLang behind the engine interface: the radix tree, the scheduler and its event loop, as one `Engine`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
+
+from sim.engines.interface import CacheListener, EngineCounters, StepOutcome, StepPlan, StepTimeModel
+from sim.engines.sglang.radix_cache import RadixCache
+from sim.engines.sglang.request_state import SglangRequest
+from sim.engines.sglang.scheduler import Scheduler, SchedulerLimits
+from sim.engines.sglang.spec import SglangEngineSpec
+from sim.engines.sglang.tokens import prompt_tokens
+from sim.workloads.request import BlockHash, Request
+
+
+class SglangPrefixCache:
+    """The radix tree as routers and the records see it (`PrefixCache`): peeks that split and stamp nothing,
+    SGLang's token usage, and its KV events page by page (published once per processed batch)."""
+
+    def __init__(self, tree: RadixCache, pool, *, hash_block_size: int) -> None:
+        self.tree = tree
+        self.pool = pool
+        self._hash_block_size = hash_block_size
+        self._listeners: list[CacheListener] = []
+
+    @property
+    def block_size(self) -> int:
+        return self.tree.page_size
+
+    def tokens(self, request: Request):
+        return prompt_tokens(request, self._hash_block_size)
+
+    def peek_prefix_tokens(self, request: Request) -> int:
+        return self.tree.peek_prefix(self.tokens(request))
+
+    def block_keys(self, request: Request) -> Sequence[BlockHash]:
+        key = self.tree.page_aligned(self.tokens(request))
+        P = self.tree.page_size
+        return tuple(key.page_key(start, P) for start in range(0, len(key), P))
+
+    def usage(self) -> float:
+        """`sglang:token_usage` = (slots - available - evictable) / slots: cached, unlocked tokens count as free."""
+        n = self.pool.max_total_tokens
+        return (n - self.pool.available_size() - self.tree.evictable_size_) / n
+
+    def subscribe(self, listener: CacheListener) -> None:
+        if self.tree.events is None:
+            self.tree.events = []
+        self._listeners.append(listener)
+
+    def publish(self, now_s: float) -> None:
+        events = self.tree.events
+        if events:
+            self.tree.events = []
+            for listener in self._listeners:
+                listener(events, now_s)
+
+
+class SglangEngine:
+    """One SGLang worker (its scheduler's event loop, overlap scheduling by default)."""
+
+    kind: ClassVar[str] = "sglang"
+    Spec: ClassVar[type[SglangEngineSpec]] = SglangEngineSpec
+
+    def __init__(self, spec: SglangEngineSpec, *, kv_bytes_per_token: int) -> None:
+        self.spec = spec
+        n = spec.max_total_num_tokens(kv_bytes_per_token)
+        self.tree = RadixCache(page_size=spec.page_size, eviction_policy=spec.radix_eviction_policy)
+        limits = SchedulerLimits(
+            max_total_tokens=n, max_running_requests=spec.running_request_limit(kv_bytes_per_token),
+            chunked_prefill_size=spec.chunked_prefill_size, max_prefill_tokens=spec.max_prefill_tokens,
+            overlap=not spec.disable_overlap_schedule, schedule_conservativeness=spec.schedule_conservativeness,
+        )
+        self.scheduler = Scheduler(limits, self.tree, schedule_policy=spec.schedule_policy)
+        self.cache = SglangPrefixCache(self.tree, self.scheduler.pool, hash_block_size=spec.block_size)
+        # NOTE: SGLang truncates max_new_tokens at intake so that a request fits (`init_req_max_new_tokens`).
+        self._max_req_len = min(spec.max_model_len - 1, n - 1)
+        self._num_slots = n
+
+    def add_request(self, request: Request, *, worker: int, arrival_s: float) -> SglangRequest:
+        spec = self.spec
+        origin = self.cache.tokens(request)
+        if spec.ignore_eos:
+            max_new, eos_at = request.output_tokens, None
+        else:
+            max_new = spec.max_new_tokens or request.output_tokens
+            eos_at = request.output_tokens - 1
+        P = spec.page_size
+        input_len = len(origin)
+        max_new = max(1, min(max_new, self._max_req_len - input_len - 1,
+                             self._num_slots - (-(-input_len // P) * P) - P - 1))
+        state = SglangRequest(request, worker, arrival_s, origin=origin, max_new_tokens=max_new,
+                              ignore_eos=spec.ignore_eos, eos_at=eos_at)
+        self.scheduler.add_request(state)
+        return state
+
+    @property
+    def has_work(self) -> bool:
+        return self.scheduler.has_work
+
+    @property
+    def num_requests(self) -> int:
+        return self.scheduler.num_requests
+
+    def schedule(self, now_s: float) -> StepPlan:
+        step = self.scheduler.schedule(now_s)
+        return step if step is not None else StepPlan()
+
+    def update_from_output(self, plan: StepPlan, now_s: float) -> StepOutcome:
+        outcome = self.scheduler.update_from_output(plan, now_s)
+        self.cache.publish(now_s)
+        return outcome
+
+    def plan_decode_stretch(self, time_model: StepTimeModel, *, speed: float, now_s: float) -> None:
+        # NOTE: SGLang steps one batch at a time in kvsim (its pipeline of formed and running batches would need
+        # its own closed form); results are exact, replays are slower than vLLM's.
+        return None
+
+    def finish_stretch(self, stretch, num_steps: int, now_s: float) -> list:
+        raise RuntimeError("the SGLang engine takes no decode stretches")
+
+    def counters(self) -> EngineCounters:
+        evicted = self.tree.num_evicted_tokens
+        return EngineCounters(prefix_cache=self.scheduler.stats.copy(), evicted_blocks=evicted // self.tree.page_size,
+                              evicted_tokens=evicted, preemptions=self.scheduler.num_retractions)
+
+    def describe_stall(self) -> str:
+        s = self.scheduler
+        head = s.waiting[0] if s.waiting else None
+        what = (f"head request {head.request.request_id} needs {head.fill_len} tokens" if head is not None
+                else "no request waiting")
+        return (f"nothing schedulable with {len(s.waiting)} waiting and {len(s.running_batch.reqs)} running; {what}, "
+                f"{s.pool.available_size()} KV slots free, {self.tree.evictable_size_} evictable")

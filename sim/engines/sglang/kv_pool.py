@@ -1,0 +1,140 @@
+"""One SGLang worker's KV memory: the token pool and request rows, and how requests' KV moves in and out of the tree.
+
+Mirrors SGLang 0.5.23's allocator (`mem_cache/allocator/token.py`, `paged.py`: free slots counted in pages of
+`page_size`), `alloc_for_extend` / `alloc_for_decode` (`mem_cache/allocation.py`), `evict_to_free_tokens`
+(`allocator/base.py`: evict only the shortfall), `checkpoint_kv_cache` / `RadixCache.checkpoint` and
+`release_kv_cache` (`mem_cache/common.py`, `radix_cache.py`). Which slot holds a token is not modelled, only how
+many are free, so the count is derived rather than kept:
+
+    available = max_total_tokens - tokens in the tree - page_size x (pages held privately by requests)
+
+Pages move between three owners: free, a request's row (private), the tree. A checkpoint hands a request's
+private pages over to the tree (the part the tree already had is a duplicate and goes back to free); a release
+frees what is still private; eviction frees tree pages.
+"""
+
+from __future__ import annotations
+
+from sim.engines.sglang.radix_cache import RadixCache
+from sim.engines.sglang.request_state import SglangRequest
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class KvPool:
+    """`max_total_tokens` KV slots (a multiple of `page_size`) and `max_running_requests` request rows."""
+
+    def __init__(self, tree: RadixCache, *, max_total_tokens: int, max_running_requests: int) -> None:
+        P = tree.page_size
+        if max_total_tokens < P or max_total_tokens % P:
+            raise ValueError(f"max_total_tokens ({max_total_tokens}) must be a positive multiple of page_size {P}")
+        self.tree = tree
+        self.page_size = P
+        self.max_total_tokens = max_total_tokens
+        self.num_rows = max_running_requests
+        self.rows_in_use = 0
+        self.private_pages = 0
+
+    # ------------------------------------------------------------------ counts
+    def available_size(self) -> int:
+        """Free slots (`allocator.available_size()`), whole pages."""
+        tree = self.tree
+        return self.max_total_tokens - tree.evictable_size_ - tree.protected_size_ - self.page_size * self.private_pages
+
+    def available_rows(self) -> int:
+        return self.num_rows - self.rows_in_use
+
+    def ceil_paged(self, tokens: int) -> int:
+        return ceil_div(tokens, self.page_size) * self.page_size
+
+    # ------------------------------------------------------------------ allocation
+    def evict_to_free_tokens(self, num_tokens: int) -> None:
+        """Evict from the tree only the shortfall (whole nodes, so possibly more)."""
+        shortfall = num_tokens - self.available_size()
+        if shortfall > 0:
+            self.tree.evict(shortfall)
+
+    def _take(self, req: SglangRequest, num_pages: int) -> None:
+        if num_pages * self.page_size > self.available_size():
+            raise RuntimeError(f"out of KV memory: request {req.request.request_id} needs {num_pages} pages, "
+                               f"{self.available_size() // self.page_size} free")
+        req.private_pages += num_pages
+        self.private_pages += num_pages
+
+    def alloc_for_extend(self, reqs: list[SglangRequest]) -> None:
+        """A prefill batch's slots, at schedule time: [prefix_len, extend_end) of each request."""
+        P = self.page_size
+        extend_num_tokens = sum(r.extend_len for r in reqs)
+        for r in reqs:
+            if not r.holds_kv:
+                r.holds_kv = True
+                self.rows_in_use += 1
+        # NOTE: the paged allocator evicts for a conservative demand (one spare page per request).
+        self.evict_to_free_tokens(extend_num_tokens if P == 1 else extend_num_tokens + len(reqs) * P)
+        for r in reqs:
+            self._take(r, ceil_div(r.extend_end, P) - ceil_div(r.prefix_len, P))
+            r.kv_allocated_len = r.kv_committed_len = r.extend_end
+
+    def new_tokens_required_next_decode(self, reqs: list[SglangRequest]) -> int:
+        P = self.page_size
+        return P * sum(1 for r in reqs if r.kv_committed_len % P == 0)
+
+    def check_decode_mem(self, reqs: list[SglangRequest]) -> bool:
+        """Whether the next decode step of `reqs` fits after evicting the shortfall."""
+        num_tokens = self.new_tokens_required_next_decode(reqs)
+        self.evict_to_free_tokens(num_tokens)
+        return self.available_size() >= num_tokens
+
+    def alloc_for_decode(self, reqs: list[SglangRequest]) -> None:
+        """One slot per request (a new page where the last one is full)."""
+        P = self.page_size
+        self.evict_to_free_tokens(len(reqs) * P)
+        for r in reqs:
+            if r.kv_committed_len % P == 0:
+                self._take(r, 1)
+            r.kv_allocated_len += 1
+            r.kv_committed_len += 1
+
+    # ------------------------------------------------------------------ the tree takes KV over
+    def checkpoint(self, req: SglangRequest, up_to: int) -> None:
+        """`RadixCache.checkpoint`: insert the request's KV up to `up_to` (page-aligned), free the duplicate part,
+        split the leaf at the prompt's end, and move the request's lock to the end of what it inserted."""
+        tree, P = self.tree, self.page_size
+        key = tree.page_aligned(req.fill_tokens(up_to))
+        key_len = len(key)
+        tree.insert(key, priority=0, inserted_len=req.cache_inserted_len)
+        req.cache_inserted_len = max(req.cache_inserted_len, key_len)
+        prompt_len = len(req.origin) // P * P
+        if 0 < prompt_len < key_len:
+            # NOTE: a node boundary at the prompt's end, so that eviction can drop the outputs and keep the prompt.
+            tree.insert(key.slice(0, prompt_len), priority=1, inserted_len=prompt_len)
+        protected = req.cache_protected_len
+        moved = max(0, key_len - protected) // P
+        req.private_pages -= moved
+        self.private_pages -= moved  # duplicates go back to free, the rest now belongs to the tree
+        _, node = tree.match_prefix(key)
+        req.cache_protected_len = key_len
+        if req.lock is not None:
+            tree.dec_lock_ref(req.lock)
+        tree.inc_lock_ref(node)
+        req.lock = req.last_node = node
+
+    def checkpoint_kv_cache(self, req: SglangRequest) -> None:
+        """Publish what a running request has computed so far (`checkpoint_kv_cache`)."""
+        self.checkpoint(req, req.extend_end)
+        req.prefix_len = req.extend_end
+
+    def release_kv_cache(self, req: SglangRequest, *, checkpoint: bool) -> None:
+        """Give the request's row back; with `checkpoint` the tree first keeps what it can key."""
+        if checkpoint:
+            self.checkpoint(req, req.owned_kv_len())
+        self.private_pages -= req.private_pages
+        req.private_pages = 0
+        if req.lock is not None:
+            self.tree.dec_lock_ref(req.lock)
+            req.lock = None
+        if req.holds_kv:
+            req.holds_kv = False
+            self.rows_in_use -= 1
