@@ -224,6 +224,10 @@ class Scenario(ConfigModel):
     router: RouterSpec = Field(default_factory=RouterSpec)
     cluster: ClusterSpec
     time_model: TimeModelSpec = Field(default_factory=TimeModelSpec)
+    engine_options: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="Options for the other engines, applied when a command switches the engine (--engine): e.g. "
+                    "{sglang: {chunked_prefill_size: 2048}}. Options both engines have carry over by themselves.")
     reference: str | None = Field(None, description="Measured results (CSV) for this scenario, relative to the scenario file.")
     calibration: CalibrationSpec = Field(default_factory=CalibrationSpec, description="Time-model calibration.")
 
@@ -258,13 +262,25 @@ class Scenario(ConfigModel):
         return capacity_requests(self.engine.kv_cache_bytes, self.model.kv_bytes_per_token, self.workload.prompt_tokens)
 
     @model_validator(mode="after")
+    def _engine_options(self) -> Scenario:
+        for kind, options in self.engine_options.items():
+            if kind not in ENGINES:
+                raise ValueError(f"engine_options: unknown engine {kind!r}; allowed: {', '.join(sorted(ENGINES))}")
+            fields = ENGINES[kind].Spec.model_fields
+            unknown = sorted(set(options) - set(fields) | ({"kind"} & set(options)))
+            if unknown:
+                raise ValueError(f"engine_options.{kind}: unknown option(s) {', '.join(unknown)}; allowed: "
+                                 f"{', '.join(f for f in fields if f != 'kind')}")
+        return self
+
+    @model_validator(mode="after")
     def _fits(self) -> Scenario:
         self.engine.check_fits(self.workload.max_request_tokens, self.model.kv_bytes_per_token)
         return self
 
     def with_engine(self, kind: str) -> Scenario:
         """The same scenario on another engine: the options both engines have (KV bytes, block size, model length)
-        carry over, the others take the new engine's defaults."""
+        carry over, then `engine_options[kind]`, the rest take the new engine's defaults."""
         if kind not in ENGINES:
             raise ScenarioError(f"engine.kind: unknown engine {kind!r}; allowed: {', '.join(sorted(ENGINES))}")
         if kind == self.engine.kind:
@@ -272,7 +288,7 @@ class Scenario(ConfigModel):
         target = ENGINES[kind].Spec
         shared = {k: v for k, v in self.engine.model_dump().items() if k in target.model_fields and k != "kind"}
         data = self.model_dump()
-        data["engine"] = {"kind": kind, **shared}
+        data["engine"] = {"kind": kind, **shared, **self.engine_options.get(kind, {})}
         return validate_scenario(data, source=f"scenario {self.name!r} on engine {kind!r}")
 
     def with_overrides(self, **overrides: Any) -> Scenario:

@@ -47,6 +47,38 @@ def router_list(ctx: click.Context, param: click.Parameter, value: str | None) -
     return names
 
 
+def engine_list(ctx: click.Context, param: click.Parameter, value: str | None) -> list[str] | None:
+    if value is None:
+        return None
+    from sim.engines import ENGINES
+
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    unknown = [n for n in names if n not in ENGINES]
+    if unknown or not names:
+        raise click.BadParameter(f"unknown engine {', '.join(unknown) or repr(value)}; allowed: {', '.join(sorted(ENGINES))}")
+    return names
+
+
+def one_engine(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    names = engine_list(ctx, param, value)
+    if names is not None and len(names) != 1:
+        raise click.BadParameter("give one engine")
+    return names[0] if names else None
+
+
+ENGINE_HELP = "Engine the workers run: vllm (v1) or sglang (see `kvsim engines`). Default: the scenario's."
+
+
+def on_engine(scenario: Scenario, engine: str | None) -> Scenario:
+    """`scenario` switched to `engine` (unchanged when None), or a one-line error."""
+    if engine is None:
+        return scenario
+    try:
+        return scenario.with_engine(engine)
+    except ScenarioError as err:
+        raise click.ClickException(str(err)) from None
+
+
 def load_or_exit(path: str | None) -> tuple[Scenario, Path]:
     try:
         return load_scenario(path)
@@ -75,7 +107,8 @@ def fmt(value: object, spec: str = ".3f") -> str:
 def main() -> None:
     """kvsim: predict prefix-cache hit rate, TTFT and throughput of LLM serving workers under a router.
 
-    A worker is a vLLM v1 engine (block-level prefix cache, step scheduler) on a device; a scenario file
-    (YAML) describes the model, engine, workload, cluster and router. Without --scenario the built-in
-    `service-baseline` scenario (the measured reference experiment) is used.
+    A worker is a serving engine on a device: vLLM v1 (block prefix cache, step scheduler) or SGLang
+    (RadixAttention token tree, prefill/decode batches); a scenario file (YAML) describes the model, engine,
+    workload, cluster and router. Without --scenario the built-in `service-baseline` scenario (the measured
+    reference experiment, on vLLM) is used.
     """

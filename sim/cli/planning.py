@@ -8,7 +8,7 @@ import click
 from rich.progress import Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from sim.cli.app import console, err_console, load_or_exit, main, router_list
+from sim.cli.app import ENGINE_HELP, console, err_console, load_or_exit, main, on_engine, one_engine, router_list
 from sim.results.report import csv_bytes, plan_figure, write_atomic
 from sim.scenario import ScenarioError
 
@@ -30,6 +30,7 @@ from sim.scenario import ScenarioError
 @click.option("--workers", type=click.IntRange(min=1), default=None, help="Workers while varying kv-gib. Default: the scenario's.")
 @click.option("--router", "routers", callback=router_list, default=None,
               help="Routers to plan for, comma-separated. Default: the scenario's.")
+@click.option("--engine", callback=one_engine, default=None, help=ENGINE_HELP)
 @click.option("--repeats", type=click.IntRange(min=2), default=3, show_default=True, help="Simulated runs per candidate.")
 @click.option("--horizon", type=click.IntRange(min=50), default=1000, show_default=True,
               help="Measured requests per simulated run, after a discarded transient that lets every reachable "
@@ -38,7 +39,7 @@ from sim.scenario import ScenarioError
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Write DIR/plan.csv (a row per router) and DIR/plan.png.")
 def plan(scenario_path, prefixes, zipf, target_hit_rate, target_ttft_p99_ms, vary, low, high, step, workers, routers,
-         repeats, horizon, jobs, out_dir) -> None:
+         engine, repeats, horizon, jobs, out_dir) -> None:
     """Find, per router, the cheapest setting that meets a target: how many workers, or how much KV per worker.
 
     The analytic block model screens the range; simulation confirms by bisection with repeats (steady state),
@@ -48,6 +49,7 @@ def plan(scenario_path, prefixes, zipf, target_hit_rate, target_ttft_p99_ms, var
     from sim.studies.plan import plan as run_plan
 
     base, _ = load_or_exit(scenario_path)
+    base = on_engine(base, engine)
     overrides: dict[str, object] = {}
     if prefixes is not None:
         overrides["workload.prefixes"] = prefixes
@@ -74,7 +76,8 @@ def plan(scenario_path, prefixes, zipf, target_hit_rate, target_ttft_p99_ms, var
     unit = VARY_UNITS[vary]
     what = " and ".join(x for x in (f"request hit rate >= {target_hit_rate}" if target_hit_rate is not None else "",
                                     f"TTFT p99 <= {target_ttft_p99_ms} ms" if target_ttft_p99_ms is not None else "") if x)
-    table = Table(title=f"{base.name}, N={base.workload.prefixes} ({base.workload.popularity}): cheapest {vary} for {what}")
+    table = Table(title=f"{base.name} on {base.engine.kind}, N={base.workload.prefixes} ({base.workload.popularity}): "
+                        f"cheapest {vary} for {what}")
     for col in ("router", "answer", "simulated hit rate", "simulated TTFT p99 ms", "analytic answer",
                 "simulated below answer", "runs"):
         table.add_column(col, justify="left" if col == "router" else "right")

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from sim.cli.app import console, fmt, load_or_exit, main, router_list
+from sim.cli.app import ENGINE_HELP, console, fmt, load_or_exit, main, on_engine, one_engine, router_list
 from sim.results.report import csv_bytes, replay_figure, write_atomic
 from sim.scenario import ScenarioError
 
@@ -18,10 +18,11 @@ from sim.scenario import ScenarioError
 @click.option("--kv-tokens", type=click.IntRange(min=1), default=None,
               help="Usable KV capacity per worker in tokens (blocks = tokens / block size, plus vLLM's null block).")
 @click.option("--kv-blocks", type=click.IntRange(min=2), default=None,
-              help="KV blocks per worker as vLLM counts them (num_gpu_blocks, null block included).")
+              help="KV blocks per worker as the engine counts them (vLLM num_gpu_blocks, null block included; SGLang pages).")
 @click.option("--kv-bytes", type=click.IntRange(min=1), default=None,
               help="KV bytes per worker (with the scenario's model.kv_bytes_per_token).")
 @click.option("--router", callback=router_list, default=None, help="Router. Default: the scenario's (round-robin).")
+@click.option("--engine", callback=one_engine, default=None, help=ENGINE_HELP)
 @click.option("--scenario", "scenario_path", type=click.Path(dir_okay=False), default=None,
               help="Engine, time model and devices. Default: the built-in trace-replay scenario (Dynamo mocker-like).")
 @click.option("--block-size", type=click.IntRange(min=1), default=None,
@@ -38,11 +39,12 @@ from sim.scenario import ScenarioError
 @click.option("--jobs", type=click.IntRange(min=1), default=None,
               help="Processes to split the workers over, for routers that ignore the cluster's state (round-robin, "
                    "random, prefix-hash without a load factor); same results. Default: all cores.")
-def replay(trace, workers, kv_tokens, kv_blocks, kv_bytes, router, scenario_path, block_size, trace_block_size,
-           speed, limit, bin_s, out_dir, jobs) -> None:
+def replay(trace, workers, kv_tokens, kv_blocks, kv_bytes, router, engine, scenario_path, block_size,
+           trace_block_size, speed, limit, bin_s, out_dir, jobs) -> None:
     """Replay a Mooncake JSONL trace (timestamp ms, input_length, output_length, hash_ids) open loop.
 
-    Every request is sent at its timestamp (divided by --speed), routed then, and served by vLLM-like workers.
+    Every request is sent at its timestamp (divided by --speed), routed then, and served by the scenario's
+    workers (vLLM-like by default; --engine sglang for SGLang's).
     Reported: prefix reuse = cached prompt tokens / prompt tokens (Dynamo's prefix_cache_reused_ratio), vLLM's
     token hit rate (prefix_cache_hits / queries), request hit rate, TTFT percentiles, throughput and the load of
     each worker. Memory stays bounded by the caches and the requests in flight, whatever the trace's length.
@@ -56,6 +58,7 @@ def replay(trace, workers, kv_tokens, kv_blocks, kv_bytes, router, scenario_path
     from sim.workloads.traces import TraceError, read_mooncake
 
     base, _ = load_or_exit(scenario_path or str(builtin_scenario_path("trace-replay")))
+    base = on_engine(base, engine)
     given = [x for x in (kv_tokens, kv_blocks, kv_bytes) if x is not None]
     if len(given) > 1:
         raise click.BadParameter("give only one of --kv-tokens, --kv-blocks, --kv-bytes", param_hint="--kv-tokens")
@@ -88,10 +91,11 @@ def replay(trace, workers, kv_tokens, kv_blocks, kv_bytes, router, scenario_path
         "throughput_rps": st.throughput_rps, "preemptions": sum(w.preemptions for w in result.workers),
         "evicted_blocks": sum(w.evicted_blocks for w in result.workers), "simulated_s": result.simulated_s,
         "wall_s": wall_s, "jobs": result.jobs, "workers": workers, "kv_blocks_per_worker": scenario.num_blocks, "block_size": B,
-        "router": scenario.router.name,
+        "router": scenario.router.name, "engine": scenario.engine.kind,
+        "kv_tokens_per_worker": scenario.capacity_tokens,
     }
     table = Table(title=f"replay of {Path(trace).name}: {workers} workers x {scenario.capacity_tokens:,} KV tokens "
-                        f"(blocks of {B}), {scenario.router.name}")
+                        f"(blocks of {B}), {scenario.router.name}, {scenario.engine.kind}")
     table.add_column("metric")
     table.add_column("value", justify="right")
     for key, value in row.items():

@@ -11,7 +11,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from sim.studies.analytic import formula_hit_rate
-from sim.cli.app import console, err_console, fmt, int_list, load_or_exit, main, reference_for, router_list
+from sim.cli.app import (
+    ENGINE_HELP, console, engine_list, err_console, fmt, int_list, load_or_exit, main, on_engine, one_engine,
+    reference_for, router_list,
+)
 from sim.results.report import SUMMARY_COLUMNS, aggregate, csv_bytes, hit_rate_figure, ttft_cdf_figure, write_atomic
 from sim.scenario import ScenarioError
 
@@ -24,12 +27,15 @@ from sim.scenario import ScenarioError
 @click.option("--concurrency", callback=int_list, default=None, help="Requests in flight (closed loop), comma-separated. Default: the scenario's.")
 @click.option("--router", "routers", callback=router_list, default=None,
               help="Routers, comma-separated (see `kvsim routers`). Default: the scenario's.")
+@click.option("--engine", "engines", callback=engine_list, default=None,
+              help="Engines, comma-separated (vllm, sglang; see `kvsim engines`): every point runs on each, with the "
+                   "same request stream. Default: the scenario's.")
 @click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True, help="Runs per point; repeat r uses seed + r.")
 @click.option("--seed", type=int, default=None, help="Base seed. Default: the scenario's.")
 @click.option("--jobs", type=click.IntRange(min=1), default=None, help="Parallel processes. Default: all cores.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Write DIR/summary.csv (a row per run), DIR/hit_rate.png and DIR/ttft_cdf.png.")
-def sweep(scenario_path, prefixes, workers, concurrency, routers, repeats, seed, jobs, out_dir) -> None:
+def sweep(scenario_path, prefixes, workers, concurrency, routers, engines, repeats, seed, jobs, out_dir) -> None:
     """Run a grid of points and compare the hit rate with the formula and the measurements.
 
     The table shows, per (workers, N, concurrency, router), the mean over repeats of the request hit rate
@@ -47,6 +53,7 @@ def sweep(scenario_path, prefixes, workers, concurrency, routers, repeats, seed,
         routers=routers or [base.router.name],
         repeats=repeats,
         seed=base.seed if seed is None else seed,
+        engines=engines or [None],
     )
     try:
         for point in points:
@@ -64,13 +71,15 @@ def sweep(scenario_path, prefixes, workers, concurrency, routers, repeats, seed,
     capacity = base.kv_capacity_requests
     aggregated = aggregate(rows)
     table = Table(title=f"{base.name}: request hit rate (mean of {repeats} run{'s' * (repeats > 1)}), C = {capacity:.2f}")
-    for col in ("workers", "N", "conc", "router", "hit rate", "formula", "measured", "sim-meas",
+    for col in ("workers", "N", "conc", "router", "engine", "hit rate", "formula", "measured", "sim-meas",
                 "full hit", "token hit", "TTFT p50 ms", "TTFT p99 ms", "req/s"):
-        table.add_column(col, justify="left" if col == "router" else "right")
+        table.add_column(col, justify="left" if col in ("router", "engine") else "right")
     errors = []
     for row in aggregated:
         key = (row["workers"], row["prefixes"], row["concurrency"])
-        meas = reference.get(key) if row["router"] == base.router.name else None
+        # NOTE: the reference was measured with the scenario's own router and engine.
+        ours = row["router"] == base.router.name and row["engine"] == base.engine.kind
+        meas = reference.get(key) if ours else None
         hit = float(row["request_hit_rate"])
         sd = f" ±{row['request_hit_rate_sd']:.3f}" if repeats > 1 else ""
         diff = ""
@@ -78,7 +87,7 @@ def sweep(scenario_path, prefixes, workers, concurrency, routers, repeats, seed,
             errors.append(hit - meas)
             diff = f"{100 * (hit - meas):+.1f} pp"
         table.add_row(
-            str(row["workers"]), str(row["prefixes"]), str(row["concurrency"]), str(row["router"]),
+            str(row["workers"]), str(row["prefixes"]), str(row["concurrency"]), str(row["router"]), str(row["engine"]),
             f"{hit:.3f}{sd}", f"{formula_hit_rate(capacity, int(row['prefixes'])):.3f}",
             "-" if meas is None else f"{meas:.3f}", diff,
             fmt(row["full_hit_rate"]), fmt(row["token_hit_rate"]),
@@ -104,15 +113,17 @@ def sweep(scenario_path, prefixes, workers, concurrency, routers, repeats, seed,
 @click.option("--workers", type=click.IntRange(min=1), default=None, help="Number of workers. Default: the scenario's.")
 @click.option("--concurrency", type=click.IntRange(min=1), default=None, help="Requests in flight. Default: the scenario's.")
 @click.option("--router", callback=router_list, default=None, help="Router (see `kvsim routers`). Default: the scenario's.")
+@click.option("--engine", callback=one_engine, default=None, help=ENGINE_HELP)
 @click.option("--seed", type=int, default=None, help="Seed. Default: the scenario's.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Write DIR/summary.csv (one row) and DIR/requests.csv (a row per request, warm-ups flagged).")
-def run_command(scenario_path, prefixes, workers, concurrency, router, seed, out_dir) -> None:
+def run_command(scenario_path, prefixes, workers, concurrency, router, engine, seed, out_dir) -> None:
     """Run one point of SCENARIO (default: the built-in service-baseline) and print its summary."""
     from sim.runner import run
     from sim.results.summary import summarize
 
     base, _ = load_or_exit(scenario_path)
+    base = on_engine(base, engine)
     overrides = {k: v for k, v in {
         "workload.prefixes": prefixes, "cluster.workers": workers, "workload.concurrency": concurrency,
         "seed": seed,
@@ -131,12 +142,13 @@ def run_command(scenario_path, prefixes, workers, concurrency, router, seed, out
     summary = summarize(result)
     row = {"workers": result.num_workers, "prefixes": scenario.workload.prefixes,
            "concurrency": scenario.workload.concurrency, "router": scenario.router.name,
-           "repeat": 0, "seed": scenario.seed, **summary.row()}
+           "engine": scenario.engine.kind, "repeat": 0, "seed": scenario.seed, **summary.row()}
     table = Table(title=f"{scenario.name}: {result.num_workers} workers, N={scenario.workload.prefixes}, "
-                        f"C={scenario.workload.concurrency}, router={scenario.router.name}, seed={scenario.seed}")
+                        f"C={scenario.workload.concurrency}, router={scenario.router.name}, "
+                        f"engine={scenario.engine.kind} {scenario.engine.version}, seed={scenario.seed}")
     table.add_column("metric")
     table.add_column("value", justify="right")
-    for key in SUMMARY_COLUMNS[6:]:
+    for key in SUMMARY_COLUMNS[SUMMARY_COLUMNS.index("requests"):]:
         table.add_row(key, fmt(row[key], ".4g"))
     table.add_row("formula min(1, C/N)", f"{formula_hit_rate(scenario.kv_capacity_requests, scenario.workload.prefixes):.3f}")
     console.print(table)
@@ -156,6 +168,19 @@ def run_command(scenario_path, prefixes, workers, concurrency, router, seed, out
         columns = list(records[0]) if records else []
         write_atomic(out / "requests.csv", csv_bytes(records, columns))
         console.print(f"wrote {out / 'summary.csv'} and {out / 'requests.csv'} ({len(records)} requests)")
+
+
+@main.command()
+def engines() -> None:
+    """List the engines and their options (the `engine:` section of a scenario)."""
+    from sim.engines import ENGINES
+
+    for kind in sorted(ENGINES):
+        spec = ENGINES[kind].Spec
+        console.print(f"[bold]{kind}[/bold]: {spec.__doc__.strip().splitlines()[0]}")
+        for field, info in spec.model_fields.items():
+            default = "required" if info.is_required() else f"default {info.default!r}"
+            console.print(f"    {field} ({default}): {info.description}")
 
 
 @main.command()

@@ -16,15 +16,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 SUMMARY_COLUMNS = (
-    "workers", "prefixes", "concurrency", "router", "repeat", "seed", "requests",
+    "workers", "prefixes", "concurrency", "router", "engine", "repeat", "seed", "requests",
     "request_hit_rate", "full_hit_rate", "token_hit_rate",
     "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "throughput_rps",
     "ttft_hit_p50_ms", "ttft_hit_p90_ms", "ttft_hit_p99_ms", "ttft_miss_p50_ms", "ttft_miss_p90_ms", "ttft_miss_p99_ms",
     "hit_requests", "full_hit_requests", "prefix_cache_queries", "prefix_cache_hits",
-    "evicted_blocks", "preemptions", "max_worker_share",
+    "evicted_blocks", "evicted_tokens", "preemptions", "max_worker_share",
 )
 
-GROUP_KEYS = ("workers", "prefixes", "concurrency", "router")
+GROUP_KEYS = ("workers", "prefixes", "concurrency", "router", "engine")
 
 
 def _pyplot():
@@ -69,7 +69,7 @@ def csv_bytes(rows: Sequence[dict[str, object]], columns: Sequence[str]) -> byte
 
 
 def aggregate(rows: Sequence[dict[str, object]]) -> list[dict[str, object]]:
-    """Mean (and standard deviation) over repeats for each (workers, prefixes, concurrency, router)."""
+    """Mean (and standard deviation) over repeats for each (workers, prefixes, concurrency, router, engine)."""
     groups: dict[tuple, list[dict[str, object]]] = defaultdict(list)
     for row in rows:
         groups[tuple(row[k] for k in GROUP_KEYS)].append(row)
@@ -94,12 +94,15 @@ def hit_rate_figure(
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
     lines: dict[tuple, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    engines = {row.get("engine") for row in aggregated}
     for row in aggregated:
-        lines[(row["workers"], row["router"])][int(row["prefixes"])].append(float(row["request_hit_rate"]))
+        lines[(row["workers"], row["router"], row.get("engine"))][int(row["prefixes"])].append(
+            float(row["request_hit_rate"]))
     all_n = sorted({int(r["prefixes"]) for r in aggregated} | {n for (_, n, _) in measured})
-    for (workers, router), by_n in sorted(lines.items()):
+    for (workers, router, engine), by_n in sorted(lines.items(), key=lambda kv: tuple(map(str, kv[0]))):
         ns = sorted(by_n)
-        ax.plot(ns, [statistics.fmean(by_n[n]) for n in ns], marker="o", label=f"kvsim {router}, {workers} workers")
+        on = f" on {engine}" if len(engines) > 1 else ""
+        ax.plot(ns, [statistics.fmean(by_n[n]) for n in ns], marker="o", label=f"kvsim {router}{on}, {workers} workers")
     if all_n:
         grid = [1 + i * (max(all_n) - 1) / 200 for i in range(201)]
         ax.plot(grid, [min(1.0, capacity_requests / n) for n in grid], "k--", lw=1,

@@ -34,6 +34,7 @@ class Summary:
     hit_tokens: int
     prefix_cache: PrefixCacheStats
     evicted_blocks: int
+    evicted_tokens: int
     preemptions: int
     duration_s: float
     ttft_ms: dict[str, float]
@@ -72,6 +73,7 @@ class Summary:
             "prefix_cache_queries": self.prefix_cache.queries,
             "prefix_cache_hits": self.prefix_cache.hits,
             "evicted_blocks": self.evicted_blocks,
+            "evicted_tokens": self.evicted_tokens,
             "preemptions": self.preemptions,
             "max_worker_share": max(self.requests_per_worker) / self.requests if self.requests else float("nan"),
         }
@@ -96,6 +98,7 @@ def summarize(result: RunResult) -> Summary:
         hit_tokens=sum(r.cached_tokens for r in measured),
         prefix_cache=stats,
         evicted_blocks=sum(w.evicted_blocks for w in result.workers),
+        evicted_tokens=sum(w.evicted_tokens for w in result.workers),
         preemptions=sum(w.preemptions for w in result.workers),
         duration_s=result.measured_end_s - result.measured_start_s,
         ttft_ms={

@@ -22,8 +22,12 @@ class SweepPoint:
     router: str
     repeat: int
     seed: int
+    engine: str | None = None
+    """Engine kind (None: the base scenario's)."""
 
     def scenario(self, base: Scenario) -> Scenario:
+        if self.engine is not None:
+            base = base.with_engine(self.engine)
         return base.with_overrides(**{
             "cluster.workers": self.workers,
             "workload.prefixes": self.prefixes,
@@ -36,12 +40,13 @@ class SweepPoint:
 
 def sweep_points(
     *, workers: Iterable[int], prefixes: Iterable[int], concurrency: Iterable[int], routers: Iterable[str],
-    repeats: int, seed: int,
+    repeats: int, seed: int, engines: Iterable[str | None] = (None,),
 ) -> list[SweepPoint]:
-    """Every combination; repeat r runs with seed + r (so repeat 0 of every point shares the base seed)."""
+    """Every combination; repeat r runs with seed + r (so repeat 0 of every point shares the base seed, and every
+    engine and router sees the same request stream)."""
     return [
-        SweepPoint(w, n, c, r, k, seed + k)
-        for w, n, c, r, k in itertools.product(workers, prefixes, concurrency, routers, range(repeats))
+        SweepPoint(w, n, c, r, k, seed + k, e)
+        for e, w, n, c, r, k in itertools.product(engines, workers, prefixes, concurrency, routers, range(repeats))
     ]
 
 
@@ -55,11 +60,13 @@ class PointOutcome:
 
 
 def run_point(base: Scenario, point: SweepPoint) -> PointOutcome:
-    result = run(point.scenario(base))
+    scenario = point.scenario(base)
+    result = run(scenario)
     summary = summarize(result)
     row = {
         "workers": point.workers, "prefixes": point.prefixes, "concurrency": point.concurrency,
-        "router": point.router, "repeat": point.repeat, "seed": point.seed, **summary.row(),
+        "router": point.router, "engine": scenario.engine.kind, "repeat": point.repeat, "seed": point.seed,
+        **summary.row(),
     }
     return PointOutcome(point, row, TtftSamples.of(result.measured))
 

@@ -118,12 +118,15 @@ class Scheduler:
         """The step of `last_batch` (under overlap: launched, its result not processed yet)."""
         self._retracted_now: list[SglangRequest] = []
         self._now_s = 0.0
+        self.on_launch = None
+        """Called with each batch as it is launched (an observer for the differential tests)."""
 
     # ------------------------------------------------------------------ the loop
     @property
     def has_work(self) -> bool:
+        last = self.last_batch
         return bool(self.inbox or self.waiting or self.running_batch.reqs or self._launched or self._awaiting
-                    or self.chunked_req is not None)
+                    or self.chunked_req is not None or (last is not None and last.mode == "extend" and last.reqs))
 
     @property
     def num_requests(self) -> int:
@@ -190,6 +193,8 @@ class Scheduler:
             step.preempted = self._retracted_now
         self._retracted_now = []
         self._launched.append(step)
+        if self.on_launch is not None:
+            self.on_launch(step)
         return step
 
     def _on_idle(self) -> None:
