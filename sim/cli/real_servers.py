@@ -35,17 +35,21 @@ from sim.scenario import ScenarioError
               help="Seconds before a silent request is abandoned (and retried).")
 @click.option("--retries", type=click.IntRange(min=0), default=2, show_default=True,
               help="Retries of a failed request (connection error, timeout, HTTP 5xx/429).")
-@click.option("--no-reset", is_flag=True, help="Do not POST /reset_prefix_cache before the run.")
+@click.option("--no-reset", is_flag=True,
+              help="Do not empty the servers' prefix caches first (vLLM: POST /reset_prefix_cache, SGLang: POST /flush_cache).")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), required=True,
               help="Run CSV to write; the setup goes to the sidecar with the same stem and .json.")
 def measure(endpoints, prefixes, concurrency, requests, scenario_path, router, prefix_tokens, tail_tokens,
             output_tokens, seed, max_token_id, model, timeout_s, retries, no_reset, out_path) -> None:
-    """Send real servers exactly the stream kvsim simulates, and write a run CSV + sidecar.
+    """Send real servers (vLLM or SGLang, recognised per endpoint) exactly the stream kvsim simulates, and write a
+    run CSV + sidecar.
 
     Warm-ups (one per prefix) go first, one at a time; then CONCURRENCY requests stay in flight, each on a new
     connection, routed on the client. TTFT is timed at the first streamed chunk; cached tokens come from
-    usage.prompt_tokens_details (vLLM needs --enable-prompt-tokens-details); /metrics counters are read before
-    and after. Exits non-zero if any request failed after its retries.
+    usage.prompt_tokens_details (vLLM needs --enable-prompt-tokens-details, SGLang --enable-cache-report);
+    /metrics counters are read before and after (SGLang: where --enable-metrics serves them). On SGLang the
+    router hashes prompts in blocks of the scenario's engine.block_size. Exits non-zero if any request failed
+    after its retries.
     """
     from sim.servers.measure import MeasureConfig
     from sim.servers.measure import measure as run_measure
@@ -73,7 +77,8 @@ def measure(endpoints, prefixes, concurrency, requests, scenario_path, router, p
     cfg = MeasureConfig(endpoints=eps, workload=workload, router=router,
                         router_options=base.router.options if router == base.router.name else {},
                         seed=base.seed if seed is None else seed, max_token_id=max_token_id, model=model,
-                        timeout_s=timeout_s, retries=retries, reset_cache=not no_reset)
+                        timeout_s=timeout_s, retries=retries, reset_cache=not no_reset,
+                        hash_block_size=base.engine.block_size)
     total = workload.num_requests + workload.prefixes * workload.warmup_per_prefix
     with Progress(TextColumn("measure"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err_console, transient=True) as bar:

@@ -15,7 +15,9 @@ from sim.cli.app import (
     ENGINE_HELP, console, engine_list, err_console, fmt, int_list, load_or_exit, main, on_engine, one_engine,
     reference_for, router_list,
 )
-from sim.results.report import SUMMARY_COLUMNS, aggregate, csv_bytes, hit_rate_figure, ttft_cdf_figure, write_atomic
+from sim.results.report import (
+    SUMMARY_COLUMNS, aggregate, csv_bytes, engine_figure, hit_rate_figure, ttft_cdf_figure, write_atomic,
+)
 from sim.scenario import ScenarioError
 
 
@@ -34,7 +36,8 @@ from sim.scenario import ScenarioError
 @click.option("--seed", type=int, default=None, help="Base seed. Default: the scenario's.")
 @click.option("--jobs", type=click.IntRange(min=1), default=None, help="Parallel processes. Default: all cores.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
-              help="Write DIR/summary.csv (a row per run), DIR/hit_rate.png and DIR/ttft_cdf.png.")
+              help="Write DIR/summary.csv (a row per run), DIR/hit_rate.png and DIR/ttft_cdf.png (and DIR/engines.png "
+                   "with several engines).")
 def sweep(scenario_path, prefixes, workers, concurrency, routers, engines, repeats, seed, jobs, out_dir) -> None:
     """Run a grid of points and compare the hit rate with the formula and the measurements.
 
@@ -100,11 +103,18 @@ def sweep(scenario_path, prefixes, workers, concurrency, routers, engines, repea
                       f"max |error| {100 * max(abs(e) for e in errors):.2f} pp")
     if out is not None:
         write_atomic(out / "summary.csv", csv_bytes(rows, SUMMARY_COLUMNS))
-        shown = {k: v for k, v in reference.items() if k[0] in {p.workers for p in points}}
+        shown = {k: v for k, v in reference.items()
+                 if k[0] in {p.workers for p in points} and k[2] in {p.concurrency for p in points}}
         write_atomic(out / "hit_rate.png", hit_rate_figure(
             aggregated, capacity_requests=capacity, measured=shown, title=f"{base.name}: request hit rate vs prefixes"))
         write_atomic(out / "ttft_cdf.png", ttft_cdf_figure(outcomes, title=f"{base.name}: TTFT distribution"))
-        console.print(f"wrote {out / 'summary.csv'} ({len(rows)} rows), {out / 'hit_rate.png'} and {out / 'ttft_cdf.png'}")
+        written = [out / "summary.csv", out / "hit_rate.png", out / "ttft_cdf.png"]
+        if len({row["engine"] for row in rows}) > 1:
+            write_atomic(out / "engines.png", engine_figure(
+                aggregated, capacity_requests=capacity, measured=shown, measured_engine=base.engine.kind,
+                title=f"{base.name}: request hit rate by engine ({repeats} runs per point)"))
+            written.append(out / "engines.png")
+        console.print(f"wrote {', '.join(map(str, written))} ({len(rows)} rows)")
 
 
 @main.command(name="run")

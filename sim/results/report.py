@@ -123,25 +123,28 @@ def hit_rate_figure(
 
 
 def ttft_cdf_figure(outcomes: Sequence, *, title: str) -> bytes:
-    """TTFT CDFs: a panel per (workers, router) x concurrency, a colour per N, hits solid and misses dashed
-    (repeats pooled)."""
+    """TTFT CDFs: a panel per (workers, router, engine) x concurrency, a colour per N, hits solid and misses
+    dashed (repeats pooled)."""
     plt = _pyplot()
     pooled: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: {"hit": [], "miss": []})
     for o in outcomes:
         p = o.point
-        pooled[(p.workers, p.router, p.concurrency, p.prefixes)]["hit"] += o.ttft.hit_ms
-        pooled[(p.workers, p.router, p.concurrency, p.prefixes)]["miss"] += o.ttft.miss_ms
-    groups = sorted({(k[0], k[1]) for k in pooled})
-    concurrencies = sorted({k[2] for k in pooled})
-    prefixes = sorted({k[3] for k in pooled})
+        key = ((p.workers, p.router, o.row.get("engine", "")), p.concurrency, p.prefixes)
+        pooled[key]["hit"] += o.ttft.hit_ms
+        pooled[key]["miss"] += o.ttft.miss_ms
+    groups = sorted({k[0] for k in pooled})
+    concurrencies = sorted({k[1] for k in pooled})
+    prefixes = sorted({k[2] for k in pooled})
+    several_engines = len({g[2] for g in groups}) > 1
     colours = {n: plt.cm.viridis(i / max(1, len(prefixes) - 1)) for i, n in enumerate(prefixes)}
     fig, axes = plt.subplots(len(groups), len(concurrencies), squeeze=False, sharex=True, sharey=True,
                              figsize=(4.2 * len(concurrencies), 3.2 * len(groups)), dpi=100)
-    for gi, (workers, router) in enumerate(groups):
+    for gi, group in enumerate(groups):
+        workers, router, engine = group
         for ci, conc in enumerate(concurrencies):
             ax = axes[gi][ci]
             for n in prefixes:
-                samples = pooled.get((workers, router, conc, n))
+                samples = pooled.get((group, conc, n))
                 if samples is None:
                     continue
                 for split, style in (("hit", "-"), ("miss", "--")):
@@ -151,7 +154,8 @@ def ttft_cdf_figure(outcomes: Sequence, *, title: str) -> bytes:
                         ax.step(values, ys, style, where="post", color=colours[n], lw=1.2,
                                 label=f"N={n} {split}" if gi == 0 and ci == 0 else None)
             ax.set_xscale("log")
-            ax.set_title(f"{workers} workers, {router}, C={conc}", fontsize=9)
+            on = f", {engine}" if several_engines else ""
+            ax.set_title(f"{workers} workers, {router}{on}, C={conc}", fontsize=9)
             ax.grid(alpha=0.3)
             if gi == len(groups) - 1:
                 ax.set_xlabel("TTFT (ms)")
@@ -160,6 +164,44 @@ def ttft_cdf_figure(outcomes: Sequence, *, title: str) -> bytes:
     fig.legend(loc="upper right", fontsize=7, ncol=2)
     fig.suptitle(title)
     return _png(fig, rect=(0, 0, 0.88, 0.96))
+
+
+def engine_figure(aggregated: Sequence[dict[str, object]], *, capacity_requests: float,
+                  measured: dict[tuple[int, int, int], float], measured_engine: str, title: str) -> bytes:
+    """Engines side by side: a panel per worker count; per engine the request hit rate (solid, +-1 sd over repeats)
+    and the full-hit rate (dashed; the gap between them is partial hits), the formula and the measured points."""
+    plt = _pyplot()
+    workers = sorted({int(r["workers"]) for r in aggregated})
+    engines = sorted({str(r["engine"]) for r in aggregated})
+    fig, axes = plt.subplots(1, len(workers), squeeze=False, sharey=True, figsize=(5.2 * len(workers), 4.2), dpi=100)
+    all_n = sorted({int(r["prefixes"]) for r in aggregated})
+    for ax, w in zip(axes[0], workers):
+        for i, engine in enumerate(engines):
+            rows = sorted((r for r in aggregated if int(r["workers"]) == w and r["engine"] == engine),
+                          key=lambda r: int(r["prefixes"]))
+            ns = [int(r["prefixes"]) for r in rows]
+            ax.errorbar(ns, [float(r["request_hit_rate"]) for r in rows],
+                        yerr=[float(r["request_hit_rate_sd"]) for r in rows], marker="o", color=f"C{i}", capsize=3,
+                        label=f"{engine}: request hit rate")
+            ax.plot(ns, [float(r["full_hit_rate"]) for r in rows], "--", marker=".", color=f"C{i}",
+                    label=f"{engine}: full hits only")
+        grid = [1 + j * (max(all_n) - 1) / 200 for j in range(201)]
+        ax.plot(grid, [min(1.0, capacity_requests / n) for n in grid], "k:", lw=1,
+                label=f"formula min(1, {capacity_requests:.2f}/N)")
+        pts = sorted((n, v) for (mw, n, _c), v in measured.items() if mw == w)
+        if pts:
+            ax.scatter([p[0] for p in pts], [p[1] for p in pts], marker="x", s=50, color="black", zorder=5,
+                       label=f"measured ({measured_engine})")
+        ax.set_title(f"{w} workers", fontsize=10)
+        ax.set_xlabel("distinct prefixes N")
+        ax.set_ylim(0, 1.05)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("fraction of measured requests")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    order = sorted(range(len(labels)), key=lambda i: (labels[i].startswith(("formula", "measured")), labels[i]))
+    fig.legend([handles[i] for i in order], [labels[i] for i in order], loc="center right", fontsize=8)
+    fig.suptitle(title)
+    return _png(fig, rect=(0, 0, 0.78, 0.95))
 
 
 def plan_figure(plans: Sequence, *, target_hit_rate: float | None, target_ttft_p99_ms: float | None,

@@ -1,6 +1,12 @@
 """A small client for OpenAI-compatible servers (vLLM, SGLang): streaming completions with token-id prompts,
-Prometheus metrics, prefix-cache reset. Standard library only; one new connection per request, as a client
-behind a Kubernetes Service opens one (so every request is routed independently)."""
+Prometheus metrics, prefix-cache reset, the servers' own description of their setup. Standard library only; one new
+connection per request, as a client behind a Kubernetes Service opens one (so every request is routed
+independently).
+
+Both engines take `prompt` as a list of token ids on /v1/completions and put the prefix-cache hit in the final
+usage chunk (`usage.prompt_tokens_details.cached_tokens`): vLLM with --enable-prompt-tokens-details, SGLang with
+--enable-cache-report. SGLang also honours `min_tokens` and `ignore_eos`, so both generate exactly `max_tokens`.
+"""
 
 from __future__ import annotations
 
@@ -147,14 +153,22 @@ def get(endpoint: Endpoint, path: str, *, method: str = "GET", timeout_s: float 
         conn.close()
 
 
-def model_name(endpoint: Endpoint) -> str:
+def served_model(endpoint: Endpoint) -> dict:
+    """The first entry of GET /v1/models (`id`, and on vLLM and SGLang `max_model_len`)."""
     status, text = get(endpoint, "/v1/models")
     if status != 200:
         raise EndpointError(f"{endpoint.url}/v1/models: HTTP {status}")
     try:
-        return json.loads(text)["data"][0]["id"]
-    except (ValueError, KeyError, IndexError):
-        raise EndpointError(f"{endpoint.url}/v1/models: no model in the answer") from None
+        entry = json.loads(text)["data"][0]
+    except (ValueError, KeyError, IndexError, TypeError):
+        entry = None
+    if not isinstance(entry, dict) or "id" not in entry:
+        raise EndpointError(f"{endpoint.url}/v1/models: no model in the answer")
+    return entry
+
+
+def model_name(endpoint: Endpoint) -> str:
+    return served_model(endpoint)["id"]
 
 
 def parse_prometheus(text: str) -> tuple[dict[str, float], dict[str, dict[str, str]]]:
@@ -180,16 +194,46 @@ def parse_prometheus(text: str) -> tuple[dict[str, float], dict[str, dict[str, s
 
 
 def scrape_metrics(endpoint: Endpoint) -> tuple[dict[str, float], dict[str, dict[str, str]]]:
+    """GET /metrics, parsed; EndpointError if the server does not serve it."""
     status, text = get(endpoint, "/metrics")
     if status != 200:
         raise EndpointError(f"{endpoint.url}/metrics: HTTP {status}")
     return parse_prometheus(text)
 
 
+def fetch_metrics(endpoint: Endpoint) -> tuple[dict[str, float], dict[str, dict[str, str]]] | None:
+    """GET /metrics, parsed, or None when the server answers it with an HTTP error (SGLang serves it only with
+    --enable-metrics); EndpointError when the server cannot be reached."""
+    status, text = get(endpoint, "/metrics")
+    return parse_prometheus(text) if status == 200 else None
+
+
 def reset_prefix_cache(endpoint: Endpoint) -> bool:
     """POST /reset_prefix_cache (vLLM with VLLM_SERVER_DEV_MODE=1); False if the server refused or lacks it."""
     status, text = get(endpoint, "/reset_prefix_cache", method="POST")
     return status == 200 and '"success":false' not in text.replace(" ", "")
+
+
+def flush_cache(endpoint: Endpoint) -> bool:
+    """POST /flush_cache (SGLang): empties the radix cache; False if refused. SGLang refuses (HTTP 400, "Flush cache
+    failed.") while any request is running or waiting, and does not wait for them."""
+    status, _ = get(endpoint, "/flush_cache", method="POST")
+    return status == 200
+
+
+def sglang_server_info(endpoint: Endpoint) -> dict | None:
+    """SGLang's resolved server arguments plus its scheduler's figures (GET /server_info, or the deprecated
+    /get_server_info of older releases), or None where the server is not SGLang. The answer is recognised by
+    `max_total_num_tokens`, the KV pool size in tokens, which only SGLang's carries."""
+    for path in ("/server_info", "/get_server_info"):
+        try:
+            status, text = get(endpoint, path)
+            info = json.loads(text) if status == 200 else None
+        except ValueError:
+            info = None
+        if isinstance(info, dict) and "max_total_num_tokens" in info:
+            return info
+    return None
 
 
 def server_config(endpoint: Endpoint) -> dict | None:

@@ -35,14 +35,22 @@ class EngineInfo(BaseModel):
 
 
 class RunSetup(BaseModel):
-    """The sidecar: what was run, so that kvsim can simulate the same thing."""
+    """The sidecar: what was run, so that kvsim can simulate the same thing.
+
+    Capacity per worker: vLLM's `num_gpu_blocks`, SGLang's `max_total_tokens`, or (either engine)
+    `kv_cache_bytes` with `kv_bytes_per_token`. `block_size` is vLLM's KV block size; SGLang has no blocks (its
+    pages are `page_size` tokens), and there it is the block size of the prompt hashes the client-side router read
+    (`kvsim measure` takes the scenario's `engine.block_size`, 16 by default). The SGLang fields are SGLang's
+    server arguments as its /server_info reports them; null or absent means "not known" (kvsim keeps the
+    scenario's value).
+    """
 
     model_config = ConfigDict(extra="allow")
     workers: int = Field(ge=1)
     prefixes: int = Field(ge=1)
     concurrency: int = Field(ge=1)
     requests: int = Field(ge=1, description="Measured requests (warm-ups excluded).")
-    block_size: int = Field(ge=1)
+    block_size: int = Field(ge=1, description="vLLM: its KV block size; SGLang: the router's prompt-hash block size.")
     num_gpu_blocks: int | None = Field(None, ge=2, description="Blocks per worker as vLLM reports them, null block included.")
     kv_cache_bytes: int | None = Field(None, gt=0)
     kv_bytes_per_token: int | None = Field(None, gt=0)
@@ -55,11 +63,23 @@ class RunSetup(BaseModel):
     engine: EngineInfo
     max_num_batched_tokens: int | None = Field(None, ge=1)
     max_num_seqs: int | None = Field(None, ge=1)
-    max_model_len: int | None = Field(None, ge=2)
+    max_model_len: int | None = Field(None, ge=2, description="vLLM: longest sequence; SGLang: context length.")
+    page_size: int | None = Field(None, ge=1, description="SGLang --page-size (tokens per KV page).")
+    max_total_tokens: int | None = Field(None, ge=2, description="SGLang: KV slots per worker (its max_total_num_tokens).")
+    chunked_prefill_size: int | None = Field(None, description="SGLang --chunked-prefill-size; -1 or 0: chunking disabled.")
+    max_prefill_tokens: int | None = Field(None, ge=1, description="SGLang --max-prefill-tokens.")
+    max_running_requests: int | None = Field(None, ge=1, description="SGLang: the scheduler's running-request limit.")
+    schedule_policy: str | None = Field(None, description="SGLang --schedule-policy.")
+    radix_eviction_policy: str | None = Field(None, description="SGLang --radix-eviction-policy.")
+    disable_overlap_schedule: bool | None = Field(None, description="SGLang --disable-overlap-schedule.")
 
     @model_validator(mode="after")
     def _capacity(self) -> RunSetup:
-        if self.num_gpu_blocks is None and (self.kv_cache_bytes is None or self.kv_bytes_per_token is None):
+        by_bytes = self.kv_cache_bytes is not None and self.kv_bytes_per_token is not None
+        if self.engine.name == "sglang":
+            if self.max_total_tokens is None and not by_bytes:
+                raise ValueError("give max_total_tokens, or kv_cache_bytes with kv_bytes_per_token")
+        elif self.num_gpu_blocks is None and not by_bytes:
             raise ValueError("give num_gpu_blocks, or kv_cache_bytes with kv_bytes_per_token")
         if self.prompt_tokens < self.prefix_tokens:
             raise ValueError(f"prompt_tokens {self.prompt_tokens} < prefix_tokens {self.prefix_tokens}")
@@ -67,9 +87,21 @@ class RunSetup(BaseModel):
 
     @property
     def blocks_per_worker(self) -> int:
+        """vLLM's block count per worker (null block included)."""
         if self.num_gpu_blocks is not None:
             return self.num_gpu_blocks
+        if self.kv_cache_bytes is None or self.kv_bytes_per_token is None:
+            raise ValueError("this run gives no num_gpu_blocks, nor kv_cache_bytes with kv_bytes_per_token")
         return self.kv_cache_bytes // (self.block_size * self.kv_bytes_per_token)
+
+    @property
+    def kv_tokens_per_worker(self) -> int:
+        """SGLang's KV slots per worker: `max_total_tokens`, else bytes / bytes per token."""
+        if self.max_total_tokens is not None:
+            return self.max_total_tokens
+        if self.kv_cache_bytes is None or self.kv_bytes_per_token is None:
+            raise ValueError("this run gives no max_total_tokens, nor kv_cache_bytes with kv_bytes_per_token")
+        return self.kv_cache_bytes // self.kv_bytes_per_token
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,9 +1,10 @@
 """Comparing measured runs with kvsim's prediction of the same runs (`kvsim validate`).
 
-For each run CSV the simulator gets the run's setup from the sidecar (workers, block size and count, scheduler
-limits, lengths, concurrency) on top of a base scenario (time model, devices), and the run's own requests: the same
-prefixes in the same order, each sent to the worker it went to (`routing="recorded"`, isolating the engine from the
-router's randomness) or routed afresh by the run's router (`routing="simulated"`).
+For each run CSV the simulator gets the run's setup from the sidecar (engine, workers, block size and count or
+SGLang's KV slots and server arguments, scheduler limits, lengths, concurrency) on top of a base scenario (time
+model, devices), and the run's own requests: the same prefixes in the same order, each sent to the worker it went to
+(`routing="recorded"`, isolating the engine from the router's randomness) or routed afresh by the run's router
+(`routing="simulated"`).
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from sim.results.records import RunResult
-from sim.servers.run_csv import Run
+from sim.servers.run_csv import Run, RunSetup
 from sim.runner import run as simulate
 from sim.scenario import Scenario, ScenarioError
+from sim.engines.sglang.spec import SGLANG_VERSIONS
 from sim.engines.vllm.behaviour import parse_version
 from sim.workloads.shared_prefix import RequestStream, SharedPrefixRequests
 
@@ -43,12 +45,21 @@ class Comparison:
 
 
 def scenario_for_run(base: Scenario, run: Run, *, routing: str = "recorded") -> Scenario:
-    """`base` with the run's setup; the router replays the run's assignment unless `routing="simulated"`."""
+    """`base` with the run's setup; the router replays the run's assignment unless `routing="simulated"`.
+
+    The run's engine decides the scenario's: an SGLang run switches `base` to SGLang (`Scenario.with_engine`: the
+    options both engines have carry over, then the scenario's `engine_options.sglang`) and takes the sidecar's
+    SGLang settings; any other run is simulated on vLLM with the sidecar's block count and limits.
+    """
     s = run.setup
+    kind = "sglang" if s.engine.name == "sglang" else "vllm"
+    try:
+        base = base.with_engine(kind)
+    except ScenarioError as err:
+        raise ScenarioError(f"{run.csv_path}: the base scenario cannot run on {kind}: {err}") from None
     overrides: dict[str, object] = {
         "cluster.workers": s.workers,
         "engine.block_size": s.block_size,
-        "engine.num_gpu_blocks_override": s.blocks_per_worker,
         "workload.prefixes": s.prefixes,
         "workload.prefix_tokens": s.prefix_tokens,
         "workload.tail_tokens": s.prompt_tokens - s.prefix_tokens,
@@ -60,15 +71,7 @@ def scenario_for_run(base: Scenario, run: Run, *, routing: str = "recorded") -> 
         "seed": s.seed,
         "reference": None,
     }
-    for field in ("max_num_batched_tokens", "max_num_seqs", "max_model_len"):
-        if getattr(s, field) is not None:
-            overrides[f"engine.{field}"] = getattr(s, field)
-    try:
-        parse_version(s.engine.version)
-        if s.engine.name == "vllm":
-            overrides["engine.vllm_version"] = s.engine.version
-    except ValueError:
-        pass  # an unknown version string: keep the scenario's rules
+    overrides.update(_sglang_engine(s) if kind == "sglang" else _vllm_engine(s))
     if routing == "recorded":
         overrides["router.name"] = "recorded"
         overrides["router.options"] = {"workers": {r.request_id: r.worker for r in run.rows}}
@@ -81,6 +84,37 @@ def scenario_for_run(base: Scenario, run: Run, *, routing: str = "recorded") -> 
         return base.with_overrides(**overrides)
     except ScenarioError as err:
         raise ScenarioError(f"{run.csv_path}: the run's setup does not make a valid scenario: {err}") from None
+
+
+def _vllm_engine(s: RunSetup) -> dict[str, object]:
+    """vLLM's engine overrides: the block count, the limits given, the version where kvsim knows it."""
+    overrides: dict[str, object] = {"engine.num_gpu_blocks_override": s.blocks_per_worker}
+    for field in ("max_num_batched_tokens", "max_num_seqs", "max_model_len"):
+        if getattr(s, field) is not None:
+            overrides[f"engine.{field}"] = getattr(s, field)
+    try:
+        parse_version(s.engine.version)
+        if s.engine.name == "vllm":
+            overrides["engine.vllm_version"] = s.engine.version
+    except ValueError:
+        pass  # an unknown version string: keep the scenario's rules
+    return overrides
+
+
+def _sglang_engine(s: RunSetup) -> dict[str, object]:
+    """SGLang's engine overrides: the KV slots (`engine.max_total_tokens` replaces the scenario's KV bytes) and every
+    server argument the sidecar gives; the version where kvsim has its rules."""
+    overrides: dict[str, object] = {"engine.max_total_tokens": s.kv_tokens_per_worker}
+    for field in ("page_size", "max_prefill_tokens", "max_running_requests", "schedule_policy",
+                  "radix_eviction_policy", "disable_overlap_schedule", "max_model_len"):
+        if getattr(s, field) is not None:
+            overrides[f"engine.{field}"] = getattr(s, field)
+    if s.chunked_prefill_size is not None:
+        # SGLang: -1 (or 0) disables chunked prefill; kvsim says null.
+        overrides["engine.chunked_prefill_size"] = s.chunked_prefill_size if s.chunked_prefill_size > 0 else None
+    if s.engine.version in SGLANG_VERSIONS:
+        overrides["engine.sglang_version"] = s.engine.version
+    return overrides
 
 
 def stream_for_run(run: Run, *, block_size: int) -> RequestStream:

@@ -53,8 +53,9 @@ class VllmEngine:
 
     def update_from_output(self, plan: StepPlan, now_s: float) -> StepOutcome:
         outcome = self.scheduler.update_from_output(plan, now_s)
-        # NOTE: vLLM's engine core takes the step's KV events after processing its output.
-        self.cache.publish(now_s)
+        if self.cache.pool.events:
+            # NOTE: vLLM's engine core takes the step's KV events after processing its output.
+            self.cache.publish(now_s)
         return outcome
 
     def plan_decode_stretch(self, time_model: StepTimeModel, *, speed: float, now_s: float) -> DecodeStretch | None:
