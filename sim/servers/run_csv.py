@@ -34,6 +34,21 @@ class EngineInfo(BaseModel):
     version: str = Field(description="Engine version, e.g. 0.32.0.")
 
 
+class TokenIds(BaseModel):
+    """How `kvsim measure` drew the prompts' token ids (`prompt_token_ids` with the run's seed): uniformly in
+    [min, max]."""
+
+    model_config = ConfigDict(extra="forbid")
+    min: int = Field(ge=0)
+    max: int = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _range(self) -> TokenIds:
+        if self.min > self.max:
+            raise ValueError(f"min {self.min} > max {self.max}")
+        return self
+
+
 class RunSetup(BaseModel):
     """The sidecar: what was run, so that kvsim can simulate the same thing.
 
@@ -72,6 +87,7 @@ class RunSetup(BaseModel):
     schedule_policy: str | None = Field(None, description="SGLang --schedule-policy.")
     radix_eviction_policy: str | None = Field(None, description="SGLang --radix-eviction-policy.")
     disable_overlap_schedule: bool | None = Field(None, description="SGLang --disable-overlap-schedule.")
+    token_ids: TokenIds | None = Field(None, description="kvsim measure's token id range (the ids follow from the seed).")
 
     @model_validator(mode="after")
     def _capacity(self) -> RunSetup:

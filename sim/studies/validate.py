@@ -20,7 +20,7 @@ from sim.runner import run as simulate
 from sim.scenario import Scenario, ScenarioError
 from sim.engines.sglang.spec import SGLANG_VERSIONS
 from sim.engines.vllm.behaviour import parse_version
-from sim.workloads.shared_prefix import RequestStream, SharedPrefixRequests
+from sim.workloads.shared_prefix import RequestStream, SharedPrefixRequests, with_token_identity
 
 METRICS = ("request_hit_rate", "full_hit_rate", "token_hit_rate", "ttft_p50_ms", "ttft_p99_ms",
            "ttft_hit_p50_ms", "ttft_miss_p50_ms", "throughput_rps")
@@ -118,11 +118,19 @@ def _sglang_engine(s: RunSetup) -> dict[str, object]:
 
 
 def stream_for_run(run: Run, *, block_size: int) -> RequestStream:
-    """The run's requests in the order they were sent (warm-ups first), with its prompt lengths."""
+    """The run's requests in the order they were sent (warm-ups first), with its prompt lengths.
+
+    For an SGLang run whose sidecar says how its token ids were drawn (`token_ids`: a `kvsim measure` run), the
+    prompts' tokens are those ids (`with_token_identity`): SGLang matches token by token, so a tail that starts
+    with the id a cached tail of its prefix starts with hits 513 tokens of 612, not 512.
+    """
     maker = SharedPrefixRequests(block_size=block_size)
     rows = sorted(run.rows, key=lambda r: (not r.warmup, r.start_s, r.request_id))
     made = [maker.make(r.request_id, r.prefix_id, prefix_tokens=run.setup.prefix_tokens, prompt_tokens=r.prompt_tokens,
                        output_tokens=run.setup.output_tokens, warmup=r.warmup) for r in rows if not r.error]
+    ids = run.setup.token_ids
+    if run.setup.engine.name == "sglang" and ids is not None:
+        made = with_token_identity(made, seed=run.setup.seed, min_token_id=ids.min, max_token_id=ids.max)
     return RequestStream(tuple(m for m in made if m.warmup), tuple(m for m in made if not m.warmup))
 
 

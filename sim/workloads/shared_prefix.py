@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 from bisect import bisect_right
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from itertools import accumulate
 
@@ -133,3 +133,51 @@ def prompt_token_ids(request: Request, *, seed: int, min_token_id: int = 3,
     tail = rng_for(seed, f"tail-tokens:{request.request_id}")
     return ([prefix.randint(min_token_id, max_token_id) for _ in range(request.prefix_tokens)]
             + [tail.randint(min_token_id, max_token_id) for _ in range(request.prompt_tokens - request.prefix_tokens)])
+
+
+def token_runs_of_ids(prompts: Sequence[Sequence[int]]) -> list[tuple[tuple[Hashable, int], ...]]:
+    """`token_runs` (see `Request`) that make the prompts share exactly the tokens their ids share.
+
+    Two prompts' tokens at position i are equal, for a token-matching cache, exactly when the prompts agree on
+    every id up to i. That is the path of position i in the compressed trie of all the prompts, so each trie
+    edge becomes a run with a key of its own and a prompt is the runs of its path:
+
+        ids   a: 5 9 9 2 7      b: 5 9 9 4      c: 8 1
+        trie  root -e0(5 9 9)-> * -e1(2 7)   root -e3(8 1)
+                                  \\-e2(4)
+        runs  a: (e0, 3) (e1, 2)   b: (e0, 3) (e2, 1)   c: (e3, 2)
+
+    Identical prompts get identical runs. Keys are `("ids", n)` with n unique in one call.
+    """
+    seqs = [tuple(p) for p in prompts]
+    paths: list[list[tuple[Hashable, int]]] = [[] for _ in seqs]
+    next_key = 0
+    stack: list[tuple[list[int], int]] = [(list(range(len(seqs))), 0)]  # (prompts sharing ids [0, depth), depth)
+    while stack:
+        group, depth = stack.pop()
+        end = depth
+        while all(len(seqs[i]) > end for i in group) and len({seqs[i][end] for i in group}) == 1:
+            end += 1
+        if end > depth:
+            for i in group:
+                paths[i].append((("ids", next_key), end - depth))
+            next_key += 1
+        children: dict[int, list[int]] = {}
+        for i in group:
+            if len(seqs[i]) > end:
+                children.setdefault(seqs[i][end], []).append(i)
+        stack.extend((child, end) for child in children.values())
+    return [tuple(p) for p in paths]
+
+
+def with_token_identity(requests: Sequence[Request], *, seed: int, min_token_id: int = 3,
+                        max_token_id: int = 8191) -> list[Request]:
+    """`requests` of `shared_prefix_stream` with `token_runs` from their real token ids (`prompt_token_ids`).
+
+    The stream's own runs say that distinct prefixes, and the tails of one prefix, share no token. Their random
+    ids sometimes do: two tails of a prefix may begin with the same id, and so may two prefixes, and a cache that
+    matches token by token (SGLang's radix tree) hits those tokens too (a 513-token hit on a 512-token prefix; a
+    1-token hit between prefixes). Block hashes are unchanged (a whole block never coincides in practice).
+    """
+    ids = [prompt_token_ids(r, seed=seed, min_token_id=min_token_id, max_token_id=max_token_id) for r in requests]
+    return [replace(r, token_runs=runs) for r, runs in zip(requests, token_runs_of_ids(ids))]

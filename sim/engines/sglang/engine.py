@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from sim.engines.interface import CacheListener, EngineCounters, StepOutcome, StepPlan, StepTimeModel
+from sim.engines.sglang.decode_stretch import SglangDecodeStretch
 from sim.engines.sglang.radix_cache import RadixCache
 from sim.engines.sglang.request_state import SglangRequest
 from sim.engines.sglang.scheduler import Scheduler, SchedulerLimits
@@ -112,13 +113,13 @@ class SglangEngine:
         self.cache.publish(now_s)
         return outcome
 
-    def plan_decode_stretch(self, time_model: StepTimeModel, *, speed: float, now_s: float) -> None:
-        # NOTE: SGLang steps one batch at a time in kvsim (its pipeline of formed and running batches would need
-        # its own closed form); results are exact, replays are slower than vLLM's.
-        return None
+    def plan_decode_stretch(self, time_model: StepTimeModel, *, speed: float,
+                            now_s: float) -> SglangDecodeStretch | None:
+        return SglangDecodeStretch.plan(self.scheduler, time_model, speed=speed, now_s=now_s)
 
-    def finish_stretch(self, stretch, num_steps: int, now_s: float) -> list:
-        raise RuntimeError("the SGLang engine takes no decode stretches")
+    def finish_stretch(self, stretch: SglangDecodeStretch, num_steps: int, now_s: float) -> list[SglangRequest]:
+        stretch.finish(num_steps)
+        return []  # a stretch stops before any request's last token
 
     def counters(self) -> EngineCounters:
         evicted = self.tree.num_evicted_tokens

@@ -100,9 +100,9 @@ class RadixCache:
     def child_key(self, key: Tokens, offset: int = 0) -> Hashable:
         return key.page_key(offset, self.page_size)
 
-    def _match_len(self, node_key: Tokens, key: Tokens) -> int:
-        """`RadixKey.match`: shared leading tokens, rounded down to whole pages."""
-        n = node_key.match(key)
+    def _match_len(self, node_key: Tokens, key: Tokens, offset: int = 0) -> int:
+        """`RadixKey.match_at`: leading tokens of `node_key` equal to `key`'s from `offset`, whole pages only."""
+        n = node_key.match(key, offset)
         return n if self.page_size == 1 else n // self.page_size * self.page_size
 
     def match_prefix(self, key: Tokens) -> tuple[int, TreeNode]:
@@ -127,7 +127,7 @@ class RadixCache:
             child = node.children.get(self.child_key(key, matched))
             if child is None:
                 break
-            n = self._match_len(child.key, key.slice(matched))
+            n = self._match_len(child.key, key, matched)
             matched += n
             if n < len(child.key):
                 break
@@ -216,23 +216,24 @@ class RadixCache:
 
     # ------------------------------------------------------------------ internals (as upstream)
     def _match_prefix_helper(self, node: TreeNode, key: Tokens) -> tuple[int, TreeNode]:
+        # NOTE: SGLang slices the key after each node; walking an offset instead is the same comparison.
         access_time = self.tick()
         node.last_access_time = access_time
         matched = 0
+        length = len(key)
         child_key = self.child_key(key)
-        while len(key) > 0 and child_key in node.children:
+        while matched < length and child_key in node.children:
             child = node.children[child_key]
             child.last_access_time = access_time
-            prefix_len = self._match_len(child.key, key)
+            prefix_len = self._match_len(child.key, key, matched)
             if prefix_len < len(child.key):
                 node = self._split_node(child, prefix_len)
                 matched += prefix_len
                 break
             matched += prefix_len
             node = child
-            key = key.slice(prefix_len)
-            if len(key):
-                child_key = self.child_key(key)
+            if matched < length:
+                child_key = self.child_key(key, matched)
         return matched, node
 
     def _split_node(self, child: TreeNode, split_len: int) -> TreeNode:
@@ -257,21 +258,22 @@ class RadixCache:
             return 0, node
         child_key = self.child_key(key)
         total_prefix_length = 0
-        while len(key) > 0 and child_key in node.children:
+        length = len(key)
+        while total_prefix_length < length and child_key in node.children:
             node = node.children[child_key]
             node.last_access_time = access_time
-            prefix_len = self._match_len(node.key, key)
+            prefix_len = self._match_len(node.key, key, total_prefix_length)
             total_prefix_length += prefix_len
-            key = key.slice(prefix_len)
             if prefix_len < len(node.key):
                 node = self._split_node(node, prefix_len)
             node.priority = max(node.priority, priority)
             # NOTE: nodes this request already inserted were counted back then (SGLang's hit count for LFU).
             if total_prefix_length > inserted_len:
                 node.hit_count += 1
-            if len(key):
-                child_key = self.child_key(key)
-        if len(key):
+            if total_prefix_length < length:
+                child_key = self.child_key(key, total_prefix_length)
+        if total_prefix_length < length:
+            key = key.slice(total_prefix_length)
             new_node = TreeNode(self, priority=priority)
             new_node.parent = node
             new_node.key = key

@@ -15,7 +15,9 @@ consecutive offsets merged), so two pages are equal exactly when all their token
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Hashable, Iterable
+from itertools import accumulate
 
 from sim.workloads.request import Request
 
@@ -40,11 +42,28 @@ def _canonical(runs: Iterable[Run]) -> tuple[Run, ...]:
 class Tokens:
     """An immutable token sequence as canonical runs. `len()` is its length in tokens."""
 
-    __slots__ = ("runs", "length")
+    __slots__ = ("runs", "length", "_ends")
 
     def __init__(self, runs: Iterable[Run] = ()) -> None:
-        self.runs = _canonical(runs)
-        self.length = sum(n for _, _, n in self.runs)
+        self._set(_canonical(runs))
+
+    def _set(self, runs: tuple[Run, ...]) -> None:
+        self.runs = runs
+        self._ends = list(accumulate(n for _, _, n in runs))
+        """Token offset just past each run (for finding the run an offset falls in)."""
+        self.length = self._ends[-1] if self._ends else 0
+
+    @classmethod
+    def _canonical_runs(cls, runs: tuple[Run, ...]) -> Tokens:
+        """Tokens from runs already canonical (a piece of a canonical sequence is)."""
+        out = cls.__new__(cls)
+        out._set(runs)
+        return out
+
+    def _locate(self, offset: int) -> tuple[int, int]:
+        """(index of the run holding token `offset`, tokens of that run before it)."""
+        i = bisect_right(self._ends, offset)
+        return i, offset - (self._ends[i - 1] if i else 0)
 
     def __len__(self) -> int:
         return self.length
@@ -66,39 +85,47 @@ class Tokens:
         stop = self.length if stop is None else min(stop, self.length)
         if start <= 0 and stop >= self.length:
             return self
+        if start >= stop:
+            return Tokens()
+        i, inner = self._locate(start)
         out: list[Run] = []
-        pos = 0
-        for key, s, n in self.runs:
-            lo, hi = max(start, pos), min(stop, pos + n)
-            if lo < hi:
-                out.append((key, s + lo - pos, hi - lo))
-            pos += n
-            if pos >= stop:
-                break
-        return Tokens(out)
+        pos = start
+        runs = self.runs
+        while pos < stop:
+            key, s, n = runs[i]
+            take = min(n - inner, stop - pos)
+            out.append((key, s + inner, take))
+            pos += take
+            i, inner = i + 1, 0
+        return Tokens._canonical_runs(tuple(out))
 
     def token(self, index: int) -> tuple[Hashable, int]:
         """The identity of token `index`."""
-        pos = 0
-        for key, s, n in self.runs:
-            if index < pos + n:
-                return key, s + index - pos
-            pos += n
-        raise IndexError(f"token {index} of a {self.length}-token sequence")
+        if not 0 <= index < self.length:
+            raise IndexError(f"token {index} of a {self.length}-token sequence")
+        i, inner = self._locate(index)
+        key, s, _ = self.runs[i]
+        return key, s + inner
 
     def page_key(self, offset: int, page_size: int) -> Hashable:
         """Identity of the page of `page_size` tokens at `offset` (SGLang's `RadixKey.child_key_at`): the token
         itself for page size 1, else the page's canonical runs."""
         if page_size == 1:
             return self.token(offset)
+        i, inner = self._locate(offset)
+        key, s, n = self.runs[i]
+        if inner + page_size <= n:
+            return ((key, s + inner, page_size),)  # the page lies inside one run
         return self.slice(offset, offset + page_size).runs
 
     def match(self, other: Tokens, offset: int = 0) -> int:
         """How many leading tokens of `self` equal `other`'s from `offset` on (SGLang `RadixKey.match_at`, before
         page rounding)."""
-        b = other.runs if offset == 0 else other.slice(offset).runs
-        a = self.runs
-        n = ia = ib = oa = ob = 0
+        a, b = self.runs, other.runs
+        if offset >= other.length:
+            return 0
+        ib, ob = other._locate(offset) if offset else (0, 0)
+        n = ia = oa = 0
         while ia < len(a) and ib < len(b):
             ka, sa, na = a[ia]
             kb, sb, nb = b[ib]
