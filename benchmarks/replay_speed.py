@@ -7,7 +7,8 @@ process and the processes it split into). kvsim runs each case in one process (`
 ignores the cluster's state (round-robin), split by worker over `--jobs` processes (`sim.replay`). The mocker
 (`ai-dynamo-runtime` 1.6.1, in a side virtualenv: benchmarks/dynamo-mocker/README.md) runs the same trace with the
 same workers, blocks (64 tokens) and router when its interpreter exists; the ratio kvsim req/s / mocker req/s is
-printed beside. These machines are shared and noisy: compare the ratios measured in one run, not absolute seconds.
+printed beside. The SGLang rows run kvsim's SGLang engine (64-token pages, `scenarios/trace-replay.yaml`) against the
+mocker's `--backend sglang`. These machines are shared and noisy: compare the ratios measured in one run, not absolute seconds.
 """
 
 from __future__ import annotations
@@ -34,8 +35,10 @@ from sim.scenario import builtin_scenario_path, load_scenario
 from sim.workloads.traces import read_mooncake
 """ + PEAK_RSS + """
 trace, workers, tokens, router, jobs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
+engine = sys.argv[6]
 s, _ = load_scenario(builtin_scenario_path("trace-replay"))
-s = s.with_overrides(**{"cluster.workers": workers, "engine.num_gpu_blocks_override": tokens // 64 + 1,
+s = s.with_engine(engine)
+s = s.with_overrides(**{"cluster.workers": workers, **s.engine.capacity_overrides(tokens=tokens),
                         "router.name": router, "router.options": {}})
 t0 = time.perf_counter()
 r = replay(s, lambda: read_mooncake(trace, block_size=64), jobs=jobs)
@@ -96,16 +99,19 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="skip the 1M-request runs and the sweep")
     args = parser.parse_args()
     py = sys.executable
-    cases = [("conversation", 8, 3_000_000, "round-robin", "round_robin"),
-             ("conversation", 8, 3_000_000, "kv-aware", "kv_router"),
-             ("conversation", 8, 1_000_000, "round-robin", "round_robin"),
-             ("synthetic", 8, 3_000_000, "round-robin", "round_robin")]
+    cases = [("conversation", 8, 3_000_000, "round-robin", "round_robin", "vllm"),
+             ("conversation", 8, 3_000_000, "kv-aware", "kv_router", "vllm"),
+             ("conversation", 8, 1_000_000, "round-robin", "round_robin", "vllm"),
+             ("synthetic", 8, 3_000_000, "round-robin", "round_robin", "vllm"),
+             ("conversation", 8, 3_000_000, "round-robin", "round_robin", "sglang"),
+             ("conversation", 8, 3_000_000, "kv-aware", "kv_router", "sglang"),
+             ("conversation", 8, 1_000_000, "round-robin", "round_robin", "sglang")]
     have_mocker = args.mocker_python.exists()
     job_counts = [1] + ([args.jobs] if args.jobs > 1 else [])
-    print(f"{'trace':13s} {'workers x KV':>14s} {'router':12s} {'jobs':>4s} {'kvsim reuse':>11s} {'kvsim s':>8s} "
+    print(f"{'trace':13s} {'engine':6s} {'workers x KV':>14s} {'router':12s} {'jobs':>4s} {'kvsim reuse':>11s} {'kvsim s':>8s} "
           f"{'kvsim req/s':>11s} {'RSS MB':>7s} {'mocker reuse':>12s} {'mocker s':>8s} {'mocker req/s':>12s} "
           f"{'ratio':>6s}")
-    for trace, workers, tokens, router, mocker_router in cases:
+    for trace, workers, tokens, router, mocker_router, engine in cases:
         path = args.traces / f"{trace}_trace.jsonl"
         if not path.exists():
             raise SystemExit(f"--traces: {path} not found")
@@ -114,16 +120,16 @@ def main() -> None:
         if have_mocker:
             m = _json_run([str(args.mocker_python), str(MOCKER), str(path), "--workers", str(workers),
                            "--num-gpu-blocks", str(tokens // 64), "--block-size", "64", "--router", mocker_router,
-                           "--trace-block-size", "512"])
+                           "--trace-block-size", "512", "--backend", engine])
             m_rps = m["requests"] / m["wall_s"]
             mocker = f" {m['prefix_cache_reused_ratio']:12.4f} {m['wall_s']:8.2f} {m_rps:12.0f}"
         for jobs in job_counts:
-            k = _json_run([py, "-c", KVSIM_TRACE, str(path), str(workers), str(tokens), router, str(jobs)])
+            k = _json_run([py, "-c", KVSIM_TRACE, str(path), str(workers), str(tokens), router, str(jobs), engine])
             if k["jobs"] != jobs:
                 continue  # this router reads the cluster: it does not split
             k_rps = k["requests"] / k["wall_s"]
             ratio = f" {k_rps / m_rps:6.2f}" if m_rps else ""
-            print(f"{trace:13s} {f'{workers} x {tokens / 1e6:.1f}M':>14s} {router:12s} {jobs:4d} "
+            print(f"{trace:13s} {engine:6s} {f'{workers} x {tokens / 1e6:.1f}M':>14s} {router:12s} {jobs:4d} "
                   f"{k['prefix_reuse']:11.4f} {k['wall_s']:8.2f} {k_rps:11.0f} {k['peak_rss_mb']:7.0f}{mocker}{ratio}",
                   flush=True)
     if args.quick:

@@ -8,18 +8,31 @@ The public API for notebooks and scripts is what this module exports (`sim.__all
 and may move.
 """
 
-from sim.engines import ENGINES
-from sim.replay import ReplayResult, replay
-from sim.results.records import RequestRecord, RunResult, TtftSamples, WorkerCounters
-from sim.results.summary import Summary, summarize
-from sim.runner import run
-from sim.scenario import Scenario, ScenarioError, load_scenario
-from sim.studies import analytic
-from sim.studies.plan import PlanSpec, PlanTarget, make_grid, plan, transient_requests
-from sim.studies.reference import load_reference, measured
-from sim.studies.sweep import run_sweep, sweep_points
-from sim.workloads.shared_prefix import shared_prefix_stream
-from sim.workloads.traces import read_mooncake
+# NOTE: resolved on first use (PEP 562), so that `import sim.replay` does not load scipy and matplotlib.
+_EXPORTS = {
+    "ENGINES": "sim.engines", "ReplayResult": "sim.replay", "replay": "sim.replay",
+    "RequestRecord": "sim.results.records", "RunResult": "sim.results.records", "TtftSamples": "sim.results.records",
+    "WorkerCounters": "sim.results.records", "Summary": "sim.results.summary", "summarize": "sim.results.summary",
+    "run": "sim.runner", "Scenario": "sim.scenario", "ScenarioError": "sim.scenario", "load_scenario": "sim.scenario",
+    "analytic": "sim.studies.analytic", "PlanSpec": "sim.studies.plan", "PlanTarget": "sim.studies.plan",
+    "make_grid": "sim.studies.plan", "plan": "sim.studies.plan", "transient_requests": "sim.studies.plan",
+    "load_reference": "sim.studies.reference", "measured": "sim.studies.reference",
+    "run_sweep": "sim.studies.sweep", "sweep_points": "sim.studies.sweep",
+    "shared_prefix_stream": "sim.workloads.shared_prefix", "read_mooncake": "sim.workloads.traces",
+}
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'sim' has no attribute {name!r}")
+    import importlib
+
+    imported = importlib.import_module(module)
+    value = imported if module.endswith(f".{name}") else getattr(imported, name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "ENGINES", "PlanSpec", "PlanTarget", "ReplayResult", "RequestRecord", "RunResult", "Scenario", "ScenarioError",
