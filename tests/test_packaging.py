@@ -1,0 +1,17 @@
+"""The wheel ships every module: each package folder of `sim/` and `policies/` is listed in pyproject.toml (the
+flat layout lists packages explicitly, so a new folder must be added there or `pip install .` leaves it out)."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_every_package_folder_is_listed_in_pyproject():
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {".".join(p.parent.relative_to(REPO).parts) for top in ("sim", "policies")
+               for p in (REPO / top).rglob("*.py") if "__pycache__" not in p.parts}
+    assert folders - listed == set(), "add these packages to [tool.setuptools] packages in pyproject.toml"
+    assert all((REPO / f.replace(".", "/") / "__init__.py").is_file() for f in folders)
