@@ -29,7 +29,7 @@ def __getattr__(name: str):
     import importlib
 
     imported = importlib.import_module(module)
-    value = imported if module.endswith(f".{name}") else getattr(imported, name)
+    value = imported if name == "analytic" else getattr(imported, name)  # analytic is a module, the rest names
     globals()[name] = value
     return value
 

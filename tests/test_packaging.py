@@ -15,3 +15,18 @@ def test_every_package_folder_is_listed_in_pyproject():
                for p in (REPO / top).rglob("*.py") if "__pycache__" not in p.parts}
     assert folders - listed == set(), "add these packages to [tool.setuptools] packages in pyproject.toml"
     assert all((REPO / f.replace(".", "/") / "__init__.py").is_file() for f in folders)
+
+
+def test_every_public_name_resolves_to_what_it_says():
+    import importlib
+    import inspect
+
+    import sim
+
+    for name in sim.__all__:
+        value = getattr(sim, name)
+        assert value is not None, name
+        if name != "analytic":
+            assert getattr(importlib.import_module(sim._EXPORTS[name]), name) is value, name
+            assert not inspect.ismodule(value), name
+    assert inspect.ismodule(sim.analytic) and callable(sim.plan) and callable(sim.run)
