@@ -4,13 +4,13 @@ The layout follows a request: `workloads` (what is sent) -> `cluster` (router in
 `engines` (each worker's scheduler and prefix cache: vLLM v1, SGLang) -> `results` (records, summaries, reports);
 `studies` compose many runs (sweep, plan, calibrate, validate, analytic screens); `servers` measure real ones.
 
-The public API for notebooks and scripts is what this module exports (`sim.__all__`); everything else is internal
-and may move.
+The public API for notebooks and scripts is what this module exports (`sim.__all__`), plus the trace replay
+`sim.replay.replay` (its module shares its name); everything else is internal and may move.
 """
 
 # NOTE: resolved on first use (PEP 562), so that `import sim.replay` does not load scipy and matplotlib.
 _EXPORTS = {
-    "ENGINES": "sim.engines", "ReplayResult": "sim.replay", "replay": "sim.replay",
+    "ENGINES": "sim.engines", "ReplayResult": "sim.replay",
     "RequestRecord": "sim.results.records", "RunResult": "sim.results.records", "TtftSamples": "sim.results.records",
     "WorkerCounters": "sim.results.records", "Summary": "sim.results.summary", "summarize": "sim.results.summary",
     "run": "sim.runner", "Scenario": "sim.scenario", "ScenarioError": "sim.scenario", "load_scenario": "sim.scenario",
@@ -37,6 +37,6 @@ def __getattr__(name: str):
 __all__ = [
     "ENGINES", "PlanSpec", "PlanTarget", "ReplayResult", "RequestRecord", "RunResult", "Scenario", "ScenarioError",
     "Summary", "TtftSamples", "WorkerCounters", "analytic", "load_reference", "load_scenario", "make_grid",
-    "measured", "plan", "read_mooncake", "replay", "run", "run_sweep", "shared_prefix_stream", "summarize",
+    "measured", "plan", "read_mooncake", "run", "run_sweep", "shared_prefix_stream", "summarize",
     "sweep_points", "transient_requests",
 ]
