@@ -5,7 +5,15 @@ The streams are generated here, deterministically, as token ids; vLLM's side run
 hashes the same token ids into chained block hashes and replays them through `sim.engines.vllm.scheduler.Scheduler` with the
 oracle's loop: lockstep engine steps, a closed-loop client over the whole cluster, the next request added after
 the step in which one finished. Compared: per request the hit tokens at first admission, the admission, first-token
-and finish steps and the preemptions; per worker vLLM's prefix-cache counters and the final free queue, block for block.
+and finish steps and the preemptions; per worker vLLM's prefix-cache counters and the final free queue, block for block,
+and the KV cache events, exactly and in order.
+
+Events: each worker's `KVCacheManager` is subscribed to (`subscribe`) and published once per step right after
+`update_from_output` (`publish(step)`, as `VllmEngine.update_from_output` does and as vLLM's scheduler takes its events
+there); both sides turn them into the oracle's rows `[step, kind, num_block_hashes, parent_is_none, request_id,
+first_block]` (benchmarks/vllm-oracle/README.md): a `stored` row names the request and the block index its pass starts
+at, a `removed` row names the hash by the request and block under which it was first stored on that worker. Recording
+changes nothing else kvsim computes (the replay uses no decode stretches, which subscribing would switch off).
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from sim.engines.interface import CacheEvent
 from sim.engines.vllm.kv_cache_manager import KVCacheManager
 from sim.engines.vllm.request_state import RequestState
 from sim.workloads.request import Request
@@ -129,8 +138,76 @@ class _Tracked:
     record: dict
 
 
+class _EventRecorder:
+    """One worker's published KV events as the oracle's rows: [step, kind, num_block_hashes, parent_is_none,
+    request_id, first_block] (see benchmarks/vllm-oracle/README.md).
+
+    A `CacheEvent` names no request, so the cache manager's two entry points that cache blocks (`allocate_slots`,
+    `cache_full_blocks`, both called with the request's state) are wrapped, on this instance only, to note which
+    request each `stored` event was recorded for; the wrappers pass arguments and results through untouched. The
+    first block is derived from the event itself (its parent hash's position in that request's chain) and the
+    event's hashes are checked against the request's.
+    """
+
+    def __init__(self, kv: KVCacheManager, request_ids: list[str]) -> None:
+        self.rows: list[list] = []
+        self._kv = kv
+        self._request_ids = request_ids
+        self._owner: dict[int, tuple[CacheEvent, RequestState]] = {}
+        self._first_stored: dict = {}
+        for name in ("allocate_slots", "cache_full_blocks"):
+            setattr(kv, name, self._attributing(getattr(kv, name)))
+        kv.subscribe(self._listen)
+
+    def _attributing(self, method):
+        def call(state, *args, **kwargs):
+            pending = self._kv.pool.events
+            n0 = len(pending)
+            result = method(state, *args, **kwargs)
+            for ev in pending[n0:]:
+                if ev.kind == "stored":
+                    self._owner.setdefault(id(ev), (ev, state))
+            return result
+        return call
+
+    def _listen(self, events, now_s: float) -> None:
+        step = int(now_s)
+        for ev in events:
+            if ev.kind == "stored":
+                ev_, state = self._owner.pop(id(ev), (None, None))
+                if ev_ is not ev:
+                    raise AssertionError(f"step {step}: a stored event from outside allocate_slots/cache_full_blocks")
+                rid = self._request_ids[state.request.request_id]
+                first = 0 if ev.parent_hash is None else self._position(state, ev.parent_hash) + 1
+                n = len(ev.block_hashes)
+                if (ev.block_size != self._kv.block_size
+                        or list(ev.block_hashes) != state.block_hashes(first, first + n)):
+                    raise AssertionError(f"step {step}: stored event of {rid} is not blocks {first}..{first + n - 1}")
+                for i, h in enumerate(ev.block_hashes):
+                    self._first_stored.setdefault(h, (rid, first + i))
+                self.rows.append([step, "stored", n, ev.parent_hash is None, rid, first])
+            elif ev.kind == "removed":
+                if len(ev.block_hashes) != 1:
+                    raise AssertionError(f"step {step}: removed event with {len(ev.block_hashes)} hashes")
+                rid, index = self._first_stored[ev.block_hashes[0]]
+                self.rows.append([step, "removed", 1, None, rid, index])
+            else:
+                self.rows.append([step, ev.kind, len(ev.block_hashes), None, None, None])
+
+    @staticmethod
+    def _position(state: RequestState, block_hash) -> int:
+        prompt = state.request.block_hashes
+        if isinstance(block_hash, tuple) and block_hash[:1] == ("out",):
+            return block_hash[2]
+        return prompt.index(block_hash)
+
+    def check_drained(self) -> None:
+        if self._kv.pool.events or self._owner:
+            raise AssertionError("KV events recorded but never published")
+
+
 def replay_kvsim(stream: dict, vllm_version: str = ORACLE_VLLM_VERSION) -> dict:
-    """kvsim's answer for `stream`, in the oracle's output format (minus `vllm_version`)."""
+    """kvsim's answer for `stream`, in the oracle's output format (minus `vllm_version`), KV events included."""
     B = stream["block_size"]
     behaviour = VllmBehaviour.for_version(vllm_version)
     max_model_len = stream.get("max_model_len", 40960)
@@ -142,6 +219,7 @@ def replay_kvsim(stream: dict, vllm_version: str = ORACLE_VLLM_VERSION) -> dict:
         for _ in range(stream["num_workers"])
     ]
     reqs = stream["requests"]
+    recorders = [_EventRecorder(s.kv, [r["id"] for r in reqs]) for s in scheds]
     concurrency = 1 if stream["mode"] == "one_at_a_time" else stream["concurrency"]
     tracked: dict[int, _Tracked] = {}
     records = []
@@ -175,6 +253,7 @@ def replay_kvsim(stream: dict, vllm_version: str = ORACLE_VLLM_VERSION) -> dict:
                 if rec["admit_step"] is None:
                     rec["admit_step"], rec["hit_tokens"] = step, st.num_cached_tokens
             outcome = s.update_from_output(plan, float(step))
+            s.kv.publish(float(step))  # as VllmEngine.update_from_output: the step's KV events, once
             for st in outcome.first_token:
                 tracked[st.request.request_id].record["first_token_step"] = step
             for st in outcome.finished:
@@ -186,6 +265,8 @@ def replay_kvsim(stream: dict, vllm_version: str = ORACLE_VLLM_VERSION) -> dict:
                 submit(next_idx)
                 next_idx += 1
         step += 1
+    for rec in recorders:
+        rec.check_drained()
     workers = []
     for s in scheds:
         st = s.kv.stats
@@ -193,7 +274,8 @@ def replay_kvsim(stream: dict, vllm_version: str = ORACLE_VLLM_VERSION) -> dict:
                         "preempted_requests": st.preempted_requests, "preempted_queries": st.preempted_queries,
                         "preempted_hits": st.preempted_hits, "num_free_blocks_end": s.kv.num_free_blocks})
     return {"num_steps": step, "requests": records, "workers": workers,
-            "free_queue_end": [s.kv.pool.free_queue() for s in scheds]}
+            "free_queue_end": [s.kv.pool.free_queue() for s in scheds],
+            "events": [rec.rows for rec in recorders]}
 
 
 # ---------------------------------------------------------------------------------------------- vLLM side
@@ -225,6 +307,14 @@ def differences(expected: dict, actual: dict, *, limit: int = 10) -> list[str]:
             first = next((i for i, (x, y) in enumerate(zip(e, a)) if x != y), min(len(e), len(a)))
             out.append(f"worker {w}: free queue differs from position {first}: "
                        f"vLLM {e[first:first + 6]} kvsim {a[first:first + 6]}")
+    if "events" not in expected:
+        out.append("no events in vLLM's answer (a golden file from before the events: regenerate it)")
+    else:
+        for w, (e, a) in enumerate(zip(expected["events"], actual["events"])):
+            if e != a:
+                first = next((i for i, (x, y) in enumerate(zip(e, a)) if x != y), min(len(e), len(a)))
+                out.append(f"worker {w}: KV events differ from event {first} (vLLM {len(e)}, kvsim {len(a)} events): "
+                           f"vLLM {e[first:first + 3]} kvsim {a[first:first + 3]}")
     if expected.get("num_steps") != actual.get("num_steps"):
         out.append(f"steps: vLLM={expected.get('num_steps')} kvsim={actual.get('num_steps')}")
     return out[:limit]

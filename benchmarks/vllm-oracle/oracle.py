@@ -24,7 +24,8 @@ schedule() + fake forward + update_from_output(); then, for every request that
 finished in step k (worker index order, then finish order), the next request of
 the list is added to its own worker before step k+1.
 
-Output (stdout, one JSON object): see README.md. Everything vLLM logs goes to
+Output (stdout, one JSON object, per-worker KV cache events included): see
+README.md. Everything vLLM logs goes to
 stderr; stdout carries only the result. Exit status 2 on bad input, 3 when a
 worker stalls (a prompt can never fit).
 """
@@ -131,7 +132,8 @@ def run(cfg: dict) -> dict:
 
     import torch
     import vllm
-    from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+    from vllm.config import CacheConfig, KVEventsConfig, ModelConfig, SchedulerConfig, VllmConfig
+    from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import get_hash_fn_by_name
     from vllm.v1.core import kv_cache_utils
@@ -173,6 +175,8 @@ def run(cfg: dict) -> dict:
             model_config=model_config,
             scheduler_config=scheduler_config,
             cache_config=cache_config,
+            # KV events on, published nowhere ("null"): the oracle reads them from take_events.
+            kv_events_config=KVEventsConfig(enable_kv_cache_events=True, publisher="null"),
         )
         vllm_config.cache_config.num_gpu_blocks = cfg["num_gpu_blocks"]
         kv_cache_config = KVCacheConfig(
@@ -222,6 +226,34 @@ def run(cfg: dict) -> dict:
 
         kvm.record_prefix_cache_stats = wrapped
 
+    # KV events: the batch each step's update_from_output takes (KVCacheManager.take_events, once per step), per
+    # worker. A BlockStored names neither its request nor its position, so the block pool's event builder
+    # (shared by cache_full_blocks and emit_cached_block_events) is wrapped to remember both per event.
+    step_now = [0]
+    raw_events: list[list[tuple[int, object]]] = [[] for _ in range(nw)]
+    stored_origin: dict[int, tuple[object, str, int]] = {}
+    for w, s in enumerate(scheds):
+        kvm = s.kv_cache_manager
+        if not kvm.enable_kv_cache_events:
+            raise OracleError("KV cache events did not switch on", 4)
+        pool = kvm.block_pool
+        orig_build = pool._build_block_stored_event
+
+        def build(request, block_hashes, parent_block_hash, start_token_idx, *args, _orig=orig_build, **kw):
+            ev = _orig(request, block_hashes, parent_block_hash, start_token_idx, *args, **kw)
+            stored_origin[id(ev)] = (ev, request.request_id, start_token_idx)
+            return ev
+
+        pool._build_block_stored_event = build
+        orig_take = kvm.take_events
+
+        def take(_orig=orig_take, _w=w):
+            evs = _orig()
+            raw_events[_w].extend((step_now[0], ev) for ev in evs)
+            return evs
+
+        kvm.take_events = take
+
     rng = random.Random(cfg["seed"])
     stats = [PrefixCacheStats() for _ in range(nw)]
 
@@ -266,6 +298,7 @@ def run(cfg: dict) -> dict:
         if not active:
             break
         finished_this_step: list[str] = []
+        step_now[0] = k
         for w in active:
             s = scheds[w]
             out = s.schedule()
@@ -328,6 +361,14 @@ def run(cfg: dict) -> dict:
                     f"{r['hit_tokens']} hit tokens, record_prefix_cache_stats "
                     f"{recorded_hits.get(rid)}", 4)
 
+    events = []
+    for w, s in enumerate(scheds):
+        if s.kv_cache_manager.block_pool.kv_event_queue:
+            raise OracleError(f"worker {w}: KV events left untaken after the run", 4)
+        events.append(_event_rows(raw_events[w], stored_origin, bs, BlockStored, BlockRemoved, AllBlocksCleared))
+    if stored_origin:
+        raise OracleError(f"{len(stored_origin)} BlockStored events built but never taken", 4)
+
     workers = []
     for w, s in enumerate(scheds):
         kvm = s.kv_cache_manager
@@ -347,7 +388,47 @@ def run(cfg: dict) -> dict:
         "requests": [rec[r["id"]] for r in reqs],
         "workers": workers,
         "free_queue_end": [_free_queue_ids(s.kv_cache_manager.block_pool) for s in scheds],
+        "events": events,
     }
+
+
+def _event_rows(raw, stored_origin, block_size, BlockStored, BlockRemoved, AllBlocksCleared) -> list[list]:
+    """One worker's events as rows [step, kind, num_block_hashes, parent_is_none, request_id, first_block].
+
+    stored: request_id and first_block (start_token_idx // block_size) of the caching pass.
+    removed: the request id and block index under which the removed hash was first stored on this worker (its
+    name: hash values are vLLM's own), parent_is_none null. cleared: [step, "cleared", 0, null, null, null].
+    """
+    rows = []
+    first_stored: dict = {}
+    for step, ev in raw:
+        if isinstance(ev, BlockStored):
+            origin = stored_origin.pop(id(ev), None)
+            if origin is None or origin[0] is not ev:
+                raise OracleError("a BlockStored event of unknown origin", 4)
+            _, rid, start_tok = origin
+            n = len(ev.block_hashes)
+            if start_tok % block_size or len(ev.token_ids) != n * block_size or ev.block_size != block_size:
+                raise OracleError(f"BlockStored of {rid} not whole blocks: start {start_tok}, "
+                                  f"{len(ev.token_ids)} tokens for {n} hashes", 4)
+            first = start_tok // block_size
+            if (ev.parent_block_hash is None) != (first == 0):
+                raise OracleError(f"BlockStored of {rid} at block {first}: parent {ev.parent_block_hash!r}", 4)
+            for i, h in enumerate(ev.block_hashes):
+                first_stored.setdefault(h, (rid, first + i))
+            rows.append([step, "stored", n, ev.parent_block_hash is None, rid, first])
+        elif isinstance(ev, BlockRemoved):
+            if len(ev.block_hashes) != 1:
+                raise OracleError(f"BlockRemoved with {len(ev.block_hashes)} hashes", 4)
+            name = first_stored.get(ev.block_hashes[0])
+            if name is None:
+                raise OracleError("BlockRemoved of a hash never stored", 4)
+            rows.append([step, "removed", 1, None, name[0], name[1]])
+        elif isinstance(ev, AllBlocksCleared):
+            rows.append([step, "cleared", 0, None, None, None])
+        else:
+            raise OracleError(f"unexpected KV event {type(ev).__name__}", 4)
+    return rows
 
 
 def main(argv: list[str]) -> int:
