@@ -18,14 +18,10 @@ changes nothing else kvsim computes (the replay uses no decode stretches, which 
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 import random
-import subprocess
 from dataclasses import dataclass
-from pathlib import Path
 
+from oracle_support import GOLDEN, REPO, Oracle
 from sim.engines.interface import CacheEvent
 from sim.engines.vllm.kv_cache_manager import KVCacheManager
 from sim.engines.vllm.request_state import RequestState
@@ -33,9 +29,9 @@ from sim.workloads.request import Request
 from sim.engines.vllm.scheduler import Scheduler, SchedulerLimits
 from sim.engines.vllm.behaviour import VllmBehaviour
 
-REPO = Path(__file__).resolve().parents[1]
-ORACLE = REPO / "benchmarks" / "vllm-oracle" / "oracle.py"
-GOLDEN_DIR = Path(__file__).resolve().parent / "golden" / "vllm_oracle"
+ORACLE = Oracle(script=REPO / "benchmarks" / "vllm-oracle" / "oracle.py", env_var="KVSIM_VLLM_PYTHON",
+                golden_dir=GOLDEN / "vllm_oracle", version_key="vllm_version",
+                setup="benchmarks/vllm-oracle/README.md", timeout_s=900)
 ORACLE_VLLM_VERSION = "0.33.0"
 VOCAB = 151936
 
@@ -125,10 +121,6 @@ def build_stream(name: str) -> dict:
     else:
         spec["requests"] = _pressure_stream()
     return spec
-
-
-def stream_digest(stream: dict) -> str:
-    return hashlib.sha256(json.dumps(stream, sort_keys=True).encode()).hexdigest()[:16]
 
 
 # ---------------------------------------------------------------------------------------------- kvsim side
@@ -279,18 +271,6 @@ def replay_kvsim(stream: dict, vllm_version: str = ORACLE_VLLM_VERSION) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- vLLM side
-def oracle_python() -> str | None:
-    return os.environ.get("KVSIM_VLLM_PYTHON")
-
-
-def run_oracle(stream: dict, python: str) -> dict:
-    proc = subprocess.run([python, str(ORACLE)], input=json.dumps(stream), capture_output=True, text=True,
-                          timeout=900)
-    if proc.returncode != 0:
-        raise RuntimeError(f"oracle.py exited {proc.returncode}: {proc.stderr[-2000:]}")
-    return json.loads(proc.stdout)
-
-
 def differences(expected: dict, actual: dict, *, limit: int = 10) -> list[str]:
     """Human-readable differences between an oracle answer and kvsim's, most telling first."""
     out = []
@@ -320,25 +300,6 @@ def differences(expected: dict, actual: dict, *, limit: int = 10) -> list[str]:
     return out[:limit]
 
 
-def golden_path(name: str) -> Path:
-    return GOLDEN_DIR / f"{name}.json"
-
-
-def write_golden(name: str, python: str) -> dict:
-    stream = build_stream(name)
-    answer = run_oracle(stream, python)
-    GOLDEN_DIR.mkdir(parents=True, exist_ok=True)
-    golden = {"stream": name, "stream_digest": stream_digest(stream), "vllm_version": answer.pop("vllm_version"),
-              "answer": answer}
-    golden_path(name).write_text(json.dumps(golden, separators=(",", ":")) + "\n")
-    return golden
-
-
 if __name__ == "__main__":
     # Regenerate the golden answers: KVSIM_VLLM_PYTHON=<oracle venv>/bin/python python tests/oracle_streams.py
-    py = oracle_python()
-    if not py:
-        raise SystemExit("set KVSIM_VLLM_PYTHON to the oracle venv's python (see benchmarks/vllm-oracle/README.md)")
-    for stream_name in STREAMS:
-        g = write_golden(stream_name, py)
-        print(f"{golden_path(stream_name)}: vLLM {g['vllm_version']}, {len(g['answer']['requests'])} requests")
+    ORACLE.regenerate(STREAMS, build_stream)

@@ -16,22 +16,19 @@ finished it, its retractions and outputs; at the end the whole tree (every node'
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import random
-import subprocess
-from pathlib import Path
 
+from oracle_support import GOLDEN, REPO, Oracle
 from sim.engines.sglang.radix_cache import RadixCache
 from sim.engines.sglang.request_state import SglangRequest
 from sim.engines.sglang.scheduler import Scheduler, SchedulerLimits
 from sim.engines.sglang.tokens import Tokens
 from sim.workloads.request import Request
 
-REPO = Path(__file__).resolve().parents[1]
-ORACLE = REPO / "benchmarks" / "sglang-oracle" / "engine_oracle.py"
-GOLDEN_DIR = Path(__file__).resolve().parent / "golden" / "sglang_engine"
+ORACLE = Oracle(script=REPO / "benchmarks" / "sglang-oracle" / "engine_oracle.py", env_var="KVSIM_SGLANG_PYTHON",
+                golden_dir=GOLDEN / "sglang_engine", version_key="sglang_version",
+                setup="benchmarks/sglang-oracle/README.md", answer_keys=("batches", "requests", "tree", "final"))
 ORACLE_SGLANG_VERSION = "0.5.23"
 OUT_KEY_BASE = 900_000
 """SGLang's fake model samples token (900000 + i) * 10^6 + p at output position p of request i ..."""
@@ -119,10 +116,6 @@ STREAMS: dict[str, dict] = {
 def build_stream(name: str) -> dict:
     spec = {k: v for k, v in STREAMS[name].items() if k != "requests"}
     return {**DEFAULTS, **spec, "requests": STREAMS[name]["requests"]()}
-
-
-def stream_digest(stream: dict) -> str:
-    return hashlib.sha256(json.dumps(stream, sort_keys=True).encode()).hexdigest()[:16]
 
 
 # ---------------------------------------------------------------------------------------------- kvsim side
@@ -242,18 +235,6 @@ def replay_kvsim(stream: dict) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- SGLang side
-def oracle_python() -> str | None:
-    return os.environ.get("KVSIM_SGLANG_PYTHON")
-
-
-def run_oracle(stream: dict, python: str) -> dict:
-    proc = subprocess.run([python, str(ORACLE)], input=json.dumps(stream), capture_output=True, text=True,
-                          timeout=1800)
-    if proc.returncode != 0:
-        raise RuntimeError(f"engine_oracle.py exited {proc.returncode}: {proc.stderr[-3000:]}")
-    return json.loads(proc.stdout)
-
-
 BATCH_KEYS = ("mode", "reqs", "retracted", "available", "evictable", "protected", "new_token_ratio", "waiting")
 REQUEST_KEYS = ("cached_tokens", "admit_batch", "first_token_batch", "finish_batch", "num_retractions",
                 "output_tokens")
@@ -284,25 +265,6 @@ def differences(expected: dict, actual: dict, *, limit: int = 12) -> list[str]:
     return out[:limit]
 
 
-def golden_path(name: str) -> Path:
-    return GOLDEN_DIR / f"{name}.json"
-
-
-def write_golden(name: str, python: str) -> dict:
-    stream = build_stream(name)
-    answer = run_oracle(stream, python)
-    GOLDEN_DIR.mkdir(parents=True, exist_ok=True)
-    golden = {"stream": name, "stream_digest": stream_digest(stream), "sglang_version": answer.pop("sglang_version"),
-              "answer": {k: answer[k] for k in ("batches", "requests", "tree", "final")}}
-    golden_path(name).write_text(json.dumps(golden, separators=(",", ":")) + "\n")
-    return golden
-
-
 if __name__ == "__main__":
-    # Regenerate the golden answers: KVSIM_SGLANG_PYTHON=<sglang venv>/bin/python python tests/sglang_engine_streams.py
-    py = oracle_python()
-    if not py:
-        raise SystemExit("set KVSIM_SGLANG_PYTHON to the SGLang venv's python (see benchmarks/sglang-oracle/README.md)")
-    for stream_name in STREAMS:
-        g = write_golden(stream_name, py)
-        print(f"{golden_path(stream_name)}: SGLang {g['sglang_version']}, {len(g['answer']['batches'])} batches")
+    # Regenerate: KVSIM_SGLANG_PYTHON=<sglang venv>/bin/python python tests/sglang_engine_streams.py
+    ORACLE.regenerate(STREAMS, build_stream)

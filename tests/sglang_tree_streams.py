@@ -14,19 +14,16 @@ must give the same answers to the same operations.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import random
-import subprocess
-from pathlib import Path
 
+from oracle_support import GOLDEN, REPO, Oracle
 from sim.engines.sglang.radix_cache import RadixCache
 from sim.engines.sglang.tokens import Tokens
 
-REPO = Path(__file__).resolve().parents[1]
-ORACLE = REPO / "benchmarks" / "sglang-oracle" / "tree_oracle.py"
-GOLDEN_DIR = Path(__file__).resolve().parent / "golden" / "sglang_tree"
+ORACLE = Oracle(script=REPO / "benchmarks" / "sglang-oracle" / "tree_oracle.py", env_var="KVSIM_SGLANG_PYTHON",
+                golden_dir=GOLDEN / "sglang_tree", version_key="sglang_version",
+                setup="benchmarks/sglang-oracle/README.md")
 ORACLE_SGLANG_VERSION = "0.5.23"
 
 
@@ -179,10 +176,6 @@ def build_stream(name: str) -> dict:
     return STREAMS[name]()
 
 
-def stream_digest(stream: dict) -> str:
-    return hashlib.sha256(json.dumps(stream, sort_keys=True).encode()).hexdigest()[:16]
-
-
 def replay_kvsim(stream: dict) -> dict:
     """kvsim's answers to `stream`, in the oracle's output format (minus `sglang_version`)."""
     cache = RadixCache(page_size=stream["page_size"], eviction_policy=stream["eviction_policy"])
@@ -225,18 +218,6 @@ def replay_kvsim(stream: dict) -> dict:
     return {"results": results, "tree": tree}
 
 
-def oracle_python() -> str | None:
-    return os.environ.get("KVSIM_SGLANG_PYTHON")
-
-
-def run_oracle(stream: dict, python: str) -> dict:
-    proc = subprocess.run([python, str(ORACLE)], input=json.dumps(stream), capture_output=True, text=True,
-                          timeout=900)
-    if proc.returncode != 0:
-        raise RuntimeError(f"tree_oracle.py exited {proc.returncode}: {proc.stderr[-2000:]}")
-    return json.loads(proc.stdout)
-
-
 def differences(expected: dict, actual: dict, *, limit: int = 10) -> list[str]:
     out = []
     for i, (e, a) in enumerate(zip(expected["results"], actual["results"])):
@@ -249,25 +230,6 @@ def differences(expected: dict, actual: dict, *, limit: int = 10) -> list[str]:
     return out[:limit]
 
 
-def golden_path(name: str) -> Path:
-    return GOLDEN_DIR / f"{name}.json"
-
-
-def write_golden(name: str, python: str) -> dict:
-    stream = build_stream(name)
-    answer = run_oracle(stream, python)
-    GOLDEN_DIR.mkdir(parents=True, exist_ok=True)
-    golden = {"stream": name, "stream_digest": stream_digest(stream), "sglang_version": answer.pop("sglang_version"),
-              "answer": answer}
-    golden_path(name).write_text(json.dumps(golden, separators=(",", ":")) + "\n")
-    return golden
-
-
 if __name__ == "__main__":
-    # Regenerate the golden answers: KVSIM_SGLANG_PYTHON=<sglang venv>/bin/python python tests/sglang_tree_streams.py
-    py = oracle_python()
-    if not py:
-        raise SystemExit("set KVSIM_SGLANG_PYTHON to the SGLang venv's python (see benchmarks/sglang-oracle/README.md)")
-    for stream_name in STREAMS:
-        g = write_golden(stream_name, py)
-        print(f"{golden_path(stream_name)}: SGLang {g['sglang_version']}, {len(g['answer']['results'])} ops")
+    # Regenerate: KVSIM_SGLANG_PYTHON=<sglang venv>/bin/python python tests/sglang_tree_streams.py
+    ORACLE.regenerate(STREAMS, build_stream)

@@ -11,28 +11,19 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from sglang_engine_streams import (
-    ORACLE_SGLANG_VERSION, STREAMS, build_stream, differences, golden_path, oracle_python, replay_kvsim, run_oracle,
-    stream_digest,
-)
+from oracle_support import check_golden, check_live
+from sglang_engine_streams import ORACLE, ORACLE_SGLANG_VERSION, STREAMS, build_stream, differences, replay_kvsim
 
 
 @pytest.mark.parametrize("name", sorted(STREAMS))
 def test_kvsim_sglang_engine_reproduces_recorded_sglang_answer(name):
-    golden = json.loads(golden_path(name).read_text())
-    stream = build_stream(name)
-    assert golden["stream_digest"] == stream_digest(stream), "stream generator changed: regenerate the golden file"
-    assert golden["sglang_version"] == ORACLE_SGLANG_VERSION
-    diffs = differences(golden["answer"], replay_kvsim(stream))
-    assert not diffs, "\n".join(diffs)
+    check_golden(ORACLE, name, build_stream(name), replay_kvsim, differences, ORACLE_SGLANG_VERSION)
 
 
 def test_the_recorded_engine_streams_exercise_what_they_claim():
-    answers = {n: json.loads(golden_path(n).read_text())["answer"] for n in STREAMS}
+    answers = {n: ORACLE.golden(n)["answer"] for n in STREAMS}
 
     def cached(name):
         return [r["cached_tokens"] for r in answers[name]["requests"]]
@@ -55,11 +46,4 @@ def test_the_recorded_engine_streams_exercise_what_they_claim():
 @pytest.mark.sglang_oracle
 @pytest.mark.parametrize("name", sorted(STREAMS))
 def test_kvsim_sglang_engine_matches_live_sglang(name):
-    python = oracle_python()
-    if not python:
-        pytest.skip("KVSIM_SGLANG_PYTHON is not set (see benchmarks/sglang-oracle/README.md)")
-    stream = build_stream(name)
-    answer = run_oracle(stream, python)
-    assert answer["sglang_version"] == ORACLE_SGLANG_VERSION
-    diffs = differences(answer, replay_kvsim(stream))
-    assert not diffs, "\n".join(diffs)
+    check_live(ORACLE, build_stream(name), replay_kvsim, differences, ORACLE_SGLANG_VERSION)

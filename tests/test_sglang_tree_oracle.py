@@ -10,44 +10,28 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from sglang_tree_streams import (
-    ORACLE_SGLANG_VERSION, STREAMS, build_stream, differences, golden_path, oracle_python, replay_kvsim, run_oracle,
-    stream_digest,
-)
+from oracle_support import check_golden, check_live
+from sglang_tree_streams import ORACLE, ORACLE_SGLANG_VERSION, STREAMS, build_stream, differences, replay_kvsim
 
 
 @pytest.mark.parametrize("name", sorted(STREAMS))
 def test_kvsim_tree_reproduces_recorded_sglang_answer(name):
-    golden = json.loads(golden_path(name).read_text())
-    stream = build_stream(name)
-    assert golden["stream_digest"] == stream_digest(stream), "stream generator changed: regenerate the golden file"
-    assert golden["sglang_version"] == ORACLE_SGLANG_VERSION
-    diffs = differences(golden["answer"], replay_kvsim(stream))
-    assert not diffs, "\n".join(diffs)
+    check_golden(ORACLE, name, build_stream(name), replay_kvsim, differences, ORACLE_SGLANG_VERSION)
 
 
 def test_the_recorded_tree_streams_exercise_what_they_claim():
-    answers = {n: json.loads(golden_path(n).read_text())["answer"] for n in STREAMS}
+    answers = {n: ORACLE.golden(n)["answer"] for n in STREAMS}
     edge = [r.get("prefix_len") for r in answers["edge_cases"]["results"]]
     assert edge[1] == 2032 and edge[4] == 1000 and edge[6] == 2037  # a split, a mid-prefix match, a run into a tail
     for name, answer in answers.items():
         if name != "edge_cases":
             assert sum(1 for r in answer["results"] if r.get("evicted")) > 20, name  # under pressure
-    assert {json.loads(golden_path(n).read_text())["stream"] for n in STREAMS} == set(STREAMS)
+    assert {ORACLE.golden(n)["stream"] for n in STREAMS} == set(STREAMS)
 
 
 @pytest.mark.sglang_oracle
 @pytest.mark.parametrize("name", sorted(STREAMS))
 def test_kvsim_tree_matches_live_sglang(name):
-    python = oracle_python()
-    if not python:
-        pytest.skip("KVSIM_SGLANG_PYTHON is not set (see benchmarks/sglang-oracle/README.md)")
-    stream = build_stream(name)
-    answer = run_oracle(stream, python)
-    assert answer["sglang_version"] == ORACLE_SGLANG_VERSION
-    diffs = differences(answer, replay_kvsim(stream))
-    assert not diffs, "\n".join(diffs)
+    check_live(ORACLE, build_stream(name), replay_kvsim, differences, ORACLE_SGLANG_VERSION)

@@ -11,28 +11,19 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from oracle_streams import (
-    ORACLE_VLLM_VERSION, STREAMS, build_stream, differences, golden_path, oracle_python, replay_kvsim,
-    run_oracle, stream_digest,
-)
+from oracle_streams import ORACLE, ORACLE_VLLM_VERSION, STREAMS, build_stream, differences, replay_kvsim
+from oracle_support import check_golden, check_live
 
 
 @pytest.mark.parametrize("name", sorted(STREAMS))
 def test_kvsim_reproduces_recorded_vllm_answer(name):
-    golden = json.loads(golden_path(name).read_text())
-    stream = build_stream(name)
-    assert golden["stream_digest"] == stream_digest(stream), "stream generator changed: regenerate the golden file"
-    assert golden["vllm_version"] == ORACLE_VLLM_VERSION
-    diffs = differences(golden["answer"], replay_kvsim(stream))
-    assert not diffs, "\n".join(diffs)
+    check_golden(ORACLE, name, build_stream(name), replay_kvsim, differences, ORACLE_VLLM_VERSION)
 
 
 def test_the_recorded_streams_exercise_what_they_claim():
-    answers = {n: json.loads(golden_path(n).read_text())["answer"] for n in STREAMS}
+    answers = {n: ORACLE.golden(n)["answer"] for n in STREAMS}
     assert sum(r["num_preemptions"] for r in answers["pressure"]["requests"]) > 0
     edge = {r["id"]: r["hit_tokens"] for r in answers["edge_cases"]["requests"]}
     assert (edge["a_repeat"], edge["a_ext2"], edge["p_exact"]) == (2032, 2048, 2016)
@@ -52,11 +43,4 @@ def test_the_recorded_streams_exercise_what_they_claim():
 @pytest.mark.vllm_oracle
 @pytest.mark.parametrize("name", sorted(STREAMS))
 def test_kvsim_matches_live_vllm(name):
-    python = oracle_python()
-    if not python:
-        pytest.skip("KVSIM_VLLM_PYTHON is not set (see benchmarks/vllm-oracle/README.md)")
-    stream = build_stream(name)
-    answer = run_oracle(stream, python)
-    assert answer["vllm_version"] == ORACLE_VLLM_VERSION
-    diffs = differences(answer, replay_kvsim(stream))
-    assert not diffs, "\n".join(diffs)
+    check_live(ORACLE, build_stream(name), replay_kvsim, differences, ORACLE_VLLM_VERSION)
