@@ -1,5 +1,6 @@
 """`kvsim measure` and `kvsim validate` against SGLang, over real HTTP to a stub SGLang server: recognising the
-engine, its setup in the sidecar, /flush_cache, optional counters, and simulating the run on kvsim's SGLang engine."""
+engine, its setup in the sidecar, /flush_cache, optional counters, simulating the run on kvsim's SGLang engine, and
+describing its prompts by their real token ids."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ import pytest
 from click.testing import CliRunner
 
 from sim.cli import main
+from sim.engines.sglang.tokens import prompt_tokens
 from sim.runner import run as simulate
 from sim.scenario import load_scenario
 from sim.servers.run_csv import Run, RunFileError, RunSetup, read_run
 from sim.studies.validate import scenario_for_run, stream_for_run
+from sim.workloads.shared_prefix import SharedPrefixRequests, prompt_token_ids, token_runs_of_ids, with_token_identity
 from stub_server import StubServer
 
 ARGS = ["--prefixes", "3", "--concurrency", "1", "--requests", "20", "--prefix-tokens", "64", "--tail-tokens", "40",
@@ -152,3 +155,22 @@ def test_the_run_decides_the_engine_and_its_settings():
         _sglang_setup(engine={"name": "vllm", "version": "0.32.0"}, num_gpu_blocks=78)), rows)
     e = scenario_for_run(tiny_cpu.with_engine("sglang"), vllm_run).engine
     assert (e.kind, e.num_gpu_blocks_override, e.vllm_version, e.block_size) == ("vllm", 78, "0.32.0", 32)
+
+
+def test_token_runs_follow_the_trie_of_the_ids():
+    """Three prompts: a and b share 5 9 9 and then differ; c shares nothing; an identical prompt shares all."""
+    a, b, c, a2 = token_runs_of_ids([[5, 9, 9, 2, 7], [5, 9, 9, 4], [8, 1], [5, 9, 9, 2, 7]])
+    assert [n for _, n in a] == [3, 2] and [n for _, n in b] == [3, 1] and [n for _, n in c] == [2]
+    assert a[0] == b[0] and a[1] != b[1] and c[0] not in (a[0], b[0]) and a2 == a
+
+
+def test_real_token_ids_make_a_513_token_hit():
+    """Seed 0: the tails of requests 58 and 72 start with the same id (3418). Of one 512-token prefix, with their
+    real ids, request 72 shares 513 tokens with request 58; by the stream's own runs, 512."""
+    maker = SharedPrefixRequests(block_size=32)
+    r58, r72 = (maker.make(rid, 4, prefix_tokens=512, prompt_tokens=612, output_tokens=64) for rid in (58, 72))
+    assert prompt_tokens(r72, 32).match(prompt_tokens(r58, 32)) == 512
+    e58, e72 = with_token_identity([r58, r72], seed=0)
+    assert prompt_token_ids(r58, seed=0)[512] == prompt_token_ids(r72, seed=0)[512] == 3418
+    assert prompt_tokens(e72, 32).match(prompt_tokens(e58, 32)) == 513
+    assert e72.block_hashes == r72.block_hashes

@@ -6,7 +6,8 @@
 #   RUNS="7:4 12:1" NOOVERLAP=0 benchmarks/sglang-oracle/measure_fixtures.sh   # chosen runs (prefixes:concurrency)
 # Needs .venv-sglang-serve and tiny-model/ with its tokenizer (cpu-serving.md). Starts 2 servers with a KV pool of
 # 2,496 tokens each (about 4 prompts of 612 + 64 tokens, scenarios/tiny-cpu.yaml's workload), page size 1; every
-# run flushes their radix caches first (kvsim measure does); stops them at the end.
+# run flushes their radix caches first (kvsim measure does); stops them at the end. The servers' logs of each
+# phase are kept as benchmarks/sglang-oracle/logs/{overlap,nooverlap}-server-<port>.log (git-ignored).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
@@ -26,6 +27,11 @@ warm_up() {
     --out "$(mktemp -d)/warm-up.csv" > /dev/null
 }
 
+keep_logs() {  # phase
+  local port
+  for port in 30001 30002; do cp "$here/logs/server-$port.log" "$here/logs/$1-server-$port.log"; done
+}
+
 measure() {  # name prefixes concurrency
   echo "== $1 $(date -u +%H:%M:%S)"
   "$kvsim" measure --scenario "$scenario" "${endpoints[@]}" --prefixes "$2" --concurrency "$3" --out "$out/$1.csv"
@@ -37,10 +43,12 @@ for run in $runs; do
   IFS=: read -r prefixes conc <<<"$run"
   measure "w2-n${prefixes}-c${conc}" "$prefixes" "$conc"
 done
+keep_logs overlap
 if [[ "${NOOVERLAP:-1}" == 1 ]]; then
   "$here/serve.sh" stop
   EXTRA_ARGS=--disable-overlap-schedule "$here/serve.sh" start 2 "$max_total_tokens"
   warm_up
   measure w2-n2-c4-nooverlap 2 4
+  keep_logs nooverlap
 fi
 echo "== done $(date -u +%H:%M:%S)"

@@ -102,8 +102,8 @@ cmd_start() {
         --page-size "$PAGE_SIZE" --max-total-tokens "$max_total" ${EXTRA_ARGS:-}
     ) > "$LOGDIR/server-$port.log" 2>&1 < /dev/null &
     echo $! > "$LOGDIR/server-$port.pid"
-    echo "started port $port (group $!, page size $PAGE_SIZE, max-total-tokens $max_total${EXTRA_ARGS:+, $EXTRA_ARGS})," \
-      "log $LOGDIR/server-$port.log"
+    local what="page size $PAGE_SIZE, max-total-tokens $max_total${EXTRA_ARGS:+, $EXTRA_ARGS}"
+    echo "started port $port (group $!, $what), log $LOGDIR/server-$port.log"
     # Start them one after the other: two SGLang startups at once on 2 cores take longer than in turn.
     local deadline=$(( $(date +%s) + HEALTH_TIMEOUT ))
     until [[ "$(health_code "$port")" == 200 ]]; do

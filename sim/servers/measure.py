@@ -140,7 +140,8 @@ def _probe_vllm(ep: Endpoint, cache: dict[str, str]) -> dict:
 def _probe_sglang(ep: Endpoint, info: dict, *, hash_block_size: int) -> dict:
     """An SGLang endpoint, from its /server_info.
 
-    * `max_total_tokens` is the KV pool the scheduler got (`max_total_num_tokens`), not the --max-total-tokens asked for;
+    * `max_total_tokens` is the KV pool the scheduler got (`max_total_num_tokens`), not the --max-total-tokens
+      asked for;
     * `max_running_requests` is the scheduler's effective limit (`effective_max_running_requests_per_dp` of its
       internal state) where reported, else the argument (null = SGLang derives it, as kvsim does);
     * `max_model_len` is the context length: the argument, else the model's (GET /v1/models `max_model_len`);
@@ -150,26 +151,26 @@ def _probe_sglang(ep: Endpoint, info: dict, *, hash_block_size: int) -> dict:
         raise EndpointError(f"{ep.url}: SGLang was started without --enable-cache-report, so its answers carry no "
                             f"cached_tokens")
 
-    def number(key: str, value) -> int:
+    def number(key: str, value) -> int | None:
         try:
-            return int(value)
+            return None if value is None else int(value)
         except (TypeError, ValueError):
             raise EndpointError(f"{ep.url}/server_info: {key} is {value!r}, expected an integer") from None
 
+    slots = number("max_total_num_tokens", info["max_total_num_tokens"])
+    if slots is None:
+        raise EndpointError(f"{ep.url}/server_info: max_total_num_tokens is null (the scheduler is not ready)")
     states = info.get("internal_states") or [{}]
     running = states[0].get("effective_max_running_requests_per_dp", info.get("max_running_requests"))
-    context = info.get("context_length") or served_model(ep).get("max_model_len")
-    chunked = info.get("chunked_prefill_size")
     return {
         "engine": {"name": "sglang", "version": str(info.get("version", "unknown"))},
         "block_size": hash_block_size,
         "page_size": number("page_size", info.get("page_size", 1)),
-        "max_total_tokens": number("max_total_num_tokens", info["max_total_num_tokens"]),
-        "max_model_len": None if context is None else number("context_length", context),
-        "chunked_prefill_size": None if chunked is None else number("chunked_prefill_size", chunked),
-        "max_prefill_tokens": None if info.get("max_prefill_tokens") is None
-        else number("max_prefill_tokens", info["max_prefill_tokens"]),
-        "max_running_requests": None if running is None else number("max_running_requests", running),
+        "max_total_tokens": slots,
+        "max_model_len": number("context_length", info.get("context_length") or served_model(ep).get("max_model_len")),
+        "chunked_prefill_size": number("chunked_prefill_size", info.get("chunked_prefill_size")),
+        "max_prefill_tokens": number("max_prefill_tokens", info.get("max_prefill_tokens")),
+        "max_running_requests": number("max_running_requests", running),
         "schedule_policy": info.get("schedule_policy"),
         "radix_eviction_policy": info.get("radix_eviction_policy"),
         "disable_overlap_schedule": info.get("disable_overlap_schedule"),

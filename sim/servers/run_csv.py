@@ -80,14 +80,14 @@ class RunSetup(BaseModel):
     max_num_seqs: int | None = Field(None, ge=1)
     max_model_len: int | None = Field(None, ge=2, description="vLLM: longest sequence; SGLang: context length.")
     page_size: int | None = Field(None, ge=1, description="SGLang --page-size (tokens per KV page).")
-    max_total_tokens: int | None = Field(None, ge=2, description="SGLang: KV slots per worker (its max_total_num_tokens).")
-    chunked_prefill_size: int | None = Field(None, description="SGLang --chunked-prefill-size; -1 or 0: chunking disabled.")
+    max_total_tokens: int | None = Field(None, ge=2, description="SGLang: KV slots per worker (max_total_num_tokens).")
+    chunked_prefill_size: int | None = Field(None, description="SGLang --chunked-prefill-size; -1 or 0: disabled.")
     max_prefill_tokens: int | None = Field(None, ge=1, description="SGLang --max-prefill-tokens.")
     max_running_requests: int | None = Field(None, ge=1, description="SGLang: the scheduler's running-request limit.")
     schedule_policy: str | None = Field(None, description="SGLang --schedule-policy.")
     radix_eviction_policy: str | None = Field(None, description="SGLang --radix-eviction-policy.")
     disable_overlap_schedule: bool | None = Field(None, description="SGLang --disable-overlap-schedule.")
-    token_ids: TokenIds | None = Field(None, description="kvsim measure's token id range (the ids follow from the seed).")
+    token_ids: TokenIds | None = Field(None, description="kvsim measure's token id range (ids follow from the seed).")
 
     @model_validator(mode="after")
     def _capacity(self) -> RunSetup:

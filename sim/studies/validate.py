@@ -73,15 +73,14 @@ def scenario_for_run(base: Scenario, run: Run, *, routing: str = "recorded") -> 
     }
     overrides.update(_sglang_engine(s) if kind == "sglang" else _vllm_engine(s))
     if routing == "recorded":
-        overrides["router.name"] = "recorded"
-        overrides["router.options"] = {"workers": {r.request_id: r.worker for r in run.rows}}
+        router = {"router.name": "recorded", "router.options": {"workers": {r.request_id: r.worker for r in run.rows}}}
     elif routing == "simulated":
-        overrides["router.name"] = s.router
-        overrides["router.options"] = getattr(s, "router_options", None) or {}
+        router = {"router.name": s.router, "router.options": getattr(s, "router_options", None) or {}}
     else:
         raise ValueError(f"routing must be 'recorded' or 'simulated', got {routing!r}")
     try:
-        return base.with_overrides(**overrides)
+        # Two steps, so that an error about the setup quotes the setup, not every request's recorded worker.
+        return base.with_overrides(**overrides).with_overrides(**router)
     except ScenarioError as err:
         raise ScenarioError(f"{run.csv_path}: the run's setup does not make a valid scenario: {err}") from None
 

@@ -127,7 +127,8 @@ def prompt_token_ids(request: Request, *, seed: int, min_token_id: int = 3,
     """Token ids for a request of `shared_prefix_stream`: its prefix's tokens, then its own random tail.
 
     Deterministic in (seed, prefix id) and (seed, request id), so `kvsim measure` sends real servers exactly the
-    stream the simulator models: same prefixes, same order, tails unique to each request.
+    stream the simulator models: same prefixes, same order, a random tail per request. (Random ids may coincide:
+    two tails, or two prefixes, can start with the same id; see `with_token_identity`.)
     """
     prefix = rng_for(seed, f"prefix-tokens:{request.prefix_id}")
     tail = rng_for(seed, f"tail-tokens:{request.request_id}")
