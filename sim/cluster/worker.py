@@ -78,6 +78,7 @@ class Worker:
 
     def _loop(self):
         env, engine = self.env, self.engine
+        schedule, update_from_output, step_seconds = engine.schedule, engine.update_from_output, self.time_model.step_seconds
         while True:
             if not engine.has_work:
                 self._wakeup = env.event()
@@ -88,14 +89,14 @@ class Worker:
                 if stretch is not None:
                     yield from self._run_stretch(stretch)
                     continue
-            plan = engine.schedule(env.now)
+            plan = schedule(env.now)
             if plan.is_empty:
                 if engine.has_work:
                     raise RuntimeError(f"worker {self.index}: {engine.describe_stall()}")
                 continue  # the engine found nothing left to do (its loop went idle)
-            yield self.device.run(self.time_model.step_seconds(plan))
+            yield self.device.run(step_seconds(plan))
             self.num_steps += 1
-            outcome = engine.update_from_output(plan, env.now)
+            outcome = update_from_output(plan, env.now)
             for state in outcome.first_token:
                 self._on_first_token(state)
             for state in outcome.finished:

@@ -43,6 +43,7 @@ class Request:
             raise ValueError(f"request {self.request_id}: prompt_tokens must be >= 1, got {self.prompt_tokens}")
         if self.output_tokens < 1:
             raise ValueError(f"request {self.request_id}: output_tokens must be >= 1, got {self.output_tokens}")
-        if self.token_runs and sum(n for _, n in self.token_runs) != self.prompt_tokens:
-            raise ValueError(f"request {self.request_id}: token_runs cover {sum(n for _, n in self.token_runs)} "
+        runs = self.token_runs
+        if runs and sum([n for _, n in runs]) != self.prompt_tokens:
+            raise ValueError(f"request {self.request_id}: token_runs cover {sum(n for _, n in runs)} "
                              f"tokens, prompt_tokens is {self.prompt_tokens}")

@@ -10,7 +10,7 @@ tokens contributes floor(r / B) hashed sub-blocks and its remainder is the reque
 from __future__ import annotations
 
 import json
-from itertools import chain
+from itertools import chain, repeat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,7 +102,7 @@ def read_mooncake(path: str | Path, *, block_size: int, trace_block_tokens: int 
             # NOTE: token identities for token-granular caches: trace block h is the tokens (h, 0..511); the last
             # block has only the prompt's remaining tokens (a partial block's id names those tokens).
             last = n_in - (len(ids) - 1) * trace_block_tokens
-            runs = tuple((h, trace_block_tokens) for h in ids[:-1]) + ((ids[-1], last),)
+            runs = (*zip(ids[:-1], repeat(trace_block_tokens)), (ids[-1], last))
             yield TraceRequest(ts / 1000.0 / speed, Request(
                 request_id=rid, prompt_tokens=n_in, output_tokens=n_out, block_hashes=hashes,
                 num_shareable_tokens=0, prefix_id=ids[0] if ids else None, token_runs=runs,

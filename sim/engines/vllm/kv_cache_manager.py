@@ -130,7 +130,10 @@ class KVCacheManager:
             # NOTE: the common decode case, same outcome as the general path: the slots exist already.
             end = state.num_computed_tokens + num_new_tokens
             if end <= len(state.block_ids) * B and end <= self.max_model_len:
-                self.cache_full_blocks(state, min(end, state.num_tokens))
+                if pool.events is None:
+                    self._cache_full_blocks(state, min(end, state.num_tokens))
+                else:
+                    self.cache_full_blocks(state, min(end, state.num_tokens))
                 return True
         events = pool.events
         num_hit_tokens = len(hit_blocks) * B
