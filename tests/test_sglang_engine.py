@@ -155,6 +155,16 @@ def test_sglang_truncates_outputs_that_would_not_fit_at_intake():
     assert state.max_new_tokens == 98
 
 
+def test_a_pool_too_small_names_the_field_that_sized_it():
+    spec = SglangEngineSpec(kv_cache_bytes=10**9, max_total_tokens=100)
+    with pytest.raises(ValueError, match=r"needs 2435 tokens but engine.max_total_tokens=100 gives 100 KV slots: "
+                                         r"raise engine.max_total_tokens$"):
+        spec.check_fits(2435, kv_bytes_per_token=1)
+    with pytest.raises(ValueError, match=r"engine.kv_cache_bytes=20 gives 16 KV slots; need at least two pages "
+                                         r"of engine.page_size=16"):
+        SglangEngineSpec(kv_cache_bytes=20, page_size=16).check_fits(10, kv_bytes_per_token=1)
+
+
 def test_cli_runs_the_sglang_engine_and_names_bad_engines(tmp_path):
     runner = CliRunner()
     res = runner.invoke(main, ["sweep", "--prefixes", "2", "--workers", "3", "--concurrency", "4",

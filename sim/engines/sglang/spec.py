@@ -78,14 +78,16 @@ class SglangEngineSpec(ConfigModel):
 
     def check_fits(self, longest_request_tokens: int, kv_bytes_per_token: int) -> None:
         n = self.max_total_num_tokens(kv_bytes_per_token)
+        source = (f"engine.max_total_tokens={self.max_total_tokens}" if self.max_total_tokens is not None
+                  else f"engine.kv_cache_bytes={self.kv_cache_bytes}")
         if n < 2 * self.page_size:
-            raise ValueError(f"engine.kv_cache_bytes={self.kv_cache_bytes} gives {n} KV slots; need at least two pages")
+            raise ValueError(f"{source} gives {n} KV slots; need at least two pages of engine.page_size={self.page_size}")
         if longest_request_tokens > self.max_model_len:
             raise ValueError(f"workload prompt+output = {longest_request_tokens} tokens exceeds "
                              f"engine.max_model_len={self.max_model_len}")
         if longest_request_tokens > self.max_request_tokens(kv_bytes_per_token):
-            raise ValueError(f"one request needs {longest_request_tokens} tokens but a worker has {n} KV slots: "
-                             f"raise engine.kv_cache_bytes")
+            raise ValueError(f"one request needs {longest_request_tokens} tokens but {source} gives {n} KV slots: "
+                             f"raise {source.split('=')[0]}")
 
     def capacity_overrides(self, *, tokens: int | None = None, blocks: int | None = None,
                            kv_bytes: int | None = None) -> dict[str, object]:
