@@ -39,7 +39,8 @@ import sys
 import tempfile
 import time
 
-SCALE = 1_000_000
+from token_runs import SCALE, ids_of, runs_of
+
 OUTPUT_K = 900_000  # request i samples token ids with k = OUTPUT_K + i
 EOS_TOKEN_ID = 999_999  # k = 0: outside every prompt run (k >= 1) and every sampled-token run
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -145,26 +146,6 @@ def parse_spec(spec) -> dict:
         out.append(rr)
     cfg["requests"] = out
     return cfg
-
-
-def ids_of(runs) -> list:
-    out = []
-    for k, start, n in runs:
-        base = k * SCALE + start
-        out.extend(range(base, base + n))
-    return out
-
-
-def runs_of(ids) -> list:
-    """Token ids back to canonical runs [k, start, n]."""
-    out: list = []
-    for t in ids:
-        k, o = divmod(int(t), SCALE)
-        if out and out[-1][0] == k and out[-1][1] + out[-1][2] == o:
-            out[-1][2] += 1
-        else:
-            out.append([k, o, 1])
-    return out
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -390,7 +371,7 @@ class Oracle:
 
         s = self.sh.s
         for i, r in enumerate(self.specs):
-            ids = ids_of(r["prompt"])
+            ids = ids_of(r["prompt"]).tolist()
             sp = SamplingParams(max_new_tokens=r["max_new_tokens"], ignore_eos=r["ignore_eos"])
             sp.normalize(None)  # the tokenizer manager does this
             # vocab_size stays None: the fake token ids exceed any vocabulary (the vocab-boundary finish check).

@@ -21,6 +21,8 @@ import subprocess
 import sys
 import time
 
+from token_runs import ids_of
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 ORACLE = os.path.join(HERE, "engine_oracle.py")
@@ -126,10 +128,6 @@ STREAMS = {
 # ---------------------------------------------------------------------------------------------------------------
 # Checks
 # ---------------------------------------------------------------------------------------------------------------
-def ids(runs):
-    return [k * 1_000_000 + s + j for k, s, n in runs for j in range(n)]
-
-
 def summary(name, spec, out, secs) -> str:
     b = out["batches"]
     ext = [x for x in b if x["mode"] == "extend"]
@@ -184,14 +182,14 @@ class Checker:
             # prefix lengths are page-aligned
             c(name, first[1] % P == 0, f"{r['id']}: prefix {first[1]} not page-aligned")
         # the tree's root-to-leaf keys: input + outputs[:-1] (+1 under overlap for EOS stops), page-floored
-        tree_paths = {tuple(ids(p)) for p, _ in out["tree"]}
+        tree_paths = {tuple(ids_of(p)) for p, _ in out["tree"]}
         for i, r in enumerate(out["requests"]):
             s = by_id[r["id"]]
             outs = [(900000 + i) * 1_000_000 + p for p in range(r["output_tokens"])]
             eos_stop = r["finish_reason"] == "FINISH_MATCHED_TOKEN"
             if eos_stop:
                 outs[-1] = out["eos_token_id"]
-            key = ids(s["prompt"]) + (outs if (eos_stop and overlap) else outs[:-1])
+            key = ids_of(s["prompt"]).tolist() + (outs if (eos_stop and overlap) else outs[:-1])
             key = key[: len(key) // P * P]
             # only where nothing was evicted after the request finished
             if not any(x["evicted"] for x in b[r["finish_batch"]:]) and not out["evicted_without_batch"]:
@@ -246,7 +244,7 @@ class Checker:
         for x in out["batches"]:
             self.check(name, x["available"] % P == 0, f"available {x['available']} not page-aligned")
         for p, _ in out["tree"]:
-            self.check(name, len(ids(p)) % P == 0, f"tree path of {len(ids(p))} tokens not page-aligned")
+            self.check(name, len(ids_of(p)) % P == 0, f"tree path of {len(ids_of(p))} tokens not page-aligned")
             break
 
     def eos(self, name, spec, out):

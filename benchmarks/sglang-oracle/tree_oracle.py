@@ -24,26 +24,7 @@ import json
 import sys
 from array import array
 
-SCALE = 1_000_000
-
-
-def _ids(runs) -> array:
-    out = array("q")
-    for k, start, n in runs:
-        out.extend(range(k * SCALE + start, k * SCALE + start + n))
-    return out
-
-
-def _runs(ids) -> list[list[int]]:
-    """Token ids back to canonical runs [k, start, n]."""
-    out: list[list[int]] = []
-    for t in ids:
-        k, o = divmod(int(t), SCALE)
-        if out and out[-1][0] == k and out[-1][1] + out[-1][2] == o:
-            out[-1][2] += 1
-        else:
-            out.append([k, o, 1])
-    return out
+from token_runs import ids_of, runs_of
 
 
 def main() -> int:
@@ -70,7 +51,7 @@ def main() -> int:
     delete_leaf = cache._delete_leaf
 
     def recording_delete_leaf(node):
-        removed.append(_runs(node.key.token_ids[: len(node.key)]))
+        removed.append(runs_of(node.key.token_ids[: len(node.key)]))
         delete_leaf(node)
 
     cache._delete_leaf = recording_delete_leaf
@@ -79,11 +60,11 @@ def main() -> int:
     for i, op in enumerate(spec["ops"]):
         kind = op["op"]
         if kind == "match":
-            m = cache.match_prefix(MatchPrefixParams(key=RadixKey(_ids(op["key"]))))
+            m = cache.match_prefix(MatchPrefixParams(key=RadixKey(ids_of(op["key"]))))
             nodes[i] = m.last_device_node
             out = {"prefix_len": m.device_prefix_len}
         elif kind == "insert":
-            r = cache.insert(InsertParams(key=RadixKey(_ids(op["key"])), priority=op.get("priority", 0),
+            r = cache.insert(InsertParams(key=RadixKey(ids_of(op["key"])), priority=op.get("priority", 0),
                                           inserted_len=op.get("inserted_len", 0)))
             nodes[i] = r.last_device_node
             out = {"prefix_len": r.prefix_len}
@@ -106,7 +87,7 @@ def main() -> int:
         node, path = stack.pop()
         for child in node.children.values():
             child_path = path + child.key.token_ids[: len(child.key)]
-            tree.append([_runs(child_path), child.lock_ref])
+            tree.append([runs_of(child_path), child.lock_ref])
             stack.append((child, child_path))
     tree.sort()
     import sglang
