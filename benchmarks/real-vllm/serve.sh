@@ -31,53 +31,10 @@ HEALTH_TIMEOUT="${HEALTH_TIMEOUT:-180}"
 die() { echo "serve.sh: ERROR: $*" >&2; exit 1; }
 usage() { sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
-pidfiles() { compgen -G "$LOGDIR/server-*.pid" | sort || true; }
+# shellcheck source=../server_group.sh
+source "$HERE/../server_group.sh"
 
-alive() { kill -0 "$1" 2>/dev/null; }
-
-health_code() { curl -s -o /dev/null -m 2 -w '%{http_code}' "http://127.0.0.1:$1/health" || true; }
-
-cmd_status() {
-  local f pid port any=0 p pss
-  for f in $(pidfiles); do
-    any=1
-    pid="$(cat "$f")"; port="$(basename "$f" .pid)"; port="${port#server-}"
-    if alive "$pid"; then
-      pss=0  # proportional set size of the server's process group (API server, EngineCore, worker)
-      for p in $(pgrep -g "$pid"); do
-        pss=$(( pss + $(awk '/^Pss:/ {print $2}' "/proc/$p/smaps_rollup" 2>/dev/null || echo 0) ))
-      done
-      echo "port $port: pid $pid running, /health $(health_code "$port"), PSS $(( pss / 1024 )) MiB"
-    else
-      echo "port $port: pid $pid not running (stale pid file)"
-    fi
-  done
-  [[ $any == 1 ]] || echo "no servers"
-}
-
-cmd_stop() {
-  local f pid port deadline stopped=0
-  for f in $(pidfiles); do
-    pid="$(cat "$f")"
-    # Each server runs in its own session (setsid), so its process group id is its pid: signal the whole group
-    # (API server, EngineCore and worker processes).
-    if alive "$pid"; then kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true; fi
-  done
-  deadline=$(( $(date +%s) + 30 ))
-  for f in $(pidfiles); do
-    pid="$(cat "$f")"; port="$(basename "$f" .pid)"; port="${port#server-}"
-    while { alive "$pid" || pgrep -g "$pid" >/dev/null 2>&1; } && (( $(date +%s) < deadline )); do sleep 0.5; done
-    if alive "$pid" || pgrep -g "$pid" >/dev/null 2>&1; then
-      echo "serve.sh: port $port: still running after 30 s, sending SIGKILL to group $pid" >&2
-      kill -KILL -- "-$pid" 2>/dev/null || true
-      sleep 1
-    fi
-    rm -f "$f"
-    echo "stopped port $port (pid $pid)"
-    stopped=$((stopped + 1))
-  done
-  [[ $stopped -gt 0 ]] || echo "no servers to stop"
-}
+alive() { kill -0 "$1" 2>/dev/null; }  # the server process itself (startup checks)
 
 cmd_start() {
   [[ $# -ge 2 && $# -le 3 ]] || usage

@@ -28,49 +28,8 @@ HEALTH_TIMEOUT="${HEALTH_TIMEOUT:-240}"
 
 die() { echo "serve.sh: ERROR: $*" >&2; exit 1; }
 usage() { sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
-pidfiles() { compgen -G "$LOGDIR/server-*.pid" | sort || true; }
-group_alive() { pgrep -g "$1" >/dev/null 2>&1; }
-health_code() { curl -s -o /dev/null -m 2 -w '%{http_code}' "http://127.0.0.1:$1/health" || true; }
-
-cmd_status() {
-  local f pgid port any=0 p pss
-  for f in $(pidfiles); do
-    any=1
-    pgid="$(cat "$f")"; port="$(basename "$f" .pid)"; port="${port#server-}"
-    if group_alive "$pgid"; then
-      pss=0
-      for p in $(pgrep -g "$pgid"); do
-        pss=$(( pss + $(awk '/^Pss:/ {print $2}' "/proc/$p/smaps_rollup" 2>/dev/null || echo 0) ))
-      done
-      echo "port $port: group $pgid running, /health $(health_code "$port"), PSS $(( pss / 1024 )) MiB"
-    else
-      echo "port $port: group $pgid not running (stale pid file)"
-    fi
-  done
-  [[ $any == 1 ]] || echo "no servers"
-}
-
-cmd_stop() {
-  local f pgid port deadline stopped=0
-  for f in $(pidfiles); do
-    pgid="$(cat "$f")"
-    group_alive "$pgid" && kill -TERM -- "-$pgid" 2>/dev/null || true
-  done
-  deadline=$(( $(date +%s) + 30 ))
-  for f in $(pidfiles); do
-    pgid="$(cat "$f")"; port="$(basename "$f" .pid)"; port="${port#server-}"
-    while group_alive "$pgid" && (( $(date +%s) < deadline )); do sleep 0.5; done
-    if group_alive "$pgid"; then
-      echo "serve.sh: port $port: still running after 30 s, sending SIGKILL to group $pgid" >&2
-      kill -KILL -- "-$pgid" 2>/dev/null || true
-      sleep 1
-    fi
-    rm -f "$f"
-    echo "stopped port $port (group $pgid)"
-    stopped=$((stopped + 1))
-  done
-  [[ $stopped -gt 0 ]] || echo "no servers to stop"
-}
+# shellcheck source=../server_group.sh
+source "$HERE/../server_group.sh"
 
 cmd_start() {
   [[ $# -eq 2 ]] || usage
