@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import ClassVar
 
+from sim.engines.event_feed import EventFeed
 from sim.engines.interface import CacheListener, EngineCounters, StepOutcome, StepPlan, StepTimeModel
 from sim.engines.sglang.decode_stretch import SglangDecodeStretch
 from sim.engines.sglang.radix_cache import RadixCache
@@ -23,7 +24,7 @@ class SglangPrefixCache:
         self.tree = tree
         self.pool = pool
         self._hash_block_size = hash_block_size
-        self._listeners: list[CacheListener] = []
+        self._feed = EventFeed(tree)
 
     @property
     def block_size(self) -> int:
@@ -46,16 +47,11 @@ class SglangPrefixCache:
         return (n - self.pool.available_size() - self.tree.evictable_size_) / n
 
     def subscribe(self, listener: CacheListener) -> None:
-        if self.tree.events is None:
-            self.tree.events = []
-        self._listeners.append(listener)
+        self._feed.subscribe(listener)
 
     def publish(self, now_s: float) -> None:
-        events = self.tree.events
-        if events:
-            self.tree.events = []
-            for listener in self._listeners:
-                listener(events, now_s)
+        """Hand the events recorded since the last call to the subscribers, stamped `now_s`."""
+        self._feed.publish(now_s)
 
 
 class SglangEngine:

@@ -32,7 +32,7 @@ class BlockPool:
     A block whose ref count reaches 0 goes to the **tail** of the queue if it has a hash; without a hash it goes
     to the **head** when `unhashed_to_head` (vLLM >= 0.24, PR #42656) and to the tail otherwise (<= 0.23).
 
-    Events (only once `events` is a list, see `record_events`): a `removed` event per evicted block, in eviction
+    Events (only once `events` is a list: a subscriber, `sim.engines.event_feed`; vLLM's `enable_kv_cache_events`): a `removed` event per evicted block, in eviction
     order (vLLM `_maybe_evict_cached_block`); `stored` events are the cache manager's (one per caching pass).
     """
 
@@ -65,11 +65,6 @@ class BlockPool:
         """Tokens per block (only for the events' `block_size`)."""
         self.events: list[CacheEvent] | None = None
         """Cache events not yet published, in emission order; None while nobody listens."""
-
-    def record_events(self) -> None:
-        """Start recording cache events (vLLM's `enable_kv_cache_events`)."""
-        if self.events is None:
-            self.events = []
 
     # ------------------------------------------------------------------ queries (no side effects)
     @property

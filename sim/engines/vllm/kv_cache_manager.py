@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from sim.engines.event_feed import EventFeed
 from sim.engines.interface import CacheEvent, CacheListener, PrefixCacheStats
 from sim.engines.vllm.block_pool import BlockPool
 from sim.engines.vllm.request_state import RequestState
@@ -51,7 +52,7 @@ class KVCacheManager:
         self.free_tail_first = free_tail_first
         self.pool = BlockPool(num_blocks, unhashed_to_head=unhashed_to_head, block_size=block_size)
         self.stats = PrefixCacheStats()
-        self._listeners: list[CacheListener] = []
+        self._feed = EventFeed(self.pool)
 
     @property
     def num_free_blocks(self) -> int:
@@ -77,16 +78,11 @@ class KVCacheManager:
         return request.block_hashes
 
     def subscribe(self, listener: CacheListener) -> None:
-        self.pool.record_events()
-        self._listeners.append(listener)
+        self._feed.subscribe(listener)
 
     def publish(self, now_s: float) -> None:
         """Hand the events recorded since the last call to the subscribers, stamped `now_s`."""
-        events = self.pool.events
-        if events:
-            self.pool.events = []
-            for listener in self._listeners:
-                listener(events, now_s)
+        self._feed.publish(now_s)
 
     def _record_stored(self, state: RequestState, start: int) -> None:
         """A `stored` event for blocks start..num_cached_blocks-1 of `state` (one caching pass), if any."""
