@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import ClassVar
 
 from sim.engines.interface import EngineCounters, StepOutcome, StepPlan, StepTimeModel
@@ -34,8 +35,9 @@ class VllmEngine:
         )
         self.scheduler = Scheduler(SchedulerLimits(spec.max_num_batched_tokens, spec.max_num_seqs, spec.max_model_len),
                                    self.cache, behaviour)
-        # NOTE: the worker calls these once per step; binding the scheduler's own methods saves a frame each.
-        self.schedule = self.scheduler.schedule
+        # NOTE: `Engine.schedule` is the scheduler's own method: the worker calls it every step, and binding it
+        # here saves a frame per call.
+        self.schedule: Callable[[float], StepPlan] = self.scheduler.schedule
 
     def add_request(self, request: Request, *, worker: int, arrival_s: float) -> RequestState:
         state = RequestState(request, worker, arrival_s, block_size=self.cache.block_size)
@@ -50,9 +52,6 @@ class VllmEngine:
     @property
     def num_requests(self) -> int:
         return self.scheduler.num_requests
-
-    def schedule(self, now_s: float) -> StepPlan:
-        return self.scheduler.schedule(now_s)
 
     def update_from_output(self, plan: StepPlan, now_s: float) -> StepOutcome:
         outcome = self.scheduler.update_from_output(plan, now_s)
