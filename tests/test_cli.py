@@ -89,8 +89,12 @@ def test_nothing_written_when_input_is_bad(tmp_path):
 
 def test_scenario_overrides_are_validated():
     scenario, _ = load_scenario()
-    with pytest.raises(ScenarioError, match="one request needs 153 blocks but a worker has 99 usable"):
+    with pytest.raises(ScenarioError, match="one request needs 153 blocks but a worker has 99 usable: "
+                                            "raise engine.kv_cache_bytes"):
         scenario.with_overrides(**{"engine.kv_cache_bytes": 100 * 16 * 114688})
+    with pytest.raises(ScenarioError, match="one request needs 153 blocks but a worker has 99 usable: "
+                                            "raise engine.num_gpu_blocks_override"):
+        scenario.with_overrides(**{"engine.num_gpu_blocks_override": 100})
     with pytest.raises(ScenarioError, match="cluster.workers: Input should be greater than or equal to 1"):
         scenario.with_overrides(**{"cluster.workers": 0})
 

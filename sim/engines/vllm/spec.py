@@ -54,6 +54,7 @@ class VllmEngineSpec(ConfigModel):
     def check_fits(self, longest_request_tokens: int, kv_bytes_per_token: int) -> None:
         """Raise (naming the field) if the cache cannot exist or one request of this length could never run."""
         num_blocks = self.num_blocks(kv_bytes_per_token)
+        field = "num_gpu_blocks_override" if self.num_gpu_blocks_override is not None else "kv_cache_bytes"
         if num_blocks < 2:
             raise ValueError(f"engine.kv_cache_bytes={self.kv_cache_bytes} gives {num_blocks} blocks of "
                              f"{self.block_size} tokens; need >= 2")
@@ -63,7 +64,7 @@ class VllmEngineSpec(ConfigModel):
         needed = cdiv(longest_request_tokens, self.block_size)
         if needed > num_blocks - 1:
             raise ValueError(f"one request needs {needed} blocks but a worker has {num_blocks - 1} usable: "
-                             f"raise engine.kv_cache_bytes")
+                             f"raise engine.{field}")
 
     def capacity_overrides(self, *, tokens: int | None = None, blocks: int | None = None,
                            kv_bytes: int | None = None) -> dict[str, object]:
