@@ -63,10 +63,6 @@ class ServedRequest:
         """Prompt + sampled output tokens."""
         return self.request.prompt_tokens + self.num_output_tokens
 
-    @property
-    def is_finished(self) -> bool:
-        return self.num_output_tokens >= self.request.output_tokens
-
 
 # ---------------------------------------------------------------------------------------------- one step
 @dataclass(slots=True)

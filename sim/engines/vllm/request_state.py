@@ -19,6 +19,11 @@ class RequestState(ServedRequest):
     block_ids: list[int] = field(default_factory=list)
     num_cached_blocks: int = 0
 
+    @property
+    def is_finished(self) -> bool:
+        """vLLM stops at the request's output length (its workloads send ignore_eos and max_tokens)."""
+        return self.num_output_tokens >= self.request.output_tokens
+
     def block_hash(self, index: int) -> BlockHash:
         """Hash of full block `index`; blocks that hold sampled tokens are unique to this request."""
         hashes = self.request.block_hashes
