@@ -112,7 +112,6 @@ class Scheduler:
         self._launched: deque[SglangStep] = deque()
         """Launched batches the device has not started (the head is what the loop waits for)."""
         self._awaiting: SglangStep | None = None
-        self._awaiting_batch: Batch | None = None
         self._next_last_batch: Batch | None = None
         self._last_step: SglangStep | None = None
         """The step of `last_batch` (under overlap: launched, its result not processed yet)."""
@@ -153,7 +152,7 @@ class Scheduler:
             if overlap:
                 if self.last_batch is not None:
                     # NOTE: B_i is launched; the loop now waits for B_{i-1}, which the device runs first.
-                    self._await(self._last_step, self.last_batch, batch)
+                    self._await(self._last_step, batch)
                     self._last_step = step
                     return
                 if batch is None:
@@ -165,12 +164,12 @@ class Scheduler:
                 self._on_idle()
                 self.last_batch = None
                 return
-            self._await(step, batch, batch)
+            self._await(step, batch)
             return
 
-    def _await(self, step: SglangStep, batch: Batch, next_last: Batch | None) -> None:
+    def _await(self, step: SglangStep, next_last: Batch | None) -> None:
+        """The loop waits for `step`'s result; once processed, `next_last` is the last batch."""
         self._awaiting = step
-        self._awaiting_batch = batch
         self._next_last_batch = next_last
 
     def _launch(self, batch: Batch) -> SglangStep:
@@ -389,7 +388,7 @@ class Scheduler:
         for req in finished:
             req.finished_s = now_s
         self.last_batch = self._next_last_batch
-        self._awaiting = self._awaiting_batch = self._next_last_batch = None
+        self._awaiting = self._next_last_batch = None
         return StepOutcome(first_token, finished)
 
     @staticmethod
