@@ -125,10 +125,7 @@ class SglangDecodeStretch(StretchTiming):
         self.apply(k)
         s = self.scheduler
         if s.limits.overlap:
-            step = SglangStep(mode="decode", reqs=self.requests)
-            step.num_scheduled_tokens = {r: 1 for r in self.requests}
-            step.num_decode_seqs = len(self.requests)
-            step.num_decode_context_tokens = sum(r.kv_committed_len - 1 for r in self.requests)
+            step = SglangStep.decode(self.requests)
             s._launched.clear()
             s._launched.append(step)
             s._last_step = step

@@ -91,6 +91,15 @@ class SglangStep(StepPlan):
     reqs: tuple[SglangRequest, ...] = ()
     """The batch's requests when it was launched (SGLang processes a copy of the batch)."""
 
+    @classmethod
+    def decode(cls, reqs) -> SglangStep:
+        """The decode batch of `reqs`: one token each, attending to their committed KV but the newest slot."""
+        step = cls(mode="decode", reqs=tuple(reqs))
+        step.num_scheduled_tokens = dict.fromkeys(step.reqs, 1)
+        step.num_decode_seqs = len(step.reqs)
+        step.num_decode_context_tokens = sum(r.kv_committed_len - 1 for r in step.reqs)
+        return step
+
 
 class Scheduler:
     """One worker's SGLang scheduler (see the module docstring)."""
@@ -173,9 +182,9 @@ class Scheduler:
         self._next_last_batch = next_last
 
     def _launch(self, batch: Batch) -> SglangStep:
-        step = SglangStep(mode=batch.mode, reqs=tuple(batch.reqs))
-        scheduled = step.num_scheduled_tokens
         if batch.mode == "extend":
+            step = SglangStep(mode="extend", reqs=tuple(batch.reqs))
+            scheduled = step.num_scheduled_tokens
             pairs = 0
             for r in batch.reqs:
                 n = r.extend_len
@@ -185,10 +194,7 @@ class Scheduler:
             step.num_prefill_attention_pairs = pairs
             step.admitted = list(batch.admitted)
         else:
-            for r in batch.reqs:
-                scheduled[r] = 1
-            step.num_decode_seqs = len(batch.reqs)
-            step.num_decode_context_tokens = sum(r.kv_committed_len - 1 for r in batch.reqs)
+            step = SglangStep.decode(batch.reqs)
             step.preempted = self._retracted_now
         self._retracted_now = []
         self._launched.append(step)
