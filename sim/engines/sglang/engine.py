@@ -73,7 +73,6 @@ class SglangEngine:
         self.cache = SglangPrefixCache(self.tree, self.scheduler.pool, hash_block_size=spec.block_size)
         # NOTE: SGLang truncates max_new_tokens at intake so that a request fits (`init_req_max_new_tokens`).
         self._max_req_len = min(spec.max_model_len - 1, n - 1)
-        self._num_slots = n
 
     def add_request(self, request: Request, *, worker: int, arrival_s: float) -> SglangRequest:
         spec = self.spec
@@ -83,10 +82,10 @@ class SglangEngine:
         else:
             max_new = spec.max_new_tokens or request.output_tokens
             eos_at = request.output_tokens - 1
-        P = spec.page_size
         input_len = len(origin)
+        pool = self.scheduler.pool
         max_new = max(1, min(max_new, self._max_req_len - input_len - 1,
-                             self._num_slots - (-(-input_len // P) * P) - P - 1))
+                             pool.max_total_tokens - pool.ceil_paged(input_len) - pool.page_size - 1))
         state = SglangRequest(request, worker, arrival_s, origin=origin, max_new_tokens=max_new,
                               ignore_eos=spec.ignore_eos, eos_at=eos_at)
         self.scheduler.add_request(state)

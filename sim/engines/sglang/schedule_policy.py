@@ -161,8 +161,6 @@ class PrefillAdder:
         self.rem_chunk_tokens = rem_chunk_tokens
         self.can_run_list: list[SglangRequest] = []
         self.new_chunked_req: SglangRequest | None = None
-        self.log_hit_tokens = 0
-        self.log_input_tokens = 0
         self.total_offset = 0.0
         self.current_offset = 0
         for r in running:
@@ -190,15 +188,13 @@ class PrefillAdder:
             return AddReqResult.OTHER
         return AddReqResult.CONTINUE
 
-    def _update_prefill_budget(self, prefix_len: int, extend_len: int, max_new_tokens: int) -> None:
+    def _update_prefill_budget(self, extend_len: int, max_new_tokens: int) -> None:
         paged = self.pool.ceil_paged(extend_len)
         self.total_offset += paged + self.page_size + max_new_tokens
         self.current_offset += paged + self.page_size
         self.rem_input_tokens -= paged
         if self.rem_chunk_tokens is not None:
             self.rem_chunk_tokens -= paged
-        self.log_hit_tokens += prefix_len
-        self.log_input_tokens += extend_len
 
     # ------------------------------------------------------------------ admission
     def add_chunked_req(self, req: SglangRequest) -> SglangRequest | None:
@@ -211,7 +207,7 @@ class PrefillAdder:
         new_len = min(candidate, rem)
         req.extend_end = req.prefix_len + new_len
         self.can_run_list.append(req)
-        self._update_prefill_budget(0, new_len, 0 if truncated else min(req.max_new_tokens, CLIP_MAX_NEW_TOKENS))
+        self._update_prefill_budget(new_len, 0 if truncated else min(req.max_new_tokens, CLIP_MAX_NEW_TOKENS))
         return req if truncated else None
 
     def add_one_req(self, req: SglangRequest) -> AddReqResult:
@@ -243,7 +239,7 @@ class PrefillAdder:
             self.can_run_list.append(req)
             if is_chunked:
                 self.new_chunked_req = req
-            self._update_prefill_budget(req.prefix_len, extend_len, max_new_tokens)
+            self._update_prefill_budget(extend_len, max_new_tokens)
         finally:
             tree.dec_lock_ref(req.last_node)
         return self.budget_state()
