@@ -36,27 +36,23 @@ def int_list(ctx: click.Context, param: click.Parameter, value: str | None) -> l
     return items
 
 
-def router_list(ctx: click.Context, param: click.Parameter, value: str | None) -> list[str] | None:
-    if value is None:
-        return None
+def _registered_names(value: str, what: str, allowed: list[str]) -> list[str]:
+    """The comma-separated names of `value`, each one of `allowed`, or a one-line error naming the unknown ones."""
     names = [v.strip() for v in value.split(",") if v.strip()]
-    allowed = router_names()
     unknown = [n for n in names if n not in allowed]
     if unknown or not names:
-        raise click.BadParameter(f"unknown router {', '.join(unknown) or repr(value)}; allowed: {', '.join(allowed)}")
+        raise click.BadParameter(f"unknown {what} {', '.join(unknown) or repr(value)}; allowed: {', '.join(allowed)}")
     return names
+
+
+def router_list(ctx: click.Context, param: click.Parameter, value: str | None) -> list[str] | None:
+    return None if value is None else _registered_names(value, "router", router_names())
 
 
 def engine_list(ctx: click.Context, param: click.Parameter, value: str | None) -> list[str] | None:
-    if value is None:
-        return None
     from sim.engines import ENGINES
 
-    names = [v.strip() for v in value.split(",") if v.strip()]
-    unknown = [n for n in names if n not in ENGINES]
-    if unknown or not names:
-        raise click.BadParameter(f"unknown engine {', '.join(unknown) or repr(value)}; allowed: {', '.join(sorted(ENGINES))}")
-    return names
+    return None if value is None else _registered_names(value, "engine", sorted(ENGINES))
 
 
 def one_engine(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
