@@ -112,7 +112,7 @@ def sweep(scenario_path, prefixes, workers, concurrency, routers, engines, repea
         if len({row["engine"] for row in rows}) > 1:
             write_atomic(out / "engines.png", engine_figure(
                 aggregated, capacity_requests=capacity, measured=shown, measured_engine=base.engine.kind,
-                title=f"{base.name}: request hit rate by engine ({repeats} runs per point)"))
+                title=f"{base.name}: request hit rate by engine ({repeats} run{'s' * (repeats > 1)} per point)"))
             written.append(out / "engines.png")
         console.print(f"wrote {', '.join(map(str, written))} ({len(rows)} rows)")
 

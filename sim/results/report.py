@@ -86,6 +86,13 @@ def aggregate(rows: Sequence[dict[str, object]]) -> list[dict[str, object]]:
     return out
 
 
+def _plot_formula(ax, capacity_requests: float, max_n: int, style: str) -> None:
+    """The formula min(1, C/N) as a curve over N in [1, max_n]."""
+    grid = [1 + i * (max_n - 1) / 200 for i in range(201)]
+    ax.plot(grid, [min(1.0, capacity_requests / n) for n in grid], style, lw=1,
+            label=f"formula min(1, {capacity_requests:.2f}/N)")
+
+
 def hit_rate_figure(
     aggregated: Sequence[dict[str, object]], *, capacity_requests: float,
     measured: dict[tuple[int, int, int], float], title: str,
@@ -104,9 +111,7 @@ def hit_rate_figure(
         on = f" on {engine}" if len(engines) > 1 else ""
         ax.plot(ns, [statistics.fmean(by_n[n]) for n in ns], marker="o", label=f"kvsim {router}{on}, {workers} workers")
     if all_n:
-        grid = [1 + i * (max(all_n) - 1) / 200 for i in range(201)]
-        ax.plot(grid, [min(1.0, capacity_requests / n) for n in grid], "k--", lw=1,
-                label=f"formula min(1, {capacity_requests:.2f}/N)")
+        _plot_formula(ax, capacity_requests, max(all_n), "k--")
     by_workers: dict[int, list[tuple[int, float]]] = defaultdict(list)
     for (workers, n, _c), value in measured.items():
         by_workers[workers].append((n, value))
@@ -174,7 +179,7 @@ def engine_figure(aggregated: Sequence[dict[str, object]], *, capacity_requests:
     workers = sorted({int(r["workers"]) for r in aggregated})
     engines = sorted({str(r["engine"]) for r in aggregated})
     fig, axes = plt.subplots(1, len(workers), squeeze=False, sharey=True, figsize=(5.2 * len(workers), 4.2), dpi=100)
-    all_n = sorted({int(r["prefixes"]) for r in aggregated})
+    all_n = sorted({int(r["prefixes"]) for r in aggregated} | {n for (_, n, _) in measured})
     for ax, w in zip(axes[0], workers):
         for i, engine in enumerate(engines):
             rows = sorted((r for r in aggregated if int(r["workers"]) == w and r["engine"] == engine),
@@ -185,9 +190,7 @@ def engine_figure(aggregated: Sequence[dict[str, object]], *, capacity_requests:
                         label=f"{engine}: request hit rate")
             ax.plot(ns, [float(r["full_hit_rate"]) for r in rows], "--", marker=".", color=f"C{i}",
                     label=f"{engine}: full hits only")
-        grid = [1 + j * (max(all_n) - 1) / 200 for j in range(201)]
-        ax.plot(grid, [min(1.0, capacity_requests / n) for n in grid], "k:", lw=1,
-                label=f"formula min(1, {capacity_requests:.2f}/N)")
+        _plot_formula(ax, capacity_requests, max(all_n), "k:")
         pts = sorted((n, v) for (mw, n, _c), v in measured.items() if mw == w)
         if pts:
             ax.scatter([p[0] for p in pts], [p[1] for p in pts], marker="x", s=50, color="black", zorder=5,
