@@ -34,9 +34,4 @@ def __getattr__(name: str):
     return value
 
 
-__all__ = [
-    "ENGINES", "PlanSpec", "PlanTarget", "ReplayResult", "RequestRecord", "RunResult", "Scenario", "ScenarioError",
-    "Summary", "TtftSamples", "WorkerCounters", "analytic", "load_reference", "load_scenario", "make_grid",
-    "measured", "plan", "read_mooncake", "run", "run_sweep", "shared_prefix_stream", "summarize",
-    "sweep_points", "transient_requests",
-]
+__all__ = sorted(_EXPORTS)

@@ -14,8 +14,7 @@ from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from itertools import accumulate
 
-from sim.workloads.request import BlockHash
-from sim.workloads.request import Request
+from sim.workloads.request import BlockHash, Request
 from sim.scenario import WorkloadSpec, sample_length
 from sim.workloads.traces import TraceRequest
 
