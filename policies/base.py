@@ -1,22 +1,49 @@
-"""What every router shares: option parsing at the edge and no-op hooks."""
+"""What every router shares: option parsing at the edge, router-side load counts, the prefix state it reads, and
+the hooks' bookkeeping (subclasses add theirs in `after_dispatch`, `after_first_token`, `after_complete`)."""
 
 from __future__ import annotations
 
 import random
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from sim.cluster.router import ClusterView, PrefixState, PrefixStateSpec
 from sim.workloads.request import Request
-from sim.cluster.router import ClusterView
 
 
 class RouterOptions(BaseModel):
+    """Options every router has."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    replicas: int = Field(1, ge=1, description="Router replicas; each request goes to a random one, each keeps its own state (index, load counts).")
+    processing_s: float = Field(0.0, ge=0, description="The router's own time per request (parse, tokenise, match, score), added to the hop.")
+
+
+class PrefixStateOptions(RouterOptions):
+    """Options of routers that read prefix-cache state (see `sim.cluster.router.PrefixStateSpec`)."""
+
+    state: Literal["exact", "events", "approximate"] = Field("exact", description="How the router learns what the caches hold: exact (peeks), events (KV events, lagged), approximate (its own routing history).")
+    event_lag_s: float = Field(0.0, ge=0, description="state=events: delay from an engine publishing KV events to the router applying them.")
+    event_loss: float = Field(0.0, ge=0, lt=1, description="state=events: probability that each KV event is lost.")
+
+
+class LoadOptions(RouterOptions):
+    """Options of routers that read engine metrics."""
+
+    scrape_interval_s: float = Field(0.05, ge=0, description="Engine metrics are scraped every this many seconds (0: read live).")
 
 
 class RouterBase:
-    """Base for routers: parses `options` into `Options` (unknown keys are an error) and ignores hooks."""
+    """Base for routers: parses `options` into `Options` (unknown keys are an error) and keeps, per router (replica):
+
+    * `in_flight[w]` / `in_flight_tokens[w]`: requests (prompt tokens) this router dispatched to worker w and not
+      yet completed (router-side load; other replicas' requests are not counted);
+    * `prefix`: the prefix state of `prefix_state_spec()` (None: the router reads none), bound at `bind`. Read it
+      with `prefix_tokens(request)`; each decision is recorded into it at dispatch, and what the router believed of
+      the chosen worker is kept for the view-error counters.
+    """
 
     name: ClassVar[str] = ""
     summary: ClassVar[str] = ""
@@ -41,15 +68,66 @@ class RouterBase:
             field = ".".join(str(p) for p in first["loc"])
             allowed = ", ".join(self.Options.model_fields) or "none"
             raise ValueError(f"{field}: {first['msg']} (options of {self.name}: {allowed})") from None
+        self.processing_s = self.options.processing_s
+        self.in_flight = [0] * num_workers
+        self.in_flight_tokens = [0] * num_workers
+        self.view: ClusterView | None = None
+        self.prefix: PrefixState | None = None
+        self._matched: tuple[int, list[int]] | None = None
+        self._belief: dict[int, int] = {}
 
+    # ------------------------------------------------------------------ what the router sees
+    def prefix_state_spec(self) -> PrefixStateSpec | None:
+        """The prefix state this router reads (None: none). Routers with `PrefixStateOptions` get theirs from the
+        options; a router with product-specific forgetting rules overrides this."""
+        opts = self.options
+        if not isinstance(opts, PrefixStateOptions):
+            return None
+        return PrefixStateSpec(mode=opts.state, event_lag_s=opts.event_lag_s, event_loss=opts.event_loss)
+
+    def bind(self, view: ClusterView) -> None:
+        self.view = view
+        spec = self.prefix_state_spec()
+        self.prefix = None if spec is None else view.prefix_state(spec)
+
+    def prefix_tokens(self, request: Request) -> list[int]:
+        """Per worker, the leading prompt tokens this router believes cached there (its prefix state)."""
+        matched = self.prefix.match_tokens(request)
+        if self.prefix.mode != "exact":
+            self._matched = (request.request_id, matched)
+        return matched
+
+    # ------------------------------------------------------------------ decision and hooks
     def route(self, request: Request, view: ClusterView) -> int:
         raise NotImplementedError
 
     def on_dispatch(self, request: Request, worker: int) -> None:
-        pass
+        self.in_flight[worker] += 1
+        self.in_flight_tokens[worker] += request.prompt_tokens
+        if self.prefix is not None:
+            self.prefix.record(request, worker)
+            matched = self._matched
+            if matched is not None and matched[0] == request.request_id:
+                self._belief[request.request_id] = matched[1][worker]
+            self._matched = None
+        self.after_dispatch(request, worker)
+
+    def believed_prefix_tokens(self, request: Request) -> int | None:
+        return self._belief.pop(request.request_id, None)
 
     def on_first_token(self, request: Request, worker: int) -> None:
-        pass
+        self.after_first_token(request, worker)
 
     def on_complete(self, request: Request, worker: int) -> None:
+        self.in_flight[worker] -= 1
+        self.in_flight_tokens[worker] -= request.prompt_tokens
+        self.after_complete(request, worker)
+
+    def after_dispatch(self, request: Request, worker: int) -> None:
+        pass
+
+    def after_first_token(self, request: Request, worker: int) -> None:
+        pass
+
+    def after_complete(self, request: Request, worker: int) -> None:
         pass

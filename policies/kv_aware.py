@@ -20,12 +20,12 @@ import math
 
 from pydantic import Field
 
-from policies.base import RouterBase, RouterOptions
+from policies.base import PrefixStateOptions, RouterBase
 from sim.workloads.request import Request
 from sim.cluster.router import ClusterView
 
 
-class KvAwareOptions(RouterOptions):
+class KvAwareOptions(PrefixStateOptions):
     overlap_score_weight: float = Field(1.0, ge=0, description="Weight of the prefill term (Dynamo --router-kv-overlap-score-weight); 0 = load only, no prefix state.")
     temperature: float = Field(0.0, ge=0, description="Softmax temperature over costs; 0 = argmin with random tie-break.")
 
@@ -47,7 +47,7 @@ class KvAwareRouter(RouterBase):
         if self.options.overlap_score_weight == 0:
             return [0] * self.num_workers
         B = self.block_size
-        return [view.cached_prefix_tokens(w, request) // B for w in range(self.num_workers)]
+        return [t // B for t in self.prefix_tokens(request)]
 
     def costs(self, request: Request, view: ClusterView) -> tuple[list[float], list[int]]:
         B = self.block_size
@@ -84,7 +84,7 @@ class KvAwareRouter(RouterBase):
         ties = [w for w, c in enumerate(costs) if c == lo]
         return ties[0] if len(ties) == 1 else self.rng.choice(ties)
 
-    def on_dispatch(self, request: Request, worker: int) -> None:
+    def after_dispatch(self, request: Request, worker: int) -> None:
         overlap = self._chosen_overlap.pop(request.request_id, 0)
         tokens = max(request.prompt_tokens - overlap * self.block_size, 0)
         self._pending_prefill[request.request_id] = tokens
@@ -94,11 +94,11 @@ class KvAwareRouter(RouterBase):
         for h in request.block_hashes:
             active[h] = get(h, 0) + 1
 
-    def on_first_token(self, request: Request, worker: int) -> None:
+    def after_first_token(self, request: Request, worker: int) -> None:
         self._prefill_tokens[worker] -= self._pending_prefill.pop(request.request_id, 0)
 
-    def on_complete(self, request: Request, worker: int) -> None:
-        self.on_first_token(request, worker)
+    def after_complete(self, request: Request, worker: int) -> None:
+        self.after_first_token(request, worker)
         active = self._active[worker]
         for h in request.block_hashes:
             left = active[h] - 1

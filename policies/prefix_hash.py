@@ -68,11 +68,12 @@ class PrefixHashRouter(RouterBase):
         factor = self.options.load_factor
         if factor is None:
             return home
-        total = sum(view.in_flight(w) for w in range(self.num_workers))
+        load = self.in_flight  # the router's own in-flight counts (per replica)
+        total = sum(load)
         capacity = math.ceil(factor * (total + 1) / self.num_workers)
-        if view.in_flight(home) + 1 <= capacity:
+        if load[home] + 1 <= capacity:
             return home
         for w in walk:
-            if view.in_flight(w) + 1 <= capacity:
+            if load[w] + 1 <= capacity:
                 return w
         return home

@@ -12,22 +12,34 @@ from sim.cluster.arrivals import closed_loop, one_at_a_time, poisson
 from sim.cluster.cluster import Cluster
 from sim.results.records import RequestRecord, RunResult
 from sim.cluster.router import Router
+from sim.routing.replicas import ReplicatedRouter
 from sim.scenario import Scenario, ScenarioError
 from sim.workloads.shared_prefix import RequestStream, rng_for, shared_prefix_stream
 
 
 def build_router(scenario: Scenario) -> Router:
+    """The scenario's router; with option `replicas: R` > 1, R of them behind a random spread
+    (`sim.routing.replicas.ReplicatedRouter`), replica r drawing from its own random stream."""
     spec = scenario.router
     factory = ROUTERS.get(spec.name)
     if factory is None:
         raise ScenarioError(f"router.name: unknown router {spec.name!r}; allowed: {', '.join(sorted(ROUTERS))}")
-    try:
+
+    def build(replica: int) -> Router:
         return factory(
             num_workers=scenario.cluster.workers,
             block_size=scenario.engine.block_size,
-            rng=rng_for(scenario.seed, "router"),
+            rng=rng_for(scenario.seed, "router" if replica == 0 else f"router-{replica}"),
             options=dict(spec.options),
         )
+
+    try:
+        router = build(0)
+        replicas = router.options.replicas
+        if replicas == 1:
+            return router
+        return ReplicatedRouter(lambda r: router if r == 0 else build(r), replicas,
+                                rng_for(scenario.seed, "router-replicas"))
     except ValueError as err:
         raise ScenarioError(f"router.options ({spec.name}): {err}") from None
 

@@ -14,40 +14,7 @@ from policies.random_router import RandomRouter
 from policies.round_robin import RoundRobinRouter
 from sim.workloads.request import Request
 
-B = 16
-
-
-class FakeView:
-    """Workers' cached hashes and in-flight counts, set by the test."""
-
-    def __init__(self, num_workers, cached=None, in_flight=None):
-        self.num_workers = num_workers
-        self.block_size = B
-        self.cached = cached or {w: set() for w in range(num_workers)}
-        self.loads = in_flight or [0] * num_workers
-        self.peeks = 0
-
-    def cached_prefix_tokens(self, worker, request):
-        """The worker's leading run of cached blocks, in tokens (the cache's peek)."""
-        self.peeks += 1
-        n = 0
-        for h in request.block_hashes:
-            if h not in self.cached[worker]:
-                break
-            n += 1
-        return n * B
-
-    def in_flight(self, worker):
-        return self.loads[worker]
-
-
-def prompt(rid, prefix, prompt_tokens=2371, shared_blocks=127):
-    hashes = tuple(("p", prefix, i) if i < shared_blocks else ("u", rid, i) for i in range(prompt_tokens // B))
-    return Request(rid, prompt_tokens, 64, hashes, prefix_id=prefix)
-
-
-def build(cls, n=6, seed=0, **options):
-    return cls(num_workers=n, block_size=B, rng=random.Random(seed), options=options)
+from router_fakes import B, FakeView, build, prompt
 
 
 def test_registry_lists_the_four_routers_and_refuses_duplicates():
@@ -57,7 +24,7 @@ def test_registry_lists_the_four_routers_and_refuses_duplicates():
 
 
 def test_unknown_option_names_the_field_and_the_allowed_ones():
-    with pytest.raises(ValueError, match="bogus.*options of prefix-hash: prefix_blocks, load_factor, virtual_nodes"):
+    with pytest.raises(ValueError, match="bogus.*options of prefix-hash: replicas, processing_s, prefix_blocks, load_factor, virtual_nodes"):
         build(PrefixHashRouter, bogus=1)
     with pytest.raises(ValueError, match="load_factor"):
         build(PrefixHashRouter, load_factor=0.5)
@@ -98,22 +65,23 @@ def test_prefix_hash_bounded_load_spills_clockwise():
     req = prompt(0, 5)
     ring = list(r.ring_walk(req))
     assert sorted(ring) == list(range(6))
-    loads = [0] * 6
+    loads = r.in_flight  # the router's own in-flight counts
     loads[ring[0]] = 3  # total 3 -> capacity ceil(1.25 * 4 / 6) = 1: the home (3 + 1 > 1) is skipped
-    view = FakeView(6, in_flight=loads)
+    view = FakeView(6)
     assert r.route(req, view) == ring[1]
     loads[ring[1]] = 2  # total 5 -> capacity ceil(1.25 * 6 / 6) = 2: ring[1] (2 + 1) is full, ring[2] takes it
     assert r.route(req, view) == ring[2]
     strict = build(PrefixHashRouter)
+    strict.in_flight[:] = loads
     assert strict.route(req, view) == ring[0]
 
 
 def test_kv_aware_cost_is_prefill_blocks_after_overlap_plus_active_blocks():
     # Worker 1 holds the request's 127 prefix blocks; nobody is busy.
     # cost = (0 + 2371 - overlap*16)/16 + (0 + 148 new blocks): worker 1 = 21.1875 + 148, others 148.1875 + 148.
-    r = build(KvAwareRouter)
     req = prompt(1, 7)
     view = FakeView(6, cached={w: ({("p", 7, i) for i in range(127)} if w == 1 else set()) for w in range(6)})
+    r = build(KvAwareRouter, view=view)
     costs, overlap = r.costs(req, view)
     assert overlap == [0, 127, 0, 0, 0, 0]
     assert costs[1] == pytest.approx(2371 / 16 - 127 + 148)
@@ -124,8 +92,8 @@ def test_kv_aware_cost_is_prefill_blocks_after_overlap_plus_active_blocks():
 def test_kv_aware_a_busy_prefix_holder_loses_to_an_idle_worker():
     # The trade-off of Dynamo's default cost: the prefix saves 127 prefill blocks, but one in-flight request with
     # another prefix on that worker adds its 148 active blocks.
-    r = build(KvAwareRouter, n=2)
     view = FakeView(2, cached={0: {("p", 7, i) for i in range(127)}, 1: set()})
+    r = build(KvAwareRouter, n=2, view=view)
     other = prompt(50, 3)
     r.on_dispatch(other, 0)
     r.on_first_token(other, 0)  # its prefill is done; its blocks stay active until completion
@@ -137,8 +105,8 @@ def test_kv_aware_a_busy_prefix_holder_loses_to_an_idle_worker():
 
 
 def test_kv_aware_tracks_prefill_tokens_until_the_first_token():
-    r = build(KvAwareRouter, n=2)
     view = FakeView(2)
+    r = build(KvAwareRouter, n=2, view=view)
     a = prompt(1, 7)
     w = r.route(a, view)
     r.on_dispatch(a, w)
@@ -151,8 +119,8 @@ def test_kv_aware_tracks_prefill_tokens_until_the_first_token():
 
 
 def test_kv_aware_shares_active_blocks_of_the_same_prefix():
-    r = build(KvAwareRouter, n=2)
     view = FakeView(2)
+    r = build(KvAwareRouter, n=2, view=view)
     a = prompt(1, 7)
     r.on_dispatch(a, 0)
     r.on_first_token(a, 0)
@@ -162,8 +130,8 @@ def test_kv_aware_shares_active_blocks_of_the_same_prefix():
 
 
 def test_kv_aware_ties_are_broken_uniformly_at_random():
-    r = build(KvAwareRouter, n=4, seed=1)
     view = FakeView(4)
+    r = build(KvAwareRouter, n=4, seed=1, view=view)
     picks = Counter(r.route(prompt(i, 0), view) for i in range(4000))
     assert set(picks) == {0, 1, 2, 3} and all(850 < c < 1150 for c in picks.values())
 
@@ -172,23 +140,23 @@ def test_kv_aware_overlap_is_each_workers_run_from_the_first_block():
     # Worker 0 has blocks 0-1, worker 1 has blocks 0-3: overlaps 2 and 4. Worker 2 has only block 3 and worker 3
     # blocks 0, 1 and 3: in Dynamo's tree walk (RadixTree::find_matches) a worker drops out at the first block it
     # lacks and scores the depth it reached, even where another worker keeps the path alive: 0 and 2.
-    r = build(KvAwareRouter, n=4)
     h = [("p", 0, i) for i in range(6)]
     view = FakeView(4, cached={0: set(h[:2]), 1: set(h[:4]), 2: {h[3]}, 3: {h[0], h[1], h[3]}})
+    r = build(KvAwareRouter, n=4, view=view)
     _, overlap = r.costs(Request(1, 100, 1, tuple(h)), view)
     assert overlap == [2, 4, 0, 2]
 
 
 def test_kv_aware_weight_zero_routes_by_load_and_peeks_nothing():
-    r = build(KvAwareRouter, n=2, overlap_score_weight=0.0)
     view = FakeView(2, cached={0: {("p", 7, i) for i in range(127)}, 1: set()})
+    r = build(KvAwareRouter, n=2, view=view, overlap_score_weight=0.0)
     _, overlap = r.costs(prompt(1, 7), view)
     assert overlap == [0, 0] and view.peeks == 0
 
 
 def test_kv_aware_temperature_spreads_choices():
-    r = build(KvAwareRouter, n=2, seed=0, temperature=1.0)
     view = FakeView(2, cached={0: {("p", 7, i) for i in range(127)}, 1: set()})
+    r = build(KvAwareRouter, n=2, seed=0, view=view, temperature=1.0)
     picks = Counter(r.route(prompt(i, 7), view) for i in range(2000))
     # p1/p0 = exp(-1): worker 1 gets about 27% of the requests.
     assert 0.22 < picks[1] / 2000 < 0.32
@@ -211,28 +179,43 @@ class BlindView:
     num_workers = 6
     block_size = B
 
-    def cached_prefix_tokens(self, worker, request):
-        raise AssertionError("peeked at a cache")
+    def __getattr__(self, name):
+        raise AssertionError(f"asked the cluster view for {name}")
 
-    def in_flight(self, worker):
-        raise AssertionError("read a load")
+
+def _choices(router, requests, *, complete: bool):
+    picks = []
+    for r in requests:
+        w = router.route(r, BlindView())
+        router.on_dispatch(r, w)
+        if complete:
+            router.on_first_token(r, w)
+            router.on_complete(r, w)
+        picks.append(w)
+    return picks
 
 
 def test_routers_that_ignore_the_cluster_never_read_it_and_the_others_do():
-    # `ignores_cluster_state` lets a replay split over processes (sim.replay); a router that reads the view and
-    # claimed it would silently route differently in each process.
-    requests = [prompt(rid, rid % 3) for rid in range(12)]
-    routers = [(name, cls(num_workers=6, block_size=B, rng=random.Random(0),
-                          options={"workers": {r.request_id: r.request_id % 6 for r in requests}}
-                          if name == "recorded" else {}))
-               for name, cls in ROUTERS.items()]
-    routers.append(("prefix-hash bounded", build(PrefixHashRouter, load_factor=1.25)))
-    for name, router in routers:
-        if router.ignores_cluster_state:
-            choices = [router.route(r, BlindView()) for r in requests]
-            assert all(0 <= w < 6 for w in choices), name
+    # `ignores_cluster_state` lets a replay split over processes (sim.replay); a router that reads the view or
+    # depends on when requests complete, and claimed it did not, would silently route differently in each process.
+    requests = [prompt(rid, rid % 3) for rid in range(24)]
+
+    def fresh(name):
+        cls = ROUTERS[name] if name != "prefix-hash bounded" else PrefixHashRouter
+        options = ({"workers": {r.request_id: r.request_id % 6 for r in requests}} if name == "recorded"
+                   else {"load_factor": 1.25} if name == "prefix-hash bounded" else {})
+        router = cls(num_workers=6, block_size=B, rng=random.Random(0), options=options)
+        router.bind(FakeView(6))
+        return router
+
+    names = [*ROUTERS, "prefix-hash bounded"]
+    for name in names:
+        if fresh(name).ignores_cluster_state:
+            assert _choices(fresh(name), requests, complete=False) == _choices(fresh(name), requests, complete=True), name
         else:
-            with pytest.raises(AssertionError):
-                for r in requests:
-                    router.on_dispatch(r, router.route(r, BlindView()))
-    assert {n for n, r in routers if r.ignores_cluster_state} == {"random", "recorded", "round-robin", "prefix-hash"}
+            try:
+                differ = _choices(fresh(name), requests, complete=False) != _choices(fresh(name), requests, complete=True)
+            except AssertionError:
+                differ = True  # it read the view
+            assert differ, f"{name} claims to read the cluster but routes the same without it"
+    assert {n for n in names if fresh(n).ignores_cluster_state} == {"random", "recorded", "round-robin", "prefix-hash"}

@@ -46,7 +46,29 @@ def _registered_names(value: str, what: str, allowed: list[str]) -> list[str]:
 
 
 def router_list(ctx: click.Context, param: click.Parameter, value: str | None) -> list[str] | None:
-    return None if value is None else _registered_names(value, "router", router_names())
+    """Comma-separated router specs `NAME` or `NAME:key=value,...` (`sim.routing.spec`), each name registered and
+    each option one its router has, as their labels."""
+    if value is None:
+        return None
+    from policies import ROUTERS
+    from sim.routing.spec import split_router_list, split_router_spec
+
+    try:
+        labels = split_router_list(value)
+    except ValueError as err:
+        raise click.BadParameter(str(err)) from None
+    for label in labels:
+        name, options = split_router_spec(label)
+        if name not in ROUTERS:
+            raise click.BadParameter(f"unknown router {name}; allowed: {', '.join(router_names())}")
+        try:
+            ROUTERS[name].Options.model_validate(options)
+        except ValueError as err:
+            first = err.errors()[0] if hasattr(err, "errors") else {"loc": (), "msg": str(err)}
+            field = ".".join(str(p) for p in first["loc"]) or "options"
+            allowed = ", ".join(ROUTERS[name].Options.model_fields)
+            raise click.BadParameter(f"{label}: {field}: {first['msg']} (options of {name}: {allowed})") from None
+    return labels
 
 
 def engine_list(ctx: click.Context, param: click.Parameter, value: str | None) -> list[str] | None:

@@ -10,6 +10,7 @@ from rich.table import Table
 from sim.cli.app import ENGINE_HELP, console, fmt, load_or_exit, main, on_engine, one_engine, router_list
 from sim.results.report import csv_bytes, replay_figure, write_atomic
 from sim.scenario import ScenarioError
+from sim.routing.spec import router_label, router_overrides
 
 
 @main.command()
@@ -70,7 +71,7 @@ def replay(trace, workers, kv_tokens, kv_blocks, kv_bytes, router, engine, scena
     if router is not None:
         if len(router) != 1:
             raise click.BadParameter("give one router", param_hint="--router")
-        overrides.update({"router.name": router[0], "router.options": {}})
+        overrides.update(router_overrides(router[0], base.router.name, base.router.options))
     try:
         scenario = base.with_overrides(**overrides)
         t0 = _time.perf_counter()
@@ -91,7 +92,7 @@ def replay(trace, workers, kv_tokens, kv_blocks, kv_bytes, router, engine, scena
         "throughput_rps": st.throughput_rps, "preemptions": sum(w.preemptions for w in result.workers),
         "evicted_blocks": sum(w.evicted_blocks for w in result.workers), "simulated_s": result.simulated_s,
         "wall_s": wall_s, "jobs": result.jobs, "workers": workers, "kv_blocks_per_worker": scenario.num_blocks, "block_size": B,
-        "router": scenario.router.name, "engine": scenario.engine.kind,
+        "router": router_label(scenario.router.name, scenario.router.options), "engine": scenario.engine.kind,
         "kv_tokens_per_worker": scenario.capacity_tokens,
     }
     table = Table(title=f"replay of {Path(trace).name}: {workers} workers x {scenario.capacity_tokens:,} KV tokens "

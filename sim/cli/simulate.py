@@ -19,6 +19,7 @@ from sim.results.report import (
     SUMMARY_COLUMNS, aggregate, csv_bytes, engine_figure, hit_rate_figure, ttft_cdf_figure, write_atomic,
 )
 from sim.scenario import ScenarioError
+from sim.routing.spec import router_label, router_overrides
 
 
 @main.command()
@@ -141,9 +142,7 @@ def run_command(scenario_path, prefixes, workers, concurrency, router, engine, s
     if router is not None:
         if len(router) != 1:
             raise click.BadParameter("give one router", param_hint="--router")
-        overrides["router.name"] = router[0]
-        if router[0] != base.router.name:
-            overrides["router.options"] = {}
+        overrides.update(router_overrides(router[0], base.router.name, base.router.options))
     try:
         scenario = base.with_overrides(**overrides) if overrides else base
         result = run(scenario)
@@ -151,7 +150,7 @@ def run_command(scenario_path, prefixes, workers, concurrency, router, engine, s
         raise click.ClickException(str(err)) from None
     summary = summarize(result)
     row = {"workers": result.num_workers, "prefixes": scenario.workload.prefixes,
-           "concurrency": scenario.workload.concurrency, "router": scenario.router.name,
+           "concurrency": scenario.workload.concurrency, "router": router_label(scenario.router.name, scenario.router.options),
            "engine": scenario.engine.kind, "repeat": 0, "seed": scenario.seed, **summary.row()}
     table = Table(title=f"{scenario.name}: {result.num_workers} workers, N={scenario.workload.prefixes}, "
                         f"C={scenario.workload.concurrency}, router={scenario.router.name}, "

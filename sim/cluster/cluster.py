@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import simpy
 
 from sim.cluster.device import Device
-from sim.cluster.router import Router
+from sim.cluster.reuse import ReuseLedger
+from sim.cluster.router import PrefixState, PrefixStateSpec, Router
 from sim.cluster.time_model import LinearStepTimeModel
 from sim.cluster.worker import Worker
 from sim.engines import build_engine
-from sim.engines.interface import ServedRequest
+from sim.engines.interface import CacheListener, EngineLoad, ServedRequest
 from sim.results.records import RequestRecord, WorkerCounters
 from sim.scenario import Scenario, TimeModelSpec
-from sim.workloads.request import Request
+from sim.routing.prefix_state import build_prefix_state
+from sim.routing.scraper import MetricsScraper
+from sim.workloads.request import BlockHash, Request
+from sim.workloads.shared_prefix import rng_for
 
 
 def build_time_model(spec: TimeModelSpec) -> LinearStepTimeModel:
@@ -25,16 +29,20 @@ class Cluster:
     """Routes each request as it is sent, delivers it to its worker after the router hop and the per-request
     overhead, and completes the sender's event with the request's record when its last token is out.
 
-    Also the router's `ClusterView`: cache queries are peeks into the workers' prefix caches. Each worker runs the
-    scenario's engine (`engine.kind`), built from the engine registry; the cluster knows it only through the engine
-    interface.
+    Also the router's `ClusterView`: cache queries are peeks into the workers' prefix caches, prefix states and
+    metric scrapers are built here for the router to read (`sim.routing`). Each worker runs the scenario's engine
+    (`engine.kind`), built from the engine registry; the cluster knows it only through the engine interface. At
+    dispatch the cluster also books the request's reuse available and captured (`ReuseLedger`) and, for a router
+    with non-exact state, what it believed of the chosen worker against what the worker held (the view error).
     """
 
     def __init__(self, env: simpy.Environment, scenario: Scenario, router: Router, *, fast_forward: bool = True) -> None:
         self.env = env
         self.router = router
+        self._seed = scenario.seed
         self._block_size = scenario.engine.block_size
-        self._delivery_delay_s = scenario.cluster.router_hop_s + scenario.cluster.request_overhead_s
+        self._delivery_delay_s = (scenario.cluster.router_hop_s + getattr(router, "processing_s", 0.0)
+                                  + scenario.cluster.request_overhead_s)
         self._response_delay_s = scenario.cluster.response_overhead_s
         self.devices: list[Device] = []
         self.workers: list[Worker] = []
@@ -51,7 +59,12 @@ class Cluster:
                 )
                 self.workers.append(worker)
         self._in_flight = [0] * len(self.workers)
-        self._pending: dict[int, tuple[float, Callable[[RequestRecord], object]]] = {}
+        self._num_in_flight = 0
+        self._pending: dict[int, tuple[float, Callable[[RequestRecord], object], tuple[int, int, int, int]]] = {}
+        self._ledger = ReuseLedger(len(self.workers), self._block_size)
+        self._scrapers: dict[float, MetricsScraper] = {}
+        self._num_prefix_states = 0
+        router.bind(self)
 
     # ------------------------------------------------------------------ ClusterView
     @property
@@ -69,6 +82,39 @@ class Cluster:
 
     def in_flight(self, worker: int) -> int:
         return self._in_flight[worker]
+
+    @property
+    def now_s(self) -> float:
+        return self.env.now
+
+    def engine_load(self, worker: int) -> EngineLoad:
+        w = self.workers[worker]
+        w.sync()
+        return w.engine.load()
+
+    def scraped_load(self, worker: int, interval_s: float) -> EngineLoad:
+        if interval_s == 0:
+            return self.engine_load(worker)
+        scraper = self._scrapers.get(interval_s)
+        if scraper is None:
+            scraper = self._scrapers[interval_s] = MetricsScraper(
+                self.env, interval_s, lambda: [self.engine_load(w) for w in range(len(self.workers))],
+                lambda: self._num_in_flight > 0)
+        return scraper.loads[worker]
+
+    def cache_block_size(self) -> int:
+        return self.workers[0].engine.cache.block_size
+
+    def cache_block_keys(self, request: Request) -> Sequence[BlockHash]:
+        return self.workers[0].engine.cache.block_keys(request)
+
+    def subscribe_cache(self, worker: int, listener: CacheListener) -> None:
+        self.workers[worker].engine.cache.subscribe(listener)
+
+    def prefix_state(self, spec: PrefixStateSpec) -> PrefixState:
+        # NOTE: each state draws its event losses from a stream of its own, so losses do not shift routing draws.
+        self._num_prefix_states += 1
+        return build_prefix_state(spec, self, rng_for(self._seed, f"router-events-{self._num_prefix_states}"))
 
     # ------------------------------------------------------------------ requests
     def send(self, request: Request, on_done: Callable[[RequestRecord], object] | None = None) -> simpy.Event | None:
@@ -93,7 +139,14 @@ class Cluster:
         """Send `request` to `worker` now: it reaches the engine after the router hop and the per-request overhead."""
         env = self.env
         self._in_flight[worker] += 1
-        self._pending[request.request_id] = (env.now, on_done)
+        self._num_in_flight += 1
+        for scraper in self._scrapers.values():
+            scraper.wake()
+        available, captured = self._ledger.dispatch(request.block_hashes, request.prompt_tokens, worker)
+        believed = self.router.believed_prefix_tokens(request)
+        held = -1 if believed is None else self.cached_prefix_tokens(worker, request)
+        self._pending[request.request_id] = (env.now, on_done, (available, captured,
+                                                                -1 if believed is None else believed, held))
         arrival_s = env.now + self._delivery_delay_s
         target = self.workers[worker]
         self._after(self._delivery_delay_s, lambda: target.submit(request, arrival_s))
@@ -113,9 +166,10 @@ class Cluster:
 
     def _complete(self, state: ServedRequest) -> None:
         self._in_flight[state.worker] -= 1
+        self._num_in_flight -= 1
         self.router.on_complete(state.request, state.worker)
-        sent_s, on_done = self._pending.pop(state.request.request_id)
-        on_done(RequestRecord.from_state(state, sent_s, response_delay_s=self._response_delay_s))
+        sent_s, on_done, routing = self._pending.pop(state.request.request_id)
+        on_done(RequestRecord.from_state(state, sent_s, response_delay_s=self._response_delay_s, routing=routing))
 
     # ------------------------------------------------------------------ counters
     def counters(self) -> tuple[WorkerCounters, ...]:

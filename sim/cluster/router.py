@@ -3,14 +3,69 @@
 `policies/` implements these protocols; the runner builds routers from the `policies.ROUTERS` registry.
 A router never reaches into a worker: it sees the cluster only through `ClusterView`, whose cache queries are
 peeks (they change no recency, like libCacheSim's `find(..., update_cache=false)`).
+
+What a router sees is chosen by mechanism, not coded per router:
+* prefix state, through `ClusterView.prefix_state(PrefixStateSpec)`: `exact` (peeks, as KV events without lag),
+  `events` (an index fed by the engines' KV events, with lag and loss) or `approximate` (the router's own routing
+  history, forgotten by age and size, blind to evictions); see `sim.routing.prefix_state`;
+* load: the router's own in-flight counts (`policies.base.RouterBase` keeps them per router replica), or engine
+  metrics scraped every `scrape_interval_s` (`ClusterView.scraped_load`).
 """
 
 from __future__ import annotations
 
 import random
-from typing import Any, ClassVar, Protocol
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal, Protocol
 
-from sim.workloads.request import Request
+from sim.engines.interface import CacheListener, EngineLoad
+from sim.workloads.request import BlockHash, Request
+
+StateMode = Literal["exact", "events", "approximate"]
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixStateSpec:
+    """How a router learns what the workers' prefix caches hold.
+
+    * `exact`: a peek into each cache at routing time.
+    * `events`: an index of the engines' KV events (stored / removed / cleared), each batch applied `event_lag_s`
+      after the engine published it, each event lost with probability `event_loss`. With `predicted_ttl_s`, the
+      router also records its own choices for that long, and a worker's match is the larger of the two (Dynamo
+      `--router-predicted-ttl-secs`, llm-d `speculativeIndexing`).
+    * `approximate`: only the router's own routing history (`sim.routing.routing_history.RoutingHistory`: `ttl_s`,
+      `capacity_keys`, `per_worker`, `prune_to`, `check_interval_s`, `leaves_first`).
+
+    `key_block_tokens`: the prefix granularity of `approximate` keys and predictions; None is the engine's own
+    block (page) size, as Dynamo hashes; otherwise a multiple of the requests' block size (a router hashing
+    characters: 4 characters a token).
+    """
+
+    mode: StateMode = "exact"
+    event_lag_s: float = 0.0
+    event_loss: float = 0.0
+    predicted_ttl_s: float | None = None
+    ttl_s: float | None = None
+    capacity_keys: int | None = None
+    per_worker: bool = False
+    prune_to: float = 1.0
+    check_interval_s: float = 0.0
+    leaves_first: bool = True
+    key_block_tokens: int | None = None
+
+
+class PrefixState(Protocol):
+    """A router's belief about the workers' caches. `match_tokens` must not change any cache; `record` is called by
+    the router base right after each routing decision (the approximate history records it there)."""
+
+    mode: StateMode
+
+    def match_tokens(self, request: Request) -> list[int]:
+        """Per worker, the leading prompt tokens the router believes cached there now (whole keys)."""
+        ...
+
+    def record(self, request: Request, worker: int) -> None: ...
 
 
 class ClusterView(Protocol):
@@ -24,6 +79,11 @@ class ClusterView(Protocol):
         """Block size (tokens) of the requests' `block_hashes`."""
         ...
 
+    @property
+    def now_s(self) -> float:
+        """Simulated time now."""
+        ...
+
     def cached_prefix_tokens(self, worker: int, request: Request) -> int:
         """How many leading tokens of `request`'s prompt `worker`'s prefix cache holds now, in the cache's own
         granularity (vLLM whole blocks, SGLang pages) and without the engine's hit cap: exact state, as from KV
@@ -31,24 +91,56 @@ class ClusterView(Protocol):
         ...
 
     def in_flight(self, worker: int) -> int:
-        """Requests dispatched to `worker` and not yet completed (the router-side load count)."""
+        """Requests dispatched to `worker` and not yet completed, by any router replica (the cluster's count)."""
+        ...
+
+    def engine_load(self, worker: int) -> EngineLoad:
+        """`worker`'s engine metrics now (exact, unscraped)."""
+        ...
+
+    def scraped_load(self, worker: int, interval_s: float) -> EngineLoad:
+        """`worker`'s engine metrics as last scraped by a scraper polling every `interval_s` from time 0 (0: now)."""
+        ...
+
+    def cache_block_size(self) -> int:
+        """Tokens per block (page) of the engines' KV events and `cache_block_keys`."""
+        ...
+
+    def cache_block_keys(self, request: Request) -> Sequence[BlockHash]:
+        """`request`'s full prompt blocks as the engines' KV events name them."""
+        ...
+
+    def subscribe_cache(self, worker: int, listener: CacheListener) -> None:
+        """Receive `worker`'s KV event batches from now on."""
+        ...
+
+    def prefix_state(self, spec: PrefixStateSpec) -> PrefixState:
+        """A new prefix state of `spec`'s kind over this cluster (each router replica builds its own)."""
         ...
 
 
 class Router(Protocol):
     """A routing policy. `route` picks a worker index; the hooks let it keep its own state (load, history).
 
-    Hooks are called by the cluster in time order: `on_dispatch` right after `route`, `on_first_token` when the
-    first output token reaches the router, `on_complete` when the response ends. A router may declare
-    `ignores_cluster_state = True` when its choices depend on nothing but the requests routed before (see
-    `policies.base.RouterBase`): replays then split over processes.
+    `bind` is called once, when the cluster is built and before the first request. Hooks are called by the cluster
+    in time order: `on_dispatch` right after `route`, `on_first_token` when the first output token reaches the
+    router, `on_complete` when the response ends. `believed_prefix_tokens` (after `on_dispatch`) is what the router
+    believed the chosen worker holds of the request, or None for exact state (for the view-error counters). A
+    router may declare `ignores_cluster_state = True` when its choices depend on nothing but the requests routed
+    before (see `policies.base.RouterBase`): replays then split over processes. `processing_s` is the router's own
+    time per request, added to the hop.
     """
 
     name: ClassVar[str]
+    processing_s: float
+
+    def bind(self, view: ClusterView) -> None: ...
 
     def route(self, request: Request, view: ClusterView) -> int: ...
 
     def on_dispatch(self, request: Request, worker: int) -> None: ...
+
+    def believed_prefix_tokens(self, request: Request) -> int | None: ...
 
     def on_first_token(self, request: Request, worker: int) -> None: ...
 

@@ -187,6 +187,17 @@ class EngineCounters:
 
 # ---------------------------------------------------------------------------------------------- cache events
 @dataclass(frozen=True, slots=True)
+class EngineLoad:
+    """What an engine's metrics endpoint reports of its load at one moment (vLLM `num_requests_running`,
+    `num_requests_waiting`, `kv_cache_usage_perc`; SGLang `num_running_reqs`, `num_queue_reqs`, `token_usage`)."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_usage: float = 0.0
+    """`PrefixCache.usage()`: the fraction of KV capacity held by running requests."""
+
+
+@dataclass(frozen=True, slots=True)
 class CacheEvent:
     """One change to a worker's prefix cache, as the engine's KV events report it (vLLM `BlockStored` /
     `BlockRemoved` / `AllBlocksCleared`, `vllm/distributed/kv_events.py`; SGLang the same names,
@@ -250,6 +261,11 @@ class Engine(Protocol):
     @property
     def num_requests(self) -> int:
         """Requests waiting or running."""
+        ...
+
+    def load(self) -> EngineLoad:
+        """Running and waiting requests and KV usage now, as the engine's metrics report them (what a router
+        that scrapes metrics reads)."""
         ...
 
     def schedule(self, now_s: float) -> StepPlan: ...

@@ -30,6 +30,14 @@ class RequestRecord:
     first_token_s: float
     finished_s: float
     num_preemptions: int
+    available_tokens: int = 0
+    """Prompt tokens one infinite cache shared by the cluster would hit (the reuse available; `ReuseLedger`)."""
+    captured_tokens: int = 0
+    """Prompt tokens an infinite cache on the chosen worker would hit (the reuse captured by routing)."""
+    believed_tokens: int = -1
+    """Prompt tokens the router believed cached on the chosen worker when it chose (-1: exact state or none)."""
+    held_tokens: int = -1
+    """Prompt tokens the chosen worker's cache held at that moment (-1 when `believed_tokens` is -1)."""
 
     @property
     def ttft_s(self) -> float:
@@ -53,7 +61,9 @@ class RequestRecord:
         return self.shareable_tokens > 0 and self.cached_tokens >= self.shareable_tokens
 
     @classmethod
-    def from_state(cls, state: ServedRequest, sent_s: float, *, response_delay_s: float = 0.0) -> RequestRecord:
+    def from_state(cls, state: ServedRequest, sent_s: float, *, response_delay_s: float = 0.0,
+                   routing: tuple[int, int, int, int] = (0, 0, -1, -1)) -> RequestRecord:
+        """`routing`: (available, captured, believed, held) tokens, as the cluster booked them at dispatch."""
         req = state.request
         assert state.num_cached_tokens is not None and state.admitted_s is not None
         assert state.first_token_s is not None and state.finished_s is not None
@@ -73,6 +83,10 @@ class RequestRecord:
             first_token_s=state.first_token_s + response_delay_s,
             finished_s=state.finished_s + response_delay_s,
             num_preemptions=state.num_preemptions,
+            available_tokens=routing[0],
+            captured_tokens=routing[1],
+            believed_tokens=routing[2],
+            held_tokens=routing[3],
         )
 
 

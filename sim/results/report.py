@@ -22,6 +22,7 @@ SUMMARY_COLUMNS = (
     "ttft_hit_p50_ms", "ttft_hit_p90_ms", "ttft_hit_p99_ms", "ttft_miss_p50_ms", "ttft_miss_p90_ms", "ttft_miss_p99_ms",
     "hit_requests", "full_hit_requests", "prefix_cache_queries", "prefix_cache_hits",
     "evicted_blocks", "evicted_tokens", "preemptions", "max_worker_share",
+    "reuse_available", "reuse_captured", "reuse_delivered", "view_checked", "view_false_hit_rate", "view_false_tokens",
 )
 
 GROUP_KEYS = ("workers", "prefixes", "concurrency", "router", "engine")
@@ -78,7 +79,8 @@ def aggregate(rows: Sequence[dict[str, object]]) -> list[dict[str, object]]:
         agg: dict[str, object] = dict(zip(GROUP_KEYS, key))
         agg["repeats"] = len(members)
         for col in ("request_hit_rate", "full_hit_rate", "token_hit_rate", "ttft_p50_ms", "ttft_p99_ms",
-                    "throughput_rps", "preemptions", "max_worker_share"):
+                    "throughput_rps", "preemptions", "max_worker_share", "reuse_available", "reuse_captured",
+                    "reuse_delivered", "view_false_hit_rate"):
             values = [float(m[col]) for m in members if not math.isnan(float(m[col]))]
             agg[col] = statistics.fmean(values) if values else float("nan")
             agg[f"{col}_sd"] = statistics.stdev(values) if len(values) > 1 else 0.0

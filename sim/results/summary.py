@@ -25,6 +25,12 @@ class Summary:
     * `token_hit_rate`: cached prompt tokens / prompt tokens over the measured requests, each counted at its first
       admission: vLLM's `prefix_cache_hits / prefix_cache_queries` as vLLM >= 0.27 counts them (older releases also
       count failed lookups; the raw counters of the measured phase are in `prefix_cache`).
+    * `reuse_available` / `reuse_captured` / `reuse_delivered`: prompt tokens that one infinite shared cache, an
+      infinite cache per worker under the router's choices, and the real finite caches hit, over prompt tokens
+      (`sim.cluster.reuse.ReuseLedger`; delivered is `token_hit_rate`). available - captured is what routing
+      loses, captured - delivered what memory loses.
+    * `view_false_hit_rate`: of the requests a router with non-exact state routed (`view_checked`), the fraction
+      whose chosen worker held fewer tokens of the prompt than the router believed.
     """
 
     requests: int
@@ -39,6 +45,26 @@ class Summary:
     duration_s: float
     ttft_ms: dict[str, float]
     requests_per_worker: tuple[int, ...]
+    available_tokens: int = 0
+    captured_tokens: int = 0
+    view_checked: int = 0
+    """Measured requests routed on non-exact state (their belief was compared with the cache)."""
+    view_false_hits: int = 0
+    """Of those, requests whose chosen worker held less than the router believed."""
+    view_false_tokens: int = 0
+    """Believed-but-absent prompt tokens, summed over those requests."""
+
+    @property
+    def reuse_available(self) -> float:
+        return self.available_tokens / self.query_tokens if self.query_tokens else float("nan")
+
+    @property
+    def reuse_captured(self) -> float:
+        return self.captured_tokens / self.query_tokens if self.query_tokens else float("nan")
+
+    @property
+    def view_false_hit_rate(self) -> float:
+        return self.view_false_hits / self.view_checked if self.view_checked else float("nan")
 
     @property
     def request_hit_rate(self) -> float:
@@ -76,6 +102,12 @@ class Summary:
             "evicted_tokens": self.evicted_tokens,
             "preemptions": self.preemptions,
             "max_worker_share": max(self.requests_per_worker) / self.requests if self.requests else float("nan"),
+            "reuse_available": self.reuse_available,
+            "reuse_captured": self.reuse_captured,
+            "reuse_delivered": self.token_hit_rate,
+            "view_checked": self.view_checked,
+            "view_false_hit_rate": self.view_false_hit_rate,
+            "view_false_tokens": self.view_false_tokens,
         }
 
 
@@ -107,4 +139,9 @@ def summarize(result: RunResult) -> Summary:
             for q in (50, 90, 99)
         },
         requests_per_worker=tuple(per_worker),
+        available_tokens=sum(r.available_tokens for r in measured),
+        captured_tokens=sum(r.captured_tokens for r in measured),
+        view_checked=sum(1 for r in measured if r.believed_tokens >= 0),
+        view_false_hits=sum(1 for r in measured if r.believed_tokens > r.held_tokens),
+        view_false_tokens=sum(max(0, r.believed_tokens - r.held_tokens) for r in measured),
     )

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from sim.studies import analytic
+from sim.routing.spec import router_overrides, split_router_spec
 from sim.runner import run
 from sim.scenario import Scenario, length_mean
 from sim.results.summary import summarize
@@ -27,7 +28,13 @@ from sim.studies.sweep import SweepRunner
 
 GIB = 1 << 30
 VARY_UNITS = {"workers": "workers", "kv-gib": "GiB"}
-PARTITIONING_ROUTERS = {"prefix-hash", "kv-aware"}
+PARTITIONING_ROUTERS = {"prefix-hash", "kv-aware", "llm-d", "sglang-cache-aware", "aibrix-prefix-cache",
+                        "vllm-router-session", "vllm-router-prefix-aware", "vllm-router-loadaware", "preble"}
+"""Routers that tend to keep a prefix on one worker (the analytic screen's prefix-partition model)."""
+
+
+def _partitions(router: str) -> bool:
+    return split_router_spec(router)[0] in PARTITIONING_ROUTERS
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +127,7 @@ def make_grid(vary: str, low: float, high: float, step: float) -> tuple[float, .
 
 def transient_requests(router: str, workers: int, prefixes: int) -> int:
     """Requests to discard before steady state: every reachable (worker, prefix) pair visited a few times."""
-    pairs = prefixes if router in PARTITIONING_ROUTERS else workers * prefixes
+    pairs = prefixes if _partitions(router) else workers * prefixes
     return math.ceil(2 * pairs * math.log(max(pairs, 2)))
 
 
@@ -129,8 +136,7 @@ def configure(base: Scenario, spec: PlanSpec, router: str, value: float) -> Scen
     workers = int(value) if spec.vary == "workers" else base.cluster.workers
     discard = transient_requests(router, workers, base.workload.prefixes)
     overrides: dict[str, object] = {
-        "router.name": router,
-        "router.options": base.router.options if router == base.router.name else {},
+        **router_overrides(router, base.router.name, base.router.options),
         "workload.min_requests": discard + spec.horizon_requests,
         "workload.requests_per_prefix": 0,
         "workload.discard_first": discard,
@@ -151,7 +157,7 @@ def analytic_hit_rate(scenario: Scenario, router: str) -> float:
     K, U = analytic.shared_prefix_blocks(prefix, prompt, output, B)
     common = dict(popularity=np.array(w.popularity_weights()), prefix_blocks=K, own_blocks=U,
                   usable_blocks=scenario.capacity_tokens // B, block_size=B, prompt_tokens=prompt)
-    if router in PARTITIONING_ROUTERS:
+    if _partitions(router):
         return analytic.prefix_routing_hit_rates(workers=scenario.cluster.workers, **common).request_hit_rate
     return analytic.random_routing_hit_rates(workers=scenario.cluster.workers, **common).request_hit_rate
 

@@ -9,6 +9,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 from sim.results.records import TtftSamples
+from sim.routing.spec import router_overrides
 from sim.runner import run
 from sim.scenario import Scenario
 from sim.results.summary import summarize
@@ -20,6 +21,7 @@ class SweepPoint:
     prefixes: int
     concurrency: int
     router: str
+    """Router spec label: NAME or NAME:key=value,... (`sim.routing.spec`)."""
     repeat: int
     seed: int
     engine: str | None = None
@@ -32,8 +34,7 @@ class SweepPoint:
             "cluster.workers": self.workers,
             "workload.prefixes": self.prefixes,
             "workload.concurrency": self.concurrency,
-            "router.name": self.router,
-            "router.options": base.router.options if self.router == base.router.name else {},
+            **router_overrides(self.router, base.router.name, base.router.options),
             "seed": self.seed,
         })
 

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from sim.engines.event_feed import EventFeed
-from sim.engines.interface import CacheListener, EngineCounters, StepOutcome, StepPlan, StepTimeModel
+from sim.engines.interface import CacheListener, EngineCounters, EngineLoad, StepOutcome, StepPlan, StepTimeModel
 from sim.engines.sglang.decode_stretch import SglangDecodeStretch
 from sim.engines.sglang.radix_cache import RadixCache
 from sim.engines.sglang.request_state import SglangRequest
@@ -98,6 +98,11 @@ class SglangEngine:
     @property
     def num_requests(self) -> int:
         return self.scheduler.num_requests
+
+    def load(self) -> EngineLoad:
+        s = self.scheduler
+        running = len(s.running_batch.reqs)
+        return EngineLoad(num_running=running, num_waiting=s.num_requests - running, kv_usage=self.cache.usage())
 
     def schedule(self, now_s: float) -> StepPlan:
         step = self.scheduler.schedule(now_s)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import ClassVar
 
-from sim.engines.interface import EngineCounters, StepOutcome, StepPlan, StepTimeModel
+from sim.engines.interface import EngineCounters, EngineLoad, StepOutcome, StepPlan, StepTimeModel
 from sim.engines.vllm.behaviour import VllmBehaviour
 from sim.engines.vllm.decode_stretch import DecodeStretch
 from sim.engines.vllm.kv_cache_manager import KVCacheManager
@@ -52,6 +52,10 @@ class VllmEngine:
     @property
     def num_requests(self) -> int:
         return self.scheduler.num_requests
+
+    def load(self) -> EngineLoad:
+        s = self.scheduler
+        return EngineLoad(num_running=len(s.running), num_waiting=len(s.waiting), kv_usage=self.cache.usage())
 
     def update_from_output(self, plan: StepPlan, now_s: float) -> StepOutcome:
         outcome = self.scheduler.update_from_output(plan, now_s)

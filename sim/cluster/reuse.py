@@ -1,0 +1,46 @@
+"""Reuse available and reuse captured by routing: what infinite caches would hit on the same stream."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+
+
+def _held_prefix(held: set[Hashable], hashes: Sequence[Hashable]) -> int:
+    """Leading `hashes` in `held`. NOTE: `held` is prefix-closed (every request adds all its blocks, and a chained
+    hash names its whole prefix), so membership is monotone along `hashes` and a binary search finds the edge."""
+    lo, hi = 0, len(hashes)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if hashes[mid - 1] in held:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+class ReuseLedger:
+    """For each dispatched request, the prompt tokens that would be hits
+
+    * `available`: in one infinite cache shared by the whole cluster (every earlier request's blocks), and
+    * `captured`: in an infinite cache on the worker the router chose (the earlier requests sent there),
+
+    in whole blocks of the stream and capped, as the engines cap a hit, at `prompt_tokens - 1`. Beside the hit the
+    finite caches deliver, they tell routing apart from memory: available - captured is lost by routing, captured
+    - delivered by memory (and by requests in flight together, whose blocks are not cached yet). Warm-ups count as
+    history. A block counts from its request's dispatch, so in-flight duplicates count as reuse (an upper bound).
+    """
+
+    def __init__(self, num_workers: int, block_size: int) -> None:
+        self.block_size = block_size
+        self._shared: set[Hashable] = set()
+        self._per_worker: list[set[Hashable]] = [set() for _ in range(num_workers)]
+
+    def dispatch(self, hashes: Sequence[Hashable], prompt_tokens: int, worker: int) -> tuple[int, int]:
+        """(available, captured) tokens of a request with these block hashes, sent to `worker`; then records it."""
+        cap = (prompt_tokens - 1) // self.block_size
+        shared, mine = self._shared, self._per_worker[worker]
+        available = min(_held_prefix(shared, hashes), cap) * self.block_size
+        captured = min(_held_prefix(mine, hashes), cap) * self.block_size
+        shared.update(hashes)
+        mine.update(hashes)
+        return available, captured

@@ -1,0 +1,79 @@
+"""Which workers hold which prefix keys: the index every non-exact prefix state matches requests against."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Sequence
+
+
+class WorkerMaskIndex:
+    """`key -> bitmask of workers` (bit w set: worker w holds the key). Keys are chained prefix hashes, so a
+    request's leading keys name nested prefixes; matching walks them as Dynamo's `RadixTree::find_matches` walks its
+    tree: a worker drops out at the first key it does not hold and scores the depth it reached.
+
+    Adding a key a worker already holds, or removing one it does not, changes nothing (set semantics, as Dynamo's
+    indexer and llm-d's index treat duplicate BlockStored / BlockRemoved events).
+    """
+
+    __slots__ = ("_masks", "num_workers")
+
+    def __init__(self, num_workers: int) -> None:
+        self.num_workers = num_workers
+        self._masks: dict[Hashable, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._masks)
+
+    def add(self, key: Hashable, worker: int) -> None:
+        masks = self._masks
+        masks[key] = masks.get(key, 0) | (1 << worker)
+
+    def add_all(self, keys: Iterable[Hashable], worker: int) -> None:
+        masks, bit = self._masks, 1 << worker
+        get = masks.get
+        for key in keys:
+            masks[key] = get(key, 0) | bit
+
+    def remove(self, key: Hashable, worker: int) -> None:
+        masks = self._masks
+        mask = masks.get(key)
+        if mask is None:
+            return
+        mask &= ~(1 << worker)
+        if mask:
+            masks[key] = mask
+        else:
+            del masks[key]
+
+    def remove_worker(self, worker: int) -> None:
+        """Forget everything `worker` holds (an AllBlocksCleared event)."""
+        for key in [k for k, m in self._masks.items() if m >> worker & 1]:
+            self.remove(key, worker)
+
+    def holders(self, key: Hashable) -> int:
+        return self._masks.get(key, 0)
+
+    def depths(self, keys: Sequence[Hashable]) -> list[int]:
+        """Per worker, how many of `keys` it holds from the first up to its first miss."""
+        n = self.num_workers
+        depths = [0] * n
+        alive = (1 << n) - 1
+        get = self._masks.get
+        i = 0
+        for i, key in enumerate(keys):
+            held = get(key, 0) & alive
+            if held != alive:
+                dropped = alive & ~held
+                while dropped:
+                    low = dropped & -dropped
+                    depths[low.bit_length() - 1] = i
+                    dropped ^= low
+                alive = held
+                if not alive:
+                    return depths
+        else:
+            i = len(keys)
+        while alive:
+            low = alive & -alive
+            depths[low.bit_length() - 1] = i
+            alive ^= low
+        return depths

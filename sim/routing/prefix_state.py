@@ -1,0 +1,161 @@
+"""The three ways a router learns what the caches hold (`sim.cluster.router.PrefixStateSpec`), one class each."""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from collections.abc import Hashable, Sequence
+
+from sim.cluster.router import ClusterView, PrefixStateSpec
+from sim.engines.interface import CacheEvent
+from sim.routing.prefix_index import WorkerMaskIndex
+from sim.routing.routing_history import RoutingHistory
+from sim.workloads.request import Request
+
+
+class ExactState:
+    """Peeks into every worker's cache: what an event-fed index knows with no lag and no loss."""
+
+    mode = "exact"
+
+    def __init__(self, view: ClusterView) -> None:
+        self._view = view
+
+    def match_tokens(self, request: Request) -> list[int]:
+        view = self._view
+        return [view.cached_prefix_tokens(w, request) for w in range(view.num_workers)]
+
+    def record(self, request: Request, worker: int) -> None:
+        pass
+
+
+class _Keys:
+    """A request's prefix keys at one granularity: the engines' own blocks, or every m-th block hash of the stream
+    (a chained hash names the whole prefix up to its block, so every m-th one names the prefixes of m blocks)."""
+
+    def __init__(self, view: ClusterView, key_block_tokens: int | None) -> None:
+        self._view = view
+        if key_block_tokens is None:
+            self.tokens_per_key = view.cache_block_size()
+            self._step = 0
+        else:
+            B = view.block_size
+            if key_block_tokens < B or key_block_tokens % B:
+                raise ValueError(f"key_block_tokens ({key_block_tokens}) must be a multiple of the requests' "
+                                 f"block size {B}")
+            self.tokens_per_key = key_block_tokens
+            self._step = key_block_tokens // B
+
+    def of(self, request: Request) -> Sequence[Hashable]:
+        m = self._step
+        if m == 0:
+            return self._view.cache_block_keys(request)
+        return request.block_hashes if m == 1 else request.block_hashes[m - 1::m]
+
+
+class ApproximateState:
+    """The router's own routing history (`RoutingHistory`): it records each decision and never sees an eviction."""
+
+    mode = "approximate"
+
+    def __init__(self, view: ClusterView, spec: PrefixStateSpec) -> None:
+        self._view = view
+        self._keys = _Keys(view, spec.key_block_tokens)
+        self.history = RoutingHistory(view.num_workers, ttl_s=spec.ttl_s, capacity_keys=spec.capacity_keys,
+                                      per_worker=spec.per_worker, prune_to=spec.prune_to,
+                                      check_interval_s=spec.check_interval_s, leaves_first=spec.leaves_first)
+
+    def match_tokens(self, request: Request) -> list[int]:
+        t = self._keys.tokens_per_key
+        return [d * t for d in self.history.depths(self._keys.of(request), self._view.now_s)]
+
+    def record(self, request: Request, worker: int) -> None:
+        self.history.record(self._keys.of(request), worker, self._view.now_s)
+
+
+class EventFedState:
+    """An index of the engines' KV events, as Dynamo's KV indexer and llm-d's precise scorer keep one.
+
+    Each worker's event batches are applied `event_lag_s` after the engine published them (a constant lag keeps
+    them in publication order across workers, so one FIFO holds them); each event is lost with probability
+    `event_loss` (a lost `removed` leaves a stale entry, a lost `stored` a missing one). Pending batches are applied
+    when the router next looks, before it matches: the index is then exactly what it would be had each batch been
+    applied at its due time. With `predicted_ttl_s`, the router's own choices are also recorded for that long and a
+    worker's match is the larger of the two.
+    """
+
+    mode = "events"
+
+    def __init__(self, view: ClusterView, spec: PrefixStateSpec, rng: random.Random) -> None:
+        if spec.event_lag_s < 0 or not 0 <= spec.event_loss < 1:
+            raise ValueError(f"event_lag_s must be >= 0 and event_loss in [0, 1), got {spec.event_lag_s}, "
+                             f"{spec.event_loss}")
+        self._view = view
+        self._lag_s = spec.event_lag_s
+        self._loss = spec.event_loss
+        self._rng = rng
+        self._tokens_per_block = view.cache_block_size()
+        self.index = WorkerMaskIndex(view.num_workers)
+        self._pending: deque[tuple[float, int, Sequence[CacheEvent]]] = deque()
+        self.events_applied = 0
+        self.events_lost = 0
+        self._predicted = None
+        if spec.predicted_ttl_s is not None:
+            self._predicted = ApproximateState(view, PrefixStateSpec(
+                mode="approximate", ttl_s=spec.predicted_ttl_s, key_block_tokens=spec.key_block_tokens))
+        for w in range(view.num_workers):
+            view.subscribe_cache(w, self._receiver(w))
+
+    def _receiver(self, worker: int):
+        def receive(events: Sequence[CacheEvent], now_s: float) -> None:
+            if self._lag_s == 0 and self._loss == 0:
+                self._apply(worker, events)
+            else:
+                self._pending.append((now_s + self._lag_s, worker, events))
+        return receive
+
+    def _apply(self, worker: int, events: Sequence[CacheEvent]) -> None:
+        index, loss, rng = self.index, self._loss, self._rng
+        for event in events:
+            if loss and rng.random() < loss:
+                self.events_lost += 1
+                continue
+            self.events_applied += 1
+            if event.kind == "stored":
+                index.add_all(event.block_hashes, worker)
+            elif event.kind == "removed":
+                for h in event.block_hashes:
+                    index.remove(h, worker)
+            else:
+                index.remove_worker(worker)
+
+    def _catch_up(self) -> None:
+        pending = self._pending
+        if pending:
+            now = self._view.now_s
+            while pending and pending[0][0] <= now:
+                _, worker, events = pending.popleft()
+                self._apply(worker, events)
+
+    def match_tokens(self, request: Request) -> list[int]:
+        self._catch_up()
+        t = self._tokens_per_block
+        matched = [d * t for d in self.index.depths(self._view.cache_block_keys(request))]
+        if self._predicted is not None:
+            matched = [max(a, b) for a, b in zip(matched, self._predicted.match_tokens(request))]
+        return matched
+
+    def record(self, request: Request, worker: int) -> None:
+        if self._predicted is not None:
+            self._predicted.record(request, worker)
+
+
+def build_prefix_state(spec: PrefixStateSpec, view: ClusterView, rng: random.Random):
+    """The prefix state `spec` asks for, over `view` (events subscribe to every worker's cache now)."""
+    if spec.mode == "exact":
+        return ExactState(view)
+    if spec.mode == "events":
+        return EventFedState(view, spec, rng)
+    if spec.mode == "approximate":
+        return ApproximateState(view, spec)
+    raise ValueError(f"state: unknown mode {spec.mode!r}; allowed: exact, events, approximate")

@@ -1,0 +1,73 @@
+"""Router specs as the CLI and sweep tables write them: `NAME` or `NAME:key=value,key=value`.
+
+A comma-separated list of specs is split where a token has no `=`: `kv-aware:state=events,event_lag_s=0.5,random`
+is two specs, `kv-aware` with two options and `random`. Values are YAML scalars (`0.5`, `true`, `null`, `events`).
+A spec's label (its text, normalised) names its rows in `summary.csv`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+
+def _value(text: str) -> Any:
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    return text if isinstance(value, (dict, list)) else value
+
+
+def split_router_spec(spec: str) -> tuple[str, dict[str, Any]]:
+    """`NAME:k=v,k=v` -> (NAME, {k: v}); a one-line ValueError names what is malformed."""
+    name, _, rest = spec.partition(":")
+    name = name.strip()
+    if not name:
+        raise ValueError(f"{spec!r}: a router spec starts with a router name (NAME or NAME:key=value,...)")
+    options: dict[str, Any] = {}
+    for item in filter(None, (t.strip() for t in rest.split(","))) if rest else ():
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise ValueError(f"{spec!r}: option {item!r} is not key=value")
+        if key.strip() in options:
+            raise ValueError(f"{spec!r}: option {key.strip()!r} given twice")
+        options[key.strip()] = _value(value.strip())
+    if rest and not options:
+        raise ValueError(f"{spec!r}: nothing after ':' (give key=value options or drop the ':')")
+    return name, options
+
+
+def router_label(name: str, options: dict[str, Any]) -> str:
+    """The canonical text of a spec (round-trips through `split_router_spec`)."""
+    if not options:
+        return name
+    def text(v: Any) -> str:
+        return "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
+    return name + ":" + ",".join(f"{k}={text(v)}" for k, v in options.items())
+
+
+def split_router_list(text: str) -> list[str]:
+    """A comma-separated list of specs -> their labels, in order (see the module docstring)."""
+    groups: list[list[str]] = []
+    for token in (t.strip() for t in text.split(",")):
+        if not token:
+            continue
+        if "=" in token and ":" not in token.split("=", 1)[0]:
+            if not groups:
+                raise ValueError(f"{text!r}: option {token!r} comes before any router name")
+            groups[-1].append(token)
+        else:
+            groups.append([token])
+    if not groups:
+        raise ValueError(f"{text!r}: no router given")
+    return [router_label(*split_router_spec(",".join(g))) for g in groups]
+
+
+def router_overrides(label: str, base_name: str, base_options: dict[str, Any]) -> dict[str, Any]:
+    """Scenario overrides that select `label`: a bare name equal to the scenario's router keeps its options."""
+    name, options = split_router_spec(label)
+    if not options and name == base_name:
+        options = dict(base_options)
+    return {"router.name": name, "router.options": options}
