@@ -17,10 +17,13 @@ Cache state is exact (KV events without lag): overlaps are peeks into the worker
 from __future__ import annotations
 
 import math
+from itertools import compress, repeat
+from operator import add, not_, sub
 
 from pydantic import Field
 
 from policies.base import PrefixStateOptions, RouterBase
+from sim.cluster.reuse import held_prefix
 from sim.workloads.request import Request
 from sim.cluster.router import ClusterView
 
@@ -39,7 +42,9 @@ class KvAwareRouter(RouterBase):
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
         self._prefill_tokens = [0] * self.num_workers
-        self._active: list[dict] = [{} for _ in range(self.num_workers)]  # block hash -> in-flight requests holding it
+        # block hash -> in-flight requests holding it. NOTE: prefix-closed (a union of whole prompts' chained
+        # hashes), so a request's hashes already active are a leading run, found by binary search.
+        self._active: list[dict] = [{} for _ in range(self.num_workers)]
         self._pending_prefill: dict[int, int] = {}
         self._chosen_overlap: dict[int, int] = {}
 
@@ -59,7 +64,7 @@ class KvAwareRouter(RouterBase):
         for w in range(self.num_workers):
             active = self._active[w]
             prefill_blocks = (self._prefill_tokens[w] + isl - overlap[w] * B) / B
-            new_blocks = len(hashes) - sum(map(active.__contains__, hashes))
+            new_blocks = len(hashes) - held_prefix(active, hashes)
             costs.append(weight * prefill_blocks + len(active) + new_blocks)
         return costs, overlap
 
@@ -89,10 +94,10 @@ class KvAwareRouter(RouterBase):
         tokens = max(request.prompt_tokens - overlap * self.block_size, 0)
         self._pending_prefill[request.request_id] = tokens
         self._prefill_tokens[worker] += tokens
+        # NOTE: ref counts +1 for every hash in C-level calls (a request's chained hashes are distinct).
         active = self._active[worker]
-        get = active.get
-        for h in request.block_hashes:
-            active[h] = get(h, 0) + 1
+        hashes = request.block_hashes
+        active.update(zip(hashes, map(add, map(active.get, hashes, repeat(0)), repeat(1))))
 
     def after_first_token(self, request: Request, worker: int) -> None:
         self._prefill_tokens[worker] -= self._pending_prefill.pop(request.request_id, 0)
@@ -100,9 +105,8 @@ class KvAwareRouter(RouterBase):
     def after_complete(self, request: Request, worker: int) -> None:
         self.after_first_token(request, worker)
         active = self._active[worker]
-        for h in request.block_hashes:
-            left = active[h] - 1
-            if left > 0:
-                active[h] = left
-            else:
-                del active[h]
+        hashes = request.block_hashes
+        left = list(map(sub, map(active.__getitem__, hashes), repeat(1)))
+        active.update(zip(hashes, left))
+        for h in compress(hashes, map(not_, left)):
+            del active[h]

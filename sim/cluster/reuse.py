@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 
 
-def _held_prefix(held: set[Hashable], hashes: Sequence[Hashable]) -> int:
-    """Leading `hashes` in `held`. NOTE: `held` is prefix-closed (every request adds all its blocks, and a chained
-    hash names its whole prefix), so membership is monotone along `hashes` and a binary search finds the edge."""
+def held_prefix(held, hashes: Sequence[Hashable]) -> int:
+    """Leading `hashes` in `held` (anything with `in`), for a prefix-closed `held`: one where a chained hash is
+    present only if every hash before it on its chain is (a union of whole prompts' hashes is). Membership is then
+    monotone along `hashes`, and a binary search finds the edge in O(log n) lookups."""
     lo, hi = 0, len(hashes)
     while lo < hi:
         mid = (lo + hi + 1) // 2
@@ -39,8 +40,7 @@ class ReuseLedger:
         """(available, captured) tokens of a request with these block hashes, sent to `worker`; then records it."""
         cap = (prompt_tokens - 1) // self.block_size
         shared, mine = self._shared, self._per_worker[worker]
-        available = min(_held_prefix(shared, hashes), cap) * self.block_size
-        captured = min(_held_prefix(mine, hashes), cap) * self.block_size
-        shared.update(hashes)
-        mine.update(hashes)
-        return available, captured
+        in_shared, in_mine = held_prefix(shared, hashes), held_prefix(mine, hashes)
+        shared.update(hashes[in_shared:])  # the first in_shared are there already
+        mine.update(hashes[in_mine:])
+        return min(in_shared, cap) * self.block_size, min(in_mine, cap) * self.block_size

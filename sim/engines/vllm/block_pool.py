@@ -6,6 +6,8 @@ Block ids are plain ints; per-block state lives in two lists indexed by block id
 
 from __future__ import annotations
 
+from itertools import takewhile
+
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
@@ -105,6 +107,11 @@ class BlockPool:
     def cached_mask(self, block_hashes: Iterable[BlockHash]) -> list[bool]:
         """Whether each hash is cached. A peek: changes nothing."""
         return list(map(self._cached.__contains__, block_hashes))
+
+    def num_leading_cached(self, block_hashes: Iterable[BlockHash]) -> int:
+        """How many of `block_hashes`, from the first, are cached before the first that is not. A peek."""
+        # NOTE: takewhile(bool, map(...)) stops at the first miss and runs in C: no work past it.
+        return len(list(takewhile(bool, map(self._cached.__contains__, block_hashes))))
 
     # ------------------------------------------------------------------ mutations
     def touch(self, block_ids: Sequence[int]) -> None:

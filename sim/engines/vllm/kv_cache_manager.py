@@ -69,10 +69,7 @@ class KVCacheManager:
     # ------------------------------------------------------------------ PrefixCache
     def peek_prefix_tokens(self, request: Request) -> int:
         """Tokens of the request's leading run of cached full blocks (no hit cap); a peek."""
-        hashes = request.block_hashes
-        # NOTE: the mask as bytes (1 = cached) so that finding the first miss runs in C, not per block.
-        first_miss = bytes(self.pool.cached_mask(hashes)).find(0)
-        return (len(hashes) if first_miss < 0 else first_miss) * self.block_size
+        return self.pool.num_leading_cached(request.block_hashes) * self.block_size
 
     def block_keys(self, request: Request) -> Sequence[BlockHash]:
         return request.block_hashes
