@@ -144,8 +144,20 @@ class WorkloadSpec(ConfigModel):
 
 
 class RouterSpec(ConfigModel):
+    """`router: {name: kv-aware, options: {state: events}}`, or the CLI's spec text `router: "kv-aware:state=events"`."""
+
     name: str = Field("random", description="Router name (see `kvsim routers`).")
     options: dict[str, Any] = Field(default_factory=dict, description="Router options, by router.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_spec_text(cls, data: Any) -> Any:
+        if isinstance(data, str):
+            from sim.routing.spec import split_router_spec
+
+            name, options = split_router_spec(data)
+            return {"name": name, "options": options}
+        return data
 
 
 class TimeModelSpec(ConfigModel):

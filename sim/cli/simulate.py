@@ -194,11 +194,19 @@ def engines() -> None:
 
 @main.command()
 def routers() -> None:
-    """List the routers and their options."""
+    """List the routers and their options (give them as --router NAME:key=value,key=value)."""
     from policies import ROUTERS
+    from policies.base import RouterOptions
 
+    def show(fields: dict) -> None:
+        for field, info in fields.items():
+            default = "required" if info.is_required() else f"default {info.default!r}"
+            console.print(f"    {field} ({default}): {info.description}", highlight=False)
+
+    common = RouterOptions.model_fields
+    console.print("[bold]every router[/bold] also takes:")
+    show(common)
     for name in sorted(ROUTERS):
         cls = ROUTERS[name]
         console.print(f"[bold]{name}[/bold]: {cls.summary}")
-        for field, info in cls.Options.model_fields.items():
-            console.print(f"    {field} (default {info.default!r}): {info.description}")
+        show({k: v for k, v in cls.Options.model_fields.items() if k not in common})

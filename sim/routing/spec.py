@@ -22,7 +22,7 @@ def _value(text: str) -> Any:
 
 def split_router_spec(spec: str) -> tuple[str, dict[str, Any]]:
     """`NAME:k=v,k=v` -> (NAME, {k: v}); a one-line ValueError names what is malformed."""
-    name, _, rest = spec.partition(":")
+    name, colon, rest = spec.partition(":")
     name = name.strip()
     if not name:
         raise ValueError(f"{spec!r}: a router spec starts with a router name (NAME or NAME:key=value,...)")
@@ -34,7 +34,7 @@ def split_router_spec(spec: str) -> tuple[str, dict[str, Any]]:
         if key.strip() in options:
             raise ValueError(f"{spec!r}: option {key.strip()!r} given twice")
         options[key.strip()] = _value(value.strip())
-    if rest and not options:
+    if colon and not options:
         raise ValueError(f"{spec!r}: nothing after ':' (give key=value options or drop the ':')")
     return name, options
 
