@@ -86,6 +86,8 @@ def replay(trace, workers, kv_tokens, kv_blocks, kv_bytes, router, engine, scena
     hits = sum(w.prefix_cache.hits for w in result.workers)
     row = {
         "requests": st.requests, "rejected": result.rejected, "prefix_reuse": st.prefix_reuse,
+        "reuse_available": st.reuse_available, "reuse_captured": st.reuse_captured,
+        "view_false_hit_rate": st.view_false_hit_rate,
         "token_hit_rate": hits / queries if queries else float("nan"), "request_hit_rate": st.request_hit_rate,
         "ttft_p50_ms": st.ttft_ms.percentile(50), "ttft_p90_ms": st.ttft_ms.percentile(90),
         "ttft_p99_ms": st.ttft_ms.percentile(99), "e2e_p50_ms": st.e2e_ms.percentile(50),

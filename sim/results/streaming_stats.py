@@ -79,6 +79,10 @@ class StreamingStats:
     hit_requests: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    available_tokens: int = 0
+    captured_tokens: int = 0
+    view_checked: int = 0
+    view_false_hits: int = 0
     preemptions: int = 0
     first_sent_s: float = math.inf
     last_finished_s: float = 0.0
@@ -97,6 +101,11 @@ class StreamingStats:
         self.hit_requests += r.cached_tokens > 0
         self.prompt_tokens += r.prompt_tokens
         self.cached_tokens += r.cached_tokens
+        self.available_tokens += r.available_tokens
+        self.captured_tokens += r.captured_tokens
+        if r.believed_tokens >= 0:
+            self.view_checked += 1
+            self.view_false_hits += r.believed_tokens > r.held_tokens
         self.preemptions += r.num_preemptions
         self.first_sent_s = min(self.first_sent_s, r.sent_s)
         self.last_finished_s = max(self.last_finished_s, r.finished_s)
@@ -122,6 +131,10 @@ class StreamingStats:
         self.hit_requests += other.hit_requests
         self.prompt_tokens += other.prompt_tokens
         self.cached_tokens += other.cached_tokens
+        self.available_tokens += other.available_tokens
+        self.captured_tokens += other.captured_tokens
+        self.view_checked += other.view_checked
+        self.view_false_hits += other.view_false_hits
         self.preemptions += other.preemptions
         self.first_sent_s = min(self.first_sent_s, other.first_sent_s)
         self.last_finished_s = max(self.last_finished_s, other.last_finished_s)
@@ -137,6 +150,20 @@ class StreamingStats:
     def prefix_reuse(self) -> float:
         """Cached prompt tokens / prompt tokens (Dynamo's `prefix_cache_reused_ratio`)."""
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else float("nan")
+
+    @property
+    def reuse_available(self) -> float:
+        """What one infinite cache shared by all workers would hit / prompt tokens (`sim.cluster.reuse`)."""
+        return self.available_tokens / self.prompt_tokens if self.prompt_tokens else float("nan")
+
+    @property
+    def reuse_captured(self) -> float:
+        """What an infinite cache per worker would hit under the router's choices / prompt tokens."""
+        return self.captured_tokens / self.prompt_tokens if self.prompt_tokens else float("nan")
+
+    @property
+    def view_false_hit_rate(self) -> float:
+        return self.view_false_hits / self.view_checked if self.view_checked else float("nan")
 
     @property
     def request_hit_rate(self) -> float:
