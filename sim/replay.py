@@ -94,6 +94,7 @@ def _replay(scenario: Scenario, trace: Trace, *, bin_s: float, fast_forward: boo
                 # simulate the workers this one does not own.
                 worker = cluster.route(request)
                 if worker not in owned:
+                    cluster.book_elsewhere(request, worker)
                     continue
             if item.arrival_s > env.now:
                 yield env.timeout(item.arrival_s - env.now)

@@ -151,6 +151,11 @@ class Cluster:
         target = self.workers[worker]
         self._after(self._delivery_delay_s, lambda: target.submit(request, arrival_s))
 
+    def book_elsewhere(self, request: Request, worker: int) -> None:
+        """`request` went to a worker another process simulates (a split replay): book its reuse history only, so
+        that every process's reuse available is over the whole stream."""
+        self._ledger.dispatch(request.block_hashes, request.prompt_tokens, worker)
+
     def _after(self, delay_s: float, action) -> None:
         if delay_s > 0:
             self.env.timeout(delay_s).callbacks.append(lambda _event: action())
