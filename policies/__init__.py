@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from policies.aibrix import AibrixLeastKvCacheRouter, AibrixPrefixCacheRouter
 from policies.base import RouterBase
 from policies.kv_aware import KvAwareRouter
 from policies.prefix_hash import PrefixHashRouter
 from policies.random_router import RandomRouter
 from policies.recorded import RecordedRouter
 from policies.round_robin import RoundRobinRouter
+from policies.vllm_router import VllmRouterLoadAware, VllmRouterPrefixAware, VllmRouterSession
 
 
 def _registry(*classes: type[RouterBase]) -> dict[str, type[RouterBase]]:
@@ -19,6 +21,8 @@ def _registry(*classes: type[RouterBase]) -> dict[str, type[RouterBase]]:
     return registry
 
 
-ROUTERS = _registry(RandomRouter, RoundRobinRouter, PrefixHashRouter, KvAwareRouter, RecordedRouter)
+ROUTERS = _registry(RandomRouter, RoundRobinRouter, PrefixHashRouter, KvAwareRouter, RecordedRouter,
+                    AibrixPrefixCacheRouter, AibrixLeastKvCacheRouter,
+                    VllmRouterSession, VllmRouterPrefixAware, VllmRouterLoadAware)
 
 __all__ = ["ROUTERS"]

@@ -18,7 +18,7 @@ from router_fakes import B, FakeView, build, prompt
 
 
 def test_registry_lists_the_four_routers_and_refuses_duplicates():
-    assert sorted(ROUTERS) == ["kv-aware", "prefix-hash", "random", "recorded", "round-robin"]
+    assert sorted(ROUTERS) == ["aibrix-least-kv-cache", "aibrix-prefix-cache", "kv-aware", "prefix-hash", "random", "recorded", "round-robin", "vllm-router-loadaware", "vllm-router-prefix-aware", "vllm-router-session"]
     with pytest.raises(RuntimeError, match="registered twice"):
         _registry(RandomRouter, RandomRouter)
 
