@@ -86,7 +86,7 @@ class AibrixPrefixCacheRouter(RouterBase):
     def prefix_state_spec(self) -> PrefixStateSpec:
         o = self.options
         return PrefixStateSpec(
-            mode=o.state, event_lag_s=o.event_lag_s, event_loss=o.event_loss,
+            mode=o.state, event_lag_s=self.event_lags(), event_loss=o.event_loss,
             ttl_s=o.eviction_duration_s, capacity_keys=o.block_number, per_worker=False, prune_to=1.0,
             check_interval_s=o.eviction_interval_s, leaves_first=False,
             key_block_tokens=o.prefix_block_chars // CHARS_PER_TOKEN)

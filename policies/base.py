@@ -25,7 +25,7 @@ class PrefixStateOptions(RouterOptions):
     """Options of routers that read prefix-cache state (see `sim.cluster.router.PrefixStateSpec`)."""
 
     state: Literal["exact", "events", "approximate"] = Field("exact", description="How the router learns what the caches hold: exact (peeks), events (KV events, lagged), approximate (its own routing history).")
-    event_lag_s: float = Field(0.0, ge=0, description="state=events: delay from an engine publishing KV events to the router applying them.")
+    event_lag_s: float | list[float] = Field(0.0, description="state=events: delay (s) from an engine publishing KV events to the router applying them; one value, or a list with one per worker.")
     event_loss: float = Field(0.0, ge=0, lt=1, description="state=events: probability that each KV event is lost.")
 
 
@@ -83,7 +83,18 @@ class RouterBase:
         opts = self.options
         if not isinstance(opts, PrefixStateOptions):
             return None
-        return PrefixStateSpec(mode=opts.state, event_lag_s=opts.event_lag_s, event_loss=opts.event_loss)
+        return PrefixStateSpec(mode=opts.state, event_lag_s=self.event_lags(), event_loss=opts.event_loss)
+
+    def event_lags(self) -> float | tuple[float, ...]:
+        """`event_lag_s` as the prefix state takes it (a list must have one lag per worker, each >= 0)."""
+        lag = self.options.event_lag_s
+        if isinstance(lag, list):
+            if len(lag) != self.num_workers or min(lag) < 0:
+                raise ValueError(f"event_lag_s: give one lag >= 0 per worker ({self.num_workers}), got {lag}")
+            return tuple(lag)
+        if lag < 0:
+            raise ValueError(f"event_lag_s: must be >= 0, got {lag}")
+        return lag
 
     def bind(self, view: ClusterView) -> None:
         self.view = view

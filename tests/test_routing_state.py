@@ -228,3 +228,20 @@ def test_reuse_ledger_tells_routing_losses_from_memory_losses():
     whole = Request(9, 32, 1, (("w", 0), ("w", 1)))
     ledger.dispatch(whole.block_hashes, 32, 0)
     assert ledger.dispatch(whole.block_hashes, 32, 0) == (16, 16)
+
+
+def test_each_worker_may_have_its_own_event_lag():
+    # Worker 0's events arrive after 0.1 s, worker 1's after 1 s: a batch worker 1 published first is applied last.
+    view = FakeView(2)
+    state = view.prefix_state(PrefixStateSpec(mode="events", event_lag_s=(0.1, 1.0)))
+    req = prompt(1, 7)
+    view.emit(1, "stored", req.block_hashes[:10], now_s=0.0)
+    view.emit(0, "stored", req.block_hashes[:20], now_s=0.5)
+    view.now_s = 0.6
+    assert state.match_tokens(req) == [20 * B, 0]
+    view.now_s = 1.0
+    assert state.match_tokens(req) == [20 * B, 10 * B]
+    r = build(KvAwareRouter, n=2, view=view, state="events", event_lag_s=[0.1, 1.0])
+    assert r.prefix_state_spec().event_lag_s == (0.1, 1.0)
+    with pytest.raises(ValueError, match="one lag >= 0 per worker"):
+        build(KvAwareRouter, n=2, view=view, state="events", event_lag_s=[0.1])

@@ -33,14 +33,14 @@ class ReuseLedger:
 
     def __init__(self, num_workers: int, block_size: int) -> None:
         self.block_size = block_size
-        self._shared: set[Hashable] = set()
         self._per_worker: list[set[Hashable]] = [set() for _ in range(num_workers)]
 
     def dispatch(self, hashes: Sequence[Hashable], prompt_tokens: int, worker: int) -> tuple[int, int]:
         """(available, captured) tokens of a request with these block hashes, sent to `worker`; then records it."""
         cap = (prompt_tokens - 1) // self.block_size
-        shared, mine = self._shared, self._per_worker[worker]
-        in_shared, in_mine = held_prefix(shared, hashes), held_prefix(mine, hashes)
-        shared.update(hashes[in_shared:])  # the first in_shared are there already
-        mine.update(hashes[in_mine:])
-        return min(in_shared, cap) * self.block_size, min(in_mine, cap) * self.block_size
+        # NOTE: the shared cache is the union of the per-worker ones, and a union of prefix-closed sets has, as its
+        # leading run, the longest of theirs: no set of its own is needed.
+        runs = [held_prefix(held, hashes) for held in self._per_worker]
+        in_mine = runs[worker]
+        self._per_worker[worker].update(hashes[in_mine:])  # the first in_mine are there already
+        return min(max(runs), cap) * self.block_size, min(in_mine, cap) * self.block_size

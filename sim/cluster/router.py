@@ -31,7 +31,7 @@ class PrefixStateSpec:
 
     * `exact`: a peek into each cache at routing time.
     * `events`: an index of the engines' KV events (stored / removed / cleared), each batch applied `event_lag_s`
-      after the engine published it, each event lost with probability `event_loss`. With `predicted_ttl_s`, the
+      (one value, or one per worker) after the engine published it, each event lost with probability `event_loss`. With `predicted_ttl_s`, the
       router also records its own choices for that long, and a worker's match is the larger of the two (Dynamo
       `--router-predicted-ttl-secs`, llm-d `speculativeIndexing`).
     * `approximate`: only the router's own routing history (`sim.routing.routing_history.RoutingHistory`: `ttl_s`,
@@ -43,7 +43,8 @@ class PrefixStateSpec:
     """
 
     mode: StateMode = "exact"
-    event_lag_s: float = 0.0
+    event_lag_s: float | tuple[float, ...] = 0.0
+    """One lag for every worker's events, or one per worker."""
     event_loss: float = 0.0
     predicted_ttl_s: float | None = None
     ttl_s: float | None = None

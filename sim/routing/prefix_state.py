@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import heapq
 import random
-from collections import deque
 from collections.abc import Hashable, Sequence
 
 from sim.cluster.router import ClusterView, PrefixStateSpec
@@ -76,8 +76,8 @@ class ApproximateState:
 class EventFedState:
     """An index of the engines' KV events, as Dynamo's KV indexer and llm-d's precise scorer keep one.
 
-    Each worker's event batches are applied `event_lag_s` after the engine published them (a constant lag keeps
-    them in publication order across workers, so one FIFO holds them); each event is lost with probability
+    Each worker's event batches are applied `event_lag_s` after the engine published them (one lag for all, or one
+    per worker: batches wait in a heap by due time, ties in publication order); each event is lost with probability
     `event_loss` (a lost `removed` leaves a stale entry, a lost `stored` a missing one). Pending batches are applied
     when the router next looks, before it matches: the index is then exactly what it would be had each batch been
     applied at its due time. With `predicted_ttl_s`, the router's own choices are also recorded for that long and a
@@ -87,16 +87,18 @@ class EventFedState:
     mode = "events"
 
     def __init__(self, view: ClusterView, spec: PrefixStateSpec, rng: random.Random) -> None:
-        if spec.event_lag_s < 0 or not 0 <= spec.event_loss < 1:
-            raise ValueError(f"event_lag_s must be >= 0 and event_loss in [0, 1), got {spec.event_lag_s}, "
-                             f"{spec.event_loss}")
+        lags = spec.event_lag_s if isinstance(spec.event_lag_s, tuple) else (spec.event_lag_s,) * view.num_workers
+        if len(lags) != view.num_workers or min(lags) < 0 or not 0 <= spec.event_loss < 1:
+            raise ValueError(f"event_lag_s must be >= 0 (one value, or one per worker: {view.num_workers}) and "
+                             f"event_loss in [0, 1), got {spec.event_lag_s}, {spec.event_loss}")
         self._view = view
-        self._lag_s = spec.event_lag_s
+        self._lags_s = lags
         self._loss = spec.event_loss
         self._rng = rng
         self._tokens_per_block = view.cache_block_size()
         self.index = WorkerMaskIndex(view.num_workers)
-        self._pending: deque[tuple[float, int, Sequence[CacheEvent]]] = deque()
+        self._pending: list[tuple[float, int, int, Sequence[CacheEvent]]] = []  # heap of (due, seq, worker, batch)
+        self._seq = 0
         self.events_applied = 0
         self.events_lost = 0
         self._predicted = None
@@ -107,11 +109,14 @@ class EventFedState:
             view.subscribe_cache(w, self._receiver(w))
 
     def _receiver(self, worker: int):
+        lag_s = self._lags_s[worker]
+
         def receive(events: Sequence[CacheEvent], now_s: float) -> None:
-            if self._lag_s == 0 and self._loss == 0:
+            if lag_s == 0 and not self._pending:
                 self._apply(worker, events)
             else:
-                self._pending.append((now_s + self._lag_s, worker, events))
+                self._seq += 1
+                heapq.heappush(self._pending, (now_s + lag_s, self._seq, worker, events))
         return receive
 
     def _apply(self, worker: int, events: Sequence[CacheEvent]) -> None:
@@ -134,7 +139,7 @@ class EventFedState:
         if pending:
             now = self._view.now_s
             while pending and pending[0][0] <= now:
-                _, worker, events = pending.popleft()
+                _, _, worker, events = heapq.heappop(pending)
                 self._apply(worker, events)
 
     def match_tokens(self, request: Request) -> list[int]:
