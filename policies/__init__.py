@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from policies.base import RouterBase
 from policies.kv_aware import KvAwareRouter
+from policies.least_loaded import LeastLoadedRouter
+from policies.power_of_two import PowerOfTwoRouter
 from policies.prefix_hash import PrefixHashRouter
 from policies.random_router import RandomRouter
 from policies.recorded import RecordedRouter
 from policies.round_robin import RoundRobinRouter
+from policies.sticky import StickyRouter
 
 
 def _registry(*classes: type[RouterBase]) -> dict[str, type[RouterBase]]:
@@ -19,6 +22,7 @@ def _registry(*classes: type[RouterBase]) -> dict[str, type[RouterBase]]:
     return registry
 
 
-ROUTERS = _registry(RandomRouter, RoundRobinRouter, PrefixHashRouter, KvAwareRouter, RecordedRouter)
+ROUTERS = _registry(RandomRouter, RoundRobinRouter, PrefixHashRouter, KvAwareRouter, RecordedRouter,
+                    LeastLoadedRouter, PowerOfTwoRouter, StickyRouter)
 
 __all__ = ["ROUTERS"]
