@@ -5,11 +5,14 @@ from __future__ import annotations
 from policies.aibrix import AibrixLeastKvCacheRouter, AibrixPrefixCacheRouter
 from policies.base import RouterBase
 from policies.kv_aware import KvAwareRouter
+from policies.least_loaded import LeastLoadedRouter
+from policies.power_of_two import PowerOfTwoRouter
 from policies.prefix_hash import PrefixHashRouter
 from policies.random_router import RandomRouter
 from policies.recorded import RecordedRouter
 from policies.round_robin import RoundRobinRouter
 from policies.vllm_router import VllmRouterLoadAware, VllmRouterPrefixAware, VllmRouterSession
+from policies.sticky import StickyRouter
 
 
 def _registry(*classes: type[RouterBase]) -> dict[str, type[RouterBase]]:
@@ -23,6 +26,7 @@ def _registry(*classes: type[RouterBase]) -> dict[str, type[RouterBase]]:
 
 ROUTERS = _registry(RandomRouter, RoundRobinRouter, PrefixHashRouter, KvAwareRouter, RecordedRouter,
                     AibrixPrefixCacheRouter, AibrixLeastKvCacheRouter,
-                    VllmRouterSession, VllmRouterPrefixAware, VllmRouterLoadAware)
+                    VllmRouterSession, VllmRouterPrefixAware, VllmRouterLoadAware,
+                    LeastLoadedRouter, PowerOfTwoRouter, StickyRouter)
 
 __all__ = ["ROUTERS"]

@@ -1,17 +1,53 @@
-"""NVIDIA Dynamo's KV router with its default cost (`lib/kv-router/src/scheduling/selector/default.rs`).
+"""NVIDIA Dynamo's KV router: its default cost (newest form) or the `lmetric` worker-selection policy.
 
-For each worker w, with B the block size and ISL the prompt length in tokens:
-    overlap_w   = the request's leading blocks cached on w, up to w's first miss (Dynamo's radix-tree walk,
-                  `RadixTree::find_matches`: a worker drops out of the walk at the first node it does not hold
-                  and scores the depth it reached; a block it holds after that gap does not count)
-    prefill_w   = (active_prefill_tokens_w + ISL - overlap_w * B) / B          (blocks, a float)
-    decode_w    = active_blocks_w + new_blocks_w
-    cost_w      = overlap_score_weight * prefill_w + decode_w
-argmin with uniform random tie-break (temperature 0), or softmax sampling at temperature T > 0.
+Sources read (`ai-dynamo/dynamo`): `lib/kv-router/src/scheduling/selector/default.rs` @07a6c9c and @a4bdb9b
+(`DefaultWorkerScorer::worker_logit`, `minimum_cost_index`, `softmax_sample_index`),
+`lib/kv-router/src/scheduling/selector/mod.rs` @07a6c9c (`WorkerSelectionInput::row`: `raw_prefill_blocks`),
+`lib/kv-router/src/scheduling/config.rs` @0243c51 (defaults; `apply_deprecated_overlap_score_weight_override`),
+`lib/kv-router/src/approx.rs` @209c9e8 (`PruneConfig`, `PruneManager`), `lib/router-plugins/builtin/src/lmetric.rs`
+@6dcfceb and `signals.rs` @6dcfceb (the `lmetric` policy).
+
+Default cost. For each worker w, B the block size (tokens), ISL the prompt tokens, all terms in blocks (floats):
+
+    overlap_w          = the request's leading blocks cached on w, up to w's first miss (`RadixTree::find_matches`:
+                         a worker drops out of the walk at the first node it lacks)
+    raw_prefill_w      = (active_prefill_tokens_w + ISL) / B          # `raw_prefill_blocks`; ISL/B is not rounded
+    credit_w           = overlap_score_credit * overlap_w             # host/disk tiers, shared cache: none here
+    adjusted_prefill_w = max(raw_prefill_w - credit_w, 0)
+    decode_w           = active_blocks_w + new_blocks_w               # `potential_decode_blocks`
+    cost_w             = prefill_load_scale * adjusted_prefill_w + decode_w
+argmin with uniform random ties (reservoir sampling) at temperature 0; at T > 0 softmax over
+`-(c - c_min) / (T (c_max - c_min))` (uniform if all costs are equal), first w whose cumulative p >= u.
+With the defaults (credit 1, scale 1) this equals the older `overlap_score_weight * (P + ISL - overlap*B)/B + decode`
+with weight 1, bit for bit when B is a power of two (every term is then an exact float).
+Deprecated `overlap_score_weight = x`: `prefill_load_scale = x`, and x = 0 also sets `overlap_score_credit = 0`
+(then no prefix state is read: cost = decode blocks, routing by load only). The `overlap_score_credit_decay` term
+(default 0) and `decode_active_request_weight` (newest scorer only) are not modelled.
+
+`router_selection_policy=lmetric` (`lmetric.rs`, "Simple is Better: Multiplication May Be All You Need", arXiv
+2603.15202). NOTE: routers.md §1 gives `adjusted_prefill * (decode_blocks + 1)`; the code is
+
+    new_prefill_w = max(ISL - overlap_w * B, 1)                       # tokens, floored at 1
+    score_w       = new_prefill_w * (active_requests_w + 1)            # active_requests = router in-flight
+    best          = argmin score_w, ties to the lowest worker (not random; temperature unused)
+plus its hot-spot detector (on by default): class = the request's block hash at index `class_prefix_blocks - 1`
+(prompts shorter than that have no class and are not counted); over the last `window_requests` classed requests,
+x = the class's share, M = workers whose overlap >= class_prefix_blocks, M' the rest. Alarm when
+x / (1 - x) > |M| / |M'| (tested as x |M'| > (1 - x) |M|; no alarm if M or M' is empty). A class's streak counts
+consecutive alarmed requests whose best worker is in M (reset to 0 otherwise); once streak >= 2|M| the request goes
+to the best worker of M' instead (the streak is not reset by that).
+
 Router-side load (Dynamo's active-sequence tracking): at dispatch a request adds ISL - overlap * B prefill tokens
 (removed at its first token) and its full-block hashes to the worker's active set (ref-counted, removed at
 completion); `active_blocks_w` is that set's size and `new_blocks_w` the request's blocks not in it.
-Cache state is exact (KV events without lag): overlaps are peeks into the workers' caches.
+
+Prefix state (`state`): exact peeks (default here; Dynamo's default is KV events), `events` with optional
+`router_predicted_ttl_s` (Dynamo `--router-predicted-ttl-secs`: a routing-time side index kept that long; a worker's
+match is the max of both; requires events), or `approximate` (`--no-router-kv-events`) with Dynamo's `PruneConfig`:
+each (block, worker) entry expires `router_ttl_s` (120) after it was last inserted (re-insertion refreshes, lookups do
+not; expired when now >= insert + ttl); above `router_max_tree_size` (2^20) entries it is pruned to
+floor(`router_prune_target_ratio` (0.8) x max), earliest-expiring first and, among equal expiries, the deepest
+block first (`BlockEntry` orders by `seq_position` in a max-heap).
 """
 
 from __future__ import annotations
@@ -19,60 +55,162 @@ from __future__ import annotations
 import math
 from itertools import compress, repeat
 from operator import add, not_, sub
+from collections import deque
+from collections.abc import Hashable
+from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from policies.base import PrefixStateOptions, RouterBase
 from sim.cluster.reuse import held_prefix
+from sim.cluster.router import ClusterView, PrefixStateSpec
 from sim.workloads.request import Request
-from sim.cluster.router import ClusterView
 
 
 class KvAwareOptions(PrefixStateOptions):
-    overlap_score_weight: float = Field(1.0, ge=0, description="Weight of the prefill term (Dynamo --router-kv-overlap-score-weight); 0 = load only, no prefix state.")
-    temperature: float = Field(0.0, ge=0, description="Softmax temperature over costs; 0 = argmin with random tie-break.")
+    overlap_score_credit: float = Field(1.0, ge=0, le=1, description="Device-overlap credit per cached block, in [0, 1] (Dynamo --router-kv-overlap-score-credit); 0 = ignore prefix matches.")
+    prefill_load_scale: float = Field(1.0, ge=0, description="Scale on the adjusted prefill blocks (Dynamo --router-prefill-load-scale).")
+    overlap_score_weight: float | None = Field(None, ge=0, description="Deprecated Dynamo --router-kv-overlap-score-weight x: sets prefill_load_scale = x, and x = 0 also sets overlap_score_credit = 0 (load only, no prefix state).")
+    temperature: float = Field(0.0, ge=0, description="Softmax temperature over costs (Dynamo --router-temperature); 0 = argmin with random tie-break.")
+    router_selection_policy: Literal["default", "lmetric"] = Field("default", description="Worker selection: Dynamo's default cost, or the built-in lmetric policy (new prefill tokens x (in-flight + 1)).")
+    lmetric_hotspot_detection: bool = Field(True, description="lmetric: the hot-spot detector (hotspot_detection).")
+    lmetric_class_prefix_blocks: int = Field(4, ge=1, description="lmetric: leading blocks that define a request class (class_prefix_blocks).")
+    lmetric_window_requests: int = Field(1000, ge=1, description="lmetric: classed requests over which class shares are measured (window_requests).")
+    router_ttl_s: float = Field(120.0, gt=0, description="state=approximate: an entry expires this long after it was last inserted (Dynamo --router-ttl-secs).")
+    router_max_tree_size: int = Field(2**20, ge=1, description="state=approximate: (block, worker) entries above which the index is pruned (Dynamo --router-max-tree-size).")
+    router_prune_target_ratio: float = Field(0.8, gt=0, le=1, description="state=approximate: prune to this fraction of the max size, earliest-expiring first (Dynamo --router-prune-target-ratio).")
+    router_predicted_ttl_s: float | None = Field(None, gt=0, description="state=events: also count the router's own choices for this long (Dynamo --router-predicted-ttl-secs); null = off.")
+
+    @model_validator(mode="after")
+    def _predicted_needs_events(self) -> KvAwareOptions:
+        if self.router_predicted_ttl_s is not None and self.state != "events":
+            raise ValueError(f"router_predicted_ttl_s needs state=events (Dynamo requires use_kv_events), "
+                             f"got state={self.state}")
+        return self
+
+
+class _HotspotDetector:
+    """lmetric's sliding window over the last `window_requests` classed arrivals: per class its arrivals in the
+    window and its streak of alarmed requests whose best worker held the class."""
+
+    def __init__(self, window_requests: int) -> None:
+        self.window_requests = window_requests
+        self.window: deque[Hashable] = deque()
+        self.arrivals: dict[Hashable, int] = {}
+        self.streak: dict[Hashable, int] = {}
+
+    def record(self, cls: Hashable) -> float:
+        """Count one arrival of `cls` (dropping the oldest past the window); its share of the window now."""
+        window = self.window
+        if len(window) == self.window_requests:
+            expired = window.popleft()
+            left = self.arrivals[expired] - 1
+            if left:
+                self.arrivals[expired] = left
+            else:
+                del self.arrivals[expired]
+                self.streak.pop(expired, None)  # Dynamo drops the class state with its last arrival
+        window.append(cls)
+        self.arrivals[cls] = self.arrivals.get(cls, 0) + 1
+        return self.arrivals[cls] / len(window)
 
 
 class KvAwareRouter(RouterBase):
+    """Dynamo's KV router: default cost (see the module docstring for the arithmetic) or lmetric.
+
+    Invariants: `_prefill_tokens[w]` is the sum of pending prefill tokens of requests dispatched to w and not yet at
+    their first token; `_active[w]` maps each block hash of w's in-flight requests to how many hold it.
+    """
+
     name = "kv-aware"
-    summary = "Dynamo KV router default cost: prefill blocks after overlap + active blocks"
+    summary = "Dynamo KV router: prefill blocks after overlap credit + active blocks (or lmetric)"
     Options = KvAwareOptions
     needs_cache_state = True
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
+        opts = self.options
+        self.overlap_score_credit = opts.overlap_score_credit
+        self.prefill_load_scale = opts.prefill_load_scale
+        if opts.overlap_score_weight is not None:  # Dynamo's deprecated-flag mapping (config.rs)
+            self.prefill_load_scale = opts.overlap_score_weight
+            if opts.overlap_score_weight == 0:
+                self.overlap_score_credit = 0.0
         self._prefill_tokens = [0] * self.num_workers
         # block hash -> in-flight requests holding it. NOTE: prefix-closed (a union of whole prompts' chained
         # hashes), so a request's hashes already active are a leading run, found by binary search.
         self._active: list[dict] = [{} for _ in range(self.num_workers)]
         self._pending_prefill: dict[int, int] = {}
         self._chosen_overlap: dict[int, int] = {}
+        self._hotspots = (_HotspotDetector(opts.lmetric_window_requests)
+                          if opts.router_selection_policy == "lmetric" and opts.lmetric_hotspot_detection else None)
+
+    def prefix_state_spec(self) -> PrefixStateSpec:
+        opts = self.options
+        if opts.state == "approximate":
+            return PrefixStateSpec(mode="approximate", ttl_s=opts.router_ttl_s, capacity_keys=opts.router_max_tree_size,
+                                   prune_to=opts.router_prune_target_ratio, check_interval_s=0.0, leaves_first=True)
+        if opts.state == "events":
+            return PrefixStateSpec(mode="events", event_lag_s=self.event_lags(), event_loss=opts.event_loss,
+                                   predicted_ttl_s=opts.router_predicted_ttl_s)
+        return PrefixStateSpec(mode="exact")
 
     def overlaps(self, request: Request, view: ClusterView) -> list[int]:
-        if self.options.overlap_score_weight == 0:
-            return [0] * self.num_workers
+        if self.overlap_score_credit == 0 and self.options.router_selection_policy == "default":
+            return [0] * self.num_workers  # nothing to credit: Dynamo's load-only routing reads no prefix state
         B = self.block_size
         return [t // B for t in self.prefix_tokens(request)]
 
     def costs(self, request: Request, view: ClusterView) -> tuple[list[float], list[int]]:
+        """Per worker the cost (lmetric: score) the policy minimises, and the overlaps (blocks) it used."""
+        overlap = self.overlaps(request, view)
+        if self.options.router_selection_policy == "lmetric":
+            return self._lmetric_scores(request, overlap), overlap
         B = self.block_size
         isl = request.prompt_tokens
-        weight = self.options.overlap_score_weight
-        overlap = self.overlaps(request, view)
+        credit, scale = self.overlap_score_credit, self.prefill_load_scale
         costs = []
         hashes = request.block_hashes
         for w in range(self.num_workers):
             active = self._active[w]
-            prefill_blocks = (self._prefill_tokens[w] + isl - overlap[w] * B) / B
+            raw_prefill_blocks = (self._prefill_tokens[w] + isl) / B
+            adjusted_prefill_blocks = max(raw_prefill_blocks - credit * overlap[w], 0.0)
             new_blocks = len(hashes) - held_prefix(active, hashes)
-            costs.append(weight * prefill_blocks + len(active) + new_blocks)
+            costs.append(scale * adjusted_prefill_blocks + len(active) + new_blocks)
         return costs, overlap
+
+    def _lmetric_scores(self, request: Request, overlap: list[int]) -> list[float]:
+        B, isl = self.block_size, request.prompt_tokens
+        return [float(max(isl - overlap[w] * B, 1) * (self.in_flight[w] + 1)) for w in range(self.num_workers)]
 
     def route(self, request: Request, view: ClusterView) -> int:
         costs, overlap = self.costs(request, view)
-        worker = self._select(costs)
+        if self.options.router_selection_policy == "lmetric":
+            worker = self._lmetric_pick(request, costs, overlap)
+        else:
+            worker = self._select(costs)
         self._chosen_overlap[request.request_id] = overlap[worker]
         return worker
+
+    def _lmetric_pick(self, request: Request, scores: list[float], overlap: list[int]) -> int:
+        best = min(range(self.num_workers), key=scores.__getitem__)  # first minimum: the lowest worker wins ties
+        detector = self._hotspots
+        k = self.options.lmetric_class_prefix_blocks
+        if detector is None or len(request.block_hashes) < k:
+            return best
+        cls = request.block_hashes[k - 1]  # a chained hash: it names the whole k-block prefix
+        holds = [o >= k for o in overlap]
+        holders = sum(holds)
+        others = self.num_workers - holders
+        share = detector.record(cls)
+        if holders == 0 or others == 0 or share * others <= (1 - share) * holders or not holds[best]:
+            detector.streak[cls] = 0
+            return best
+        streak = detector.streak.get(cls, 0) + 1
+        detector.streak[cls] = streak
+        if streak < 2 * holders:
+            return best
+        return min((w for w in range(self.num_workers) if not holds[w]), key=scores.__getitem__)
 
     def _select(self, costs: list[float]) -> int:
         lo, hi = min(costs), max(costs)
