@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from policies.base import RouterBase
 from policies.kv_aware import KvAwareRouter
+from policies.llm_d import LlmdRouter
 from policies.prefix_hash import PrefixHashRouter
 from policies.random_router import RandomRouter
 from policies.recorded import RecordedRouter
@@ -19,6 +20,6 @@ def _registry(*classes: type[RouterBase]) -> dict[str, type[RouterBase]]:
     return registry
 
 
-ROUTERS = _registry(RandomRouter, RoundRobinRouter, PrefixHashRouter, KvAwareRouter, RecordedRouter)
+ROUTERS = _registry(RandomRouter, RoundRobinRouter, PrefixHashRouter, KvAwareRouter, RecordedRouter, LlmdRouter)
 
 __all__ = ["ROUTERS"]

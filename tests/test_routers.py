@@ -18,7 +18,7 @@ from router_fakes import B, FakeView, build, prompt
 
 
 def test_registry_lists_the_four_routers_and_refuses_duplicates():
-    assert sorted(ROUTERS) == ["kv-aware", "prefix-hash", "random", "recorded", "round-robin"]
+    assert sorted(ROUTERS) == ["kv-aware", "llm-d", "prefix-hash", "random", "recorded", "round-robin"]
     with pytest.raises(RuntimeError, match="registered twice"):
         _registry(RandomRouter, RandomRouter)
 
