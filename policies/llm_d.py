@@ -113,7 +113,6 @@ entries in one index; the session header and no-hit LRU being shared by the clie
 
 from __future__ import annotations
 
-import math
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from typing import Any, Literal
@@ -204,7 +203,7 @@ class _ApproxIndex:
 
     mode = "approximate"
 
-    def __init__(self, view: ClusterView, tokens_per_key: int, max_blocks: int, capacity_keys: int) -> None:
+    def __init__(self, view: ClusterView, tokens_per_key: int, max_blocks: int | None, capacity_keys: int) -> None:
         B = view.block_size
         if tokens_per_key % B:
             raise ValueError(f"approximate block size {tokens_per_key} tokens must be a multiple of the requests' "
@@ -294,7 +293,7 @@ class LlmdRouter(RouterBase):
             if o.max_prefix_tokens_to_match > 0:
                 max_blocks = o.max_prefix_tokens_to_match // G
             else:
-                max_blocks = o.max_prefix_blocks_to_match or math.inf
+                max_blocks = o.max_prefix_blocks_to_match or None  # both caps 0: the whole prompt
             reported = view.cache_num_blocks(0) if o.auto_tune else 0
             capacity = reported if reported > 0 else o.lru_capacity_per_server
             self._approx = _ApproxIndex(view, G, max_blocks, capacity)
