@@ -7,6 +7,7 @@ from policies.base import RouterBase
 from policies.kv_aware import KvAwareRouter
 from policies.least_loaded import LeastLoadedRouter
 from policies.power_of_two import PowerOfTwoRouter
+from policies.llm_d import LlmdRouter
 from policies.prefix_hash import PrefixHashRouter
 from policies.random_router import RandomRouter
 from policies.recorded import RecordedRouter
@@ -27,6 +28,6 @@ def _registry(*classes: type[RouterBase]) -> dict[str, type[RouterBase]]:
 ROUTERS = _registry(RandomRouter, RoundRobinRouter, PrefixHashRouter, KvAwareRouter, RecordedRouter,
                     AibrixPrefixCacheRouter, AibrixLeastKvCacheRouter,
                     VllmRouterSession, VllmRouterPrefixAware, VllmRouterLoadAware,
-                    LeastLoadedRouter, PowerOfTwoRouter, StickyRouter)
+                    LeastLoadedRouter, PowerOfTwoRouter, StickyRouter, LlmdRouter)
 
 __all__ = ["ROUTERS"]

@@ -29,6 +29,7 @@ class FakeView:
         self.peeks = 0
         self.listeners: dict[int, list] = {w: [] for w in range(num_workers)}
         self.scrape_intervals: list[float] = []
+        self.num_blocks = 0  # what `cache_num_blocks` reports (0: not reported)
 
     def cached_prefix_tokens(self, worker, request):
         """The worker's leading run of cached blocks, in tokens (the cache's peek)."""
@@ -55,6 +56,9 @@ class FakeView:
 
     def cache_block_keys(self, request):
         return request.block_hashes
+
+    def cache_num_blocks(self, worker):
+        return self.num_blocks
 
     def subscribe_cache(self, worker, listener):
         self.listeners[worker].append(listener)

@@ -41,6 +41,8 @@ class Cluster:
         self.router = router
         self._seed = scenario.seed
         self._block_size = scenario.engine.block_size
+        # NOTE: every worker runs the scenario's one engine spec, so all report the same block count.
+        self._cache_num_blocks = scenario.engine.num_blocks(scenario.model.kv_bytes_per_token)
         self._delivery_delay_s = (scenario.cluster.router_hop_s + getattr(router, "processing_s", 0.0)
                                   + scenario.cluster.request_overhead_s)
         self._response_delay_s = scenario.cluster.response_overhead_s
@@ -107,6 +109,9 @@ class Cluster:
 
     def cache_block_keys(self, request: Request) -> Sequence[BlockHash]:
         return self.workers[0].engine.cache.block_keys(request)
+
+    def cache_num_blocks(self, worker: int) -> int:
+        return self._cache_num_blocks
 
     def subscribe_cache(self, worker: int, listener: CacheListener) -> None:
         self.workers[worker].engine.cache.subscribe(listener)

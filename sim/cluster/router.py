@@ -111,6 +111,11 @@ class ClusterView(Protocol):
         """`request`'s full prompt blocks as the engines' KV events name them."""
         ...
 
+    def cache_num_blocks(self, worker: int) -> int:
+        """KV blocks (pages) of `worker`'s cache as its metrics report them (vLLM `cache_config_info`
+        `num_gpu_blocks`, SGLang `num_pages`); 0 if not reported."""
+        ...
+
     def subscribe_cache(self, worker: int, listener: CacheListener) -> None:
         """Receive `worker`'s KV event batches from now on."""
         ...

@@ -1,0 +1,456 @@
+"""llm-d's endpoint picker (EPP): filters -> weighted scorers -> max-score picker, with llm-d's published presets.
+
+Read from `llm-d/llm-d-router` @ebab687 (2026-08-22; the module renamed from llm-d-inference-scheduler, which also
+holds the former gateway-api-inference-extension EPP code), `llm-d/llm-d-inference-scheduler` @520af47 (2026-05-17,
+for the older forms), `llm-d/llm-d-kv-cache-manager` @a378f5b and the `llm-d/llm-d` guides named per preset below.
+Paths are relative to `pkg/epp/` of llm-d-router unless said otherwise.
+
+Pipeline (`scheduling/scheduler_profile.go`, `framework/plugins/scheduling/picker/maxscore/picker.go`):
+
+    candidates = filter(all workers)                 # only prefix-cache-affinity-filter here (off unless a preset sets it)
+    total[e]   = sum_s weight_s * clamp(score_s(e), 0, 1)       over e in candidates, scorers in profile order
+    pick       = shuffle(candidates) (self.rng), stable sort by total descending, first  -> ties uniformly random
+
+A scorer whose weight is 0 is not in the profile (and reads nothing). Every scorer sees only the filtered candidates
+(min/max of the queue scorer, the busiest count of the active-request scorer, the no-hit LRU ranks are over them).
+
+Scorers (`framework/plugins/scheduling/scorer/...`), Q = waiting queue and U = KV usage as scraped every
+`scrape_interval_s` (EPP `--refresh-metrics-interval`, default 50 ms, `datalayer/runtime.go` defaultRefreshInterval):
+
+    prefix-cache-scorer (prefix_cache_weight)  matched_blocks / total_blocks of the prefix producer (0 if total is 0)
+    queue-scorer (queue_weight)                (maxQ - Q_e) / (maxQ - minQ); 1.0 for all if maxQ == minQ
+    kv-cache-utilization (kv_..._weight)       1 - U_e
+    load-aware-scorer (load_aware_weight)      0.5 if Q_e == 0 else 0.5 * (1 - min(Q_e, 128) / 128)
+    active-request-scorer                      n_e = router in-flight requests (dispatch .. response end);
+                                               1.0 if n_e <= idleThreshold (0) else (max_n - n_e) / max_n
+    token-load-scorer (token_load_weight)      t_e = inflight_tokens_e + uncached_e(request);
+                                               1.0 if t_e <= 0 else 1 - min(t_e, 4,194,304) / 4,194,304
+    no-hit-lru-scorer (no_hit_lru_weight)      cold = no candidate has a prefix match > 0 (approximate producer,
+                                               the DataKey's default producer). Warm: 0.5 everywhere. Cold: never-used
+                                               candidates first in worker order, then used ones oldest first,
+                                               rank r -> max(0, 1 - r / (n - 1)) (r of a used pod = #never-used +
+                                               its position among all LRU keys); after a cold request the chosen
+                                               pod becomes most recent (LRU of `lruSize` 1024 pods).
+    session-affinity-scorer                    `encoded_endpoint_header` strategy (the default): the client echoes
+                                               the pod named on the session's last response; that pod 1.0, others 0.
+                                               Session = request.prefix_id (None: no header, all 0); the header is
+                                               learnt when the response starts (first token).
+
+In-flight tokens (`requestcontrol/dataproducer/inflightload/producer.go`, addEstimatedOutputTokens=false): at
+dispatch the chosen pod gains the request's *uncached* prompt tokens per the approximate producer,
+    uncached_e = (total_blocks - matched_e) * G + max(0, prompt_tokens - total_blocks * G)
+(G = the producer's block size; the partial last block counts whole), released at the first token (StartOfStream,
+streaming). This is not `RouterBase.in_flight_tokens` (whole prompts until completion).
+
+Approximate prefix producer (`requestcontrol/dataproducer/approximateprefix/`, `.../prefixhash/hashing.go`): chained
+hashes of G-token blocks of the tokenized prompt, the trailing partial block included, at most
+`maxPrefixTokensToMatch / G` blocks (131,072 tokens; `maxPrefixBlocksToMatch` 2048 only when the token cap is 0;
+both 0: whole prompt). G = the engine's block size when autoTune (default true) reads it from the metrics (vLLM
+`cache_config_info` block_size, SGLang page_size), else `blockSizeTokens` 16, and then **floored at 64 tokens**
+(`minBlockSizeTokens`, #1160, 2026-06-02): with vLLM's 16 the router keys 64-token blocks. State: one LRU per pod
+(hashicorp golang-lru) of capacity = the pod's `num_gpu_blocks` under autoTune, else `lruCapacityPerServer` 31,250;
+**only routing adds entries** (PreRequest, in the request's block order, so a pod's oldest entry is a prefix root),
+lookups never refresh, an LRU eviction removes the pod from that hash. Modelled by `RoutingHistory(per_worker=True,
+leaves_first=False, check_interval_s=0, ttl_s=None)`. Match (`matchLongestPrefix`): walk the request's hashes, stop
+at the first hash *no* pod holds, else +1 for *every* holder -- a pod that lost an early block still counts the
+later ones it holds (unlike a first-miss walk).
+NOTE: the partial last block is keyed per request (a simulated prompt's tail is its own), so it never matches
+another request but does take one LRU entry, as upstream.
+
+Precise prefix producer (`requestcontrol/dataproducer/preciseprefixcache/`, kv-cache-manager
+`pkg/kvcache/kvblock_scorer.go` LongestPrefixScorer): an index of the engines' KV events (`state=events`, with
+`event_lag_s` / `event_loss`); a pod scores the depth of its run of the request's full blocks from the first (active
+set intersected block by block, GPU tier weight 1.0). Score (`prefix-cache-scorer` on its PrefixCacheMatchInfo, as
+the legacy `precise-prefix-cache-scorer` since #1107, 2026-05-14): min(depth / full_blocks, 1). Before #1107
+(`precise_normalization=min_max`, inference-scheduler @9060840): min-max over the pods with depth > 0,
+(d - min) / (max - min), 1.0 for all of them if equal, 0 for pods without a hit.
+`speculativeIndexing`: the router also indexes its own choices for `speculativeTTL` 2 s
+(`PrefixStateSpec.predicted_ttl_s`); a pod's depth is the larger of the two.
+NOTE: the guides' `blockSize: 64  # must match vLLM --block-size` presumes an engine with 64-token blocks; here the
+router's keys are the engine's own blocks whatever their size (with vLLM's 16, 16-token keys), which is what "must
+match" means. Newer producers re-chunk event token ids at their own block size; not modelled.
+
+prefix-cache-affinity-filter (`framework/plugins/scheduling/filter/prefixcacheaffinity/plugin.go`), on the
+approximate producer's fraction f_e = matched_e / total_blocks:
+
+    if len(candidates) <= 1 or affinityThreshold <= 0: keep all
+    if rng < explorationProbability:                    keep all
+    sticky = {e : f_e >= affinityThreshold (0.80)};     none sticky -> keep all
+    TTFT gate (maxTTFTPenaltyMs > 0, some non-sticky):  ttft_e = inflight_tokens_e / peakPrefillThroughput * 1000 ms
+        min_sticky ttft - min_non_sticky ttft > maxTTFTPenaltyMs      -> keep all
+    token gate (maxTokensInFlightPenalty > 0, some non-sticky):
+        min_sticky inflight_tokens - min_non_sticky inflight_tokens > maxTokensInFlightPenalty -> keep all
+    else keep sticky
+
+Both gates are kept because the guides and the code moved apart: the token gate existed from #1024 (2026-05-20) to
+#1547 (2026-06-11), which replaced it by the TTFT gate on in-flight tokens (default 18,000 ms since #1639; exploration
+default 0.01 until #1664, 0 since). The optimized-baseline guide (@0a3b0c9) still sets the token gate (286,720) with
+`maxTTFTPenaltyMs: 0`; 286,720 tokens at 15,928 tok/s is 18.0 s, so HEAD's default TTFT gate is the same bound.
+NOTE: the TTFT estimate uses the in-flight tokens only (HEAD code), not + the request's own uncached tokens.
+
+Presets (`preset`, applied before validation: an option given explicitly wins over the preset's value):
+* `default` -- `config/loader/defaults.go` and the chart's `routerlib/templates/_config.yaml`: queue 2,
+  kv-cache-utilization 2, prefix-cache 3 (approximate).
+* `optimized-baseline` -- `llm-d/llm-d` `guides/optimized-baseline/router/optimized-baseline.values.yaml` @0a3b0c9:
+  affinity filter (0.80, token gate 286,720, TTFT gate off, exploration 0.01 = the default of the router releases
+  that had the token gate), token-load-scorer 1, approximate producer with maxPrefixTokensToMatch 40,960.
+* `precise` -- `guides/precise-prefix-cache-routing/router/precise-prefix-cache-routing.values.yaml` @076e65d:
+  precise 3 + speculative indexing, kv-cache-utilization 2, queue 2, no-hit-lru 2, 2 EPP replicas active-active
+  (each its own index and counts; event indexes converge). The no-hit-lru scorer there names no producer, so its
+  cold test reads the auto-created approximate producer (`no_hit_lru_source=approximate`).
+* `estimate` -- `deploy/config/epp-estimate-prefix-cache-config.yaml`: prefix-cache 1 (approximate), load-aware 1.
+* `precise-sample` -- `deploy/config/epp-precise-prefix-cache-config.yaml`: precise 2, kv-cache-utilization 1, queue 1.
+* `payload-agnostic` -- the chart's `payload-agnostic.yaml`: active-request 1, session-affinity 1.
+The decode-filter of the guides keeps every worker here (no P/D roles).
+
+Older form (GIE / inference-scheduler @520af47): the approximate producer hashed request *characters* (JSON of the
+chat messages) in blocks of blockSizeTokens x 4 = 64 characters (16 tokens), at most 256 blocks, with no 64-token
+floor: `min_block_size_tokens=16, max_prefix_tokens_to_match=0, max_prefix_blocks_to_match=256` reproduces it.
+Not modelled: the session_id strategy of session affinity (server-side binding, TTL 300 s); the speculative TTL's
+2 s cleanup ticker (entries live 2..4 s upstream, exactly 2 s here); the union (not max) of speculative and event
+entries in one index; the session header and no-hit LRU being shared by the client / per replica.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from policies.base import LoadOptions, RouterBase
+from sim.cluster.router import ClusterView, PrefixState, PrefixStateSpec
+from sim.routing.routing_history import RoutingHistory
+from sim.workloads.request import Request
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "default": {"queue_weight": 2.0, "kv_cache_utilization_weight": 2.0, "prefix_cache_weight": 3.0},
+    "optimized-baseline": {"affinity_filter": True, "affinity_threshold": 0.80, "max_tokens_in_flight_penalty": 286720,
+                           "max_ttft_penalty_ms": 0.0, "exploration_probability": 0.01, "token_load_weight": 1.0,
+                           "max_prefix_tokens_to_match": 40960},
+    "precise": {"prefix_cache": "precise", "prefix_cache_weight": 3.0, "kv_cache_utilization_weight": 2.0,
+                "queue_weight": 2.0, "no_hit_lru_weight": 2.0, "speculative_indexing": True, "replicas": 2},
+    "estimate": {"prefix_cache_weight": 1.0, "load_aware_weight": 1.0},
+    "precise-sample": {"prefix_cache": "precise", "prefix_cache_weight": 2.0, "kv_cache_utilization_weight": 1.0,
+                       "queue_weight": 1.0},
+    "payload-agnostic": {"active_request_weight": 1.0, "session_affinity_weight": 1.0},
+}
+"""Each published configuration as option values (see the module docstring for the files they come from)."""
+
+
+class LlmdOptions(LoadOptions):
+    preset: Literal["default", "optimized-baseline", "precise", "estimate", "precise-sample", "payload-agnostic"] = Field(
+        "default", description="A published llm-d configuration; sets the weights and modes below unless given explicitly.")
+    # ---- scorer weights (0: scorer not in the profile)
+    prefix_cache_weight: float = Field(0.0, ge=0, description="prefix-cache-scorer weight (chart default 3).")
+    queue_weight: float = Field(0.0, ge=0, description="queue-scorer weight (chart default 2).")
+    kv_cache_utilization_weight: float = Field(0.0, ge=0, description="kv-cache-utilization-scorer weight (chart default 2).")
+    load_aware_weight: float = Field(0.0, ge=0, description="load-aware-scorer weight.")
+    active_request_weight: float = Field(0.0, ge=0, description="active-request-scorer weight (router in-flight requests).")
+    token_load_weight: float = Field(0.0, ge=0, description="token-load-scorer weight (router in-flight uncached prompt tokens).")
+    no_hit_lru_weight: float = Field(0.0, ge=0, description="no-hit-lru-scorer weight.")
+    session_affinity_weight: float = Field(0.0, ge=0, description="session-affinity-scorer weight (session = prefix_id).")
+    # ---- prefix producers
+    prefix_cache: Literal["approximate", "precise"] = Field(
+        "approximate", description="What the prefix-cache-scorer reads: approx-prefix-cache-producer (routing history) or precise-prefix-cache-producer (KV events).")
+    auto_tune: bool = Field(True, description="approx producer autoTune: block size and per-pod LRU capacity from the engine's metrics.")
+    block_size_tokens: int = Field(16, ge=1, description="approx producer blockSizeTokens (used when autoTune has no metric).")
+    min_block_size_tokens: int = Field(64, ge=1, description="approx producer block-size floor (minBlockSizeTokens, code constant since #1160; 16 = older releases).")
+    max_prefix_tokens_to_match: int = Field(131072, ge=0, description="approx producer maxPrefixTokensToMatch (0: use max_prefix_blocks_to_match).")
+    max_prefix_blocks_to_match: int = Field(2048, ge=0, description="approx producer maxPrefixBlocksToMatch, only when the token cap is 0 (both 0: whole prompt).")
+    lru_capacity_per_server: int = Field(31250, ge=1, description="approx producer lruCapacityPerServer (per-pod LRU entries when autoTune has no block count).")
+    event_lag_s: float = Field(0.0, ge=0, description="precise: delay from an engine publishing KV events to the router applying them.")
+    event_loss: float = Field(0.0, ge=0, lt=1, description="precise: probability that each KV event is lost.")
+    speculative_indexing: bool = Field(False, description="precise producer speculativeIndexing: index the router's own choices too.")
+    speculative_ttl_s: float = Field(2.0, gt=0, description="precise producer speculativeTTL.")
+    precise_normalization: Literal["ratio", "min_max"] = Field(
+        "ratio", description="precise score: min(depth/blocks, 1) (since PR #1107, 2026-05-14) or min-max over the hit pods (before).")
+    # ---- scorer parameters
+    load_aware_queue_threshold: int = Field(128, ge=1, description="load-aware-scorer threshold (waiting requests).")
+    active_request_idle_threshold: int = Field(0, ge=0, description="active-request-scorer idleThreshold.")
+    token_load_queue_threshold_tokens: int = Field(4194304, ge=1, description="token-load-scorer queueThresholdTokens.")
+    no_hit_lru_size: int = Field(1024, ge=1, description="no-hit-lru-scorer lruSize (pods).")
+    no_hit_lru_source: Literal["approximate", "prefix_cache"] = Field(
+        "approximate", description="Whose matches decide 'cold': the approximate producer (the default DataKey) or the prefix-cache scorer's producer.")
+    # ---- prefix-cache-affinity-filter
+    affinity_filter: bool = Field(False, description="Run prefix-cache-affinity-filter before the scorers.")
+    affinity_threshold: float = Field(0.80, le=1.0, description="filter affinityThreshold (prefix match fraction to be sticky).")
+    exploration_probability: float = Field(0.0, ge=0, le=1, description="filter explorationProbability (skip the gate).")
+    max_ttft_penalty_ms: float = Field(18000.0, ge=0, description="filter maxTTFTPenaltyMs (0: TTFT gate off).")
+    peak_prefill_throughput_tokens_per_s: float = Field(15928.0, gt=0, description="filter peakPrefillThroughput.")
+    max_tokens_in_flight_penalty: int = Field(0, ge=0, description="filter maxTokensInFlightPenalty (#1024..#1547; 0: off).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_preset(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        preset = data.get("preset", "default")
+        values = PRESETS.get(preset)
+        if values is None:
+            return data  # the field's own validation names the allowed presets
+        return {**values, **data}
+
+
+class _ApproxIndex:
+    """llm-d's approximate prefix producer: per-pod LRUs of the routed requests' G-token block hashes.
+
+    `keys(request)`: the chained hash at the end of each full G-token block (every (G/B)-th request block hash),
+    then one key of the request's own for a partial last block, at most `max_blocks` in all. `match_blocks` walks
+    them and stops at the first key no pod holds; every holder of each key before that counts it.
+    """
+
+    mode = "approximate"
+
+    def __init__(self, view: ClusterView, tokens_per_key: int, max_blocks: int | None, capacity_keys: int) -> None:
+        B = view.block_size
+        if tokens_per_key % B:
+            raise ValueError(f"approximate block size {tokens_per_key} tokens must be a multiple of the requests' "
+                             f"block size {B} (block_size_tokens / min_block_size_tokens)")
+        self._view = view
+        self.tokens_per_key = tokens_per_key
+        self._step = tokens_per_key // B
+        self._max_blocks = max_blocks
+        self.history = RoutingHistory(view.num_workers, capacity_keys=capacity_keys, per_worker=True,
+                                      leaves_first=False)
+        self._last: tuple[int, list[int], int] | None = None
+
+    def keys(self, request: Request) -> list[Hashable]:
+        m = self._step
+        keys: list[Hashable] = list(request.block_hashes[m - 1::m])
+        if request.prompt_tokens % self.tokens_per_key:
+            keys.append(("llm-d-partial-block", request.request_id))
+        return keys[: self._max_blocks]
+
+    def match_blocks(self, request: Request) -> tuple[list[int], int]:
+        """Per worker the matched blocks, and the request's total blocks (cached per request)."""
+        last = self._last
+        if last is not None and last[0] == request.request_id:
+            return last[1], last[2]
+        keys = self.keys(request)
+        index = self.history.index
+        counts = [0] * self._view.num_workers
+        for key in keys:
+            held = index.holders(key)
+            if not held:
+                break
+            while held:
+                low = held & -held
+                counts[low.bit_length() - 1] += 1
+                held ^= low
+        self._last = (request.request_id, counts, len(keys))
+        return counts, len(keys)
+
+    def match_tokens(self, request: Request) -> list[int]:
+        counts, _ = self.match_blocks(request)
+        t, n = self.tokens_per_key, request.prompt_tokens
+        return [min(c * t, n) for c in counts]
+
+    def record(self, request: Request, worker: int) -> None:
+        self.history.record(self.keys(request), worker, self._view.now_s)
+        self._last = None
+
+
+class LlmdRouter(RouterBase):
+    name = "llm-d"
+    summary = "llm-d EPP: filter -> weighted scorers (prefix, queue, KV usage, load...) -> max-score pick; presets"
+    Options = LlmdOptions
+    needs_cache_state = True
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        o = self.options
+        self._approx: _ApproxIndex | None = None
+        self._precise: PrefixState | None = None
+        self._inflight_tokens = [0] * self.num_workers
+        self._pending_tokens: dict[int, tuple[int, int]] = {}
+        self._cold: dict[int, bool] = {}
+        self._lru: OrderedDict[int, None] = OrderedDict()  # no-hit LRU, oldest first
+        self._session_pod: dict[Hashable, int] = {}
+        self._pending_uncached: tuple[int, list[int]] | None = None
+        self._needs_approx = ((o.prefix_cache == "approximate" and o.prefix_cache_weight > 0) or o.affinity_filter
+                              or o.token_load_weight > 0
+                              or (o.no_hit_lru_weight > 0 and (o.no_hit_lru_source == "approximate"
+                                                               or o.prefix_cache == "approximate")))
+
+    # ------------------------------------------------------------------ what the router sees
+    def prefix_state_spec(self) -> PrefixStateSpec | None:
+        o = self.options
+        reads_precise = o.prefix_cache_weight > 0 or (o.no_hit_lru_weight > 0 and o.no_hit_lru_source == "prefix_cache")
+        if o.prefix_cache != "precise" or not reads_precise:
+            return None
+        return PrefixStateSpec(mode="events", event_lag_s=o.event_lag_s, event_loss=o.event_loss,
+                               predicted_ttl_s=o.speculative_ttl_s if o.speculative_indexing else None)
+
+    def bind(self, view: ClusterView) -> None:
+        super().bind(view)
+        self._precise = self.prefix
+        if self._needs_approx:
+            o = self.options
+            engine_block = view.cache_block_size() if o.auto_tune else 0
+            G = max(engine_block if engine_block > 0 else o.block_size_tokens, o.min_block_size_tokens)
+            if o.max_prefix_tokens_to_match > 0:
+                max_blocks = o.max_prefix_tokens_to_match // G
+            else:
+                max_blocks = o.max_prefix_blocks_to_match or None  # both caps 0: the whole prompt
+            reported = view.cache_num_blocks(0) if o.auto_tune else 0
+            capacity = reported if reported > 0 else o.lru_capacity_per_server
+            self._approx = _ApproxIndex(view, G, max_blocks, capacity)
+            if self.prefix is None:
+                self.prefix = self._approx  # the base records it at dispatch and keeps the belief
+
+    # ------------------------------------------------------------------ the pipeline
+    def scores(self, request: Request, view: ClusterView) -> tuple[list[int], dict[int, float]]:
+        """The filtered candidates and their weighted totals (before the picker)."""
+        o = self.options
+        n = self.num_workers
+        approx = self._approx
+        if approx is not None:
+            matched, total = approx.match_blocks(request)
+            if self.prefix is approx:
+                self.prefix_tokens(request)  # registers the belief for the view-error counters
+            uncached = [self._uncached_tokens(request, matched[w], total) for w in range(n)]
+        candidates = list(range(n))
+        if o.affinity_filter:
+            candidates = self._affinity_filter(candidates, matched, total)
+
+        totals = {w: 0.0 for w in candidates}
+
+        def add(weight: float, score) -> None:
+            for w in candidates:
+                totals[w] += weight * min(max(score(w), 0.0), 1.0)
+
+        if o.prefix_cache_weight > 0:
+            if o.prefix_cache == "approximate":
+                add(o.prefix_cache_weight, lambda w: matched[w] / total if total else 0.0)
+            else:
+                precise = self._precise_scores(request, view)
+                add(o.prefix_cache_weight, precise.__getitem__)
+        if o.queue_weight > 0 or o.kv_cache_utilization_weight > 0 or o.load_aware_weight > 0:
+            loads = {w: view.scraped_load(w, o.scrape_interval_s) for w in candidates}
+            if o.queue_weight > 0:
+                qs = [loads[w].num_waiting for w in candidates]
+                lo, hi = min(qs), max(qs)
+                add(o.queue_weight, lambda w: 1.0 if hi == lo else (hi - loads[w].num_waiting) / (hi - lo))
+            if o.kv_cache_utilization_weight > 0:
+                add(o.kv_cache_utilization_weight, lambda w: 1.0 - loads[w].kv_usage)
+            if o.load_aware_weight > 0:
+                threshold = o.load_aware_queue_threshold
+                add(o.load_aware_weight, lambda w: 0.5 if loads[w].num_waiting == 0
+                    else 0.5 * (1.0 - min(loads[w].num_waiting, threshold) / threshold))
+        if o.active_request_weight > 0:
+            busiest = max(self.in_flight[w] for w in candidates)
+            idle = o.active_request_idle_threshold
+            add(o.active_request_weight, lambda w: 1.0 if self.in_flight[w] <= idle
+                else (busiest - self.in_flight[w]) / busiest)
+        if o.token_load_weight > 0:
+            cap = o.token_load_queue_threshold_tokens
+            add(o.token_load_weight, lambda w: 1.0 if self._inflight_tokens[w] + uncached[w] <= 0
+                else 1.0 - min(self._inflight_tokens[w] + uncached[w], cap) / cap)
+        if o.no_hit_lru_weight > 0:
+            if o.no_hit_lru_source == "approximate" or o.prefix_cache == "approximate":
+                hits = matched
+            else:
+                hits = [t // view.cache_block_size() for t in self.prefix_tokens(request)]
+            cold = not any(hits[w] > 0 for w in candidates)
+            self._cold[request.request_id] = cold
+            add(o.no_hit_lru_weight, self._no_hit_lru_scores(candidates) if cold else (lambda w: 0.5))
+        if o.session_affinity_weight > 0:
+            pod = self._session_pod.get(request.prefix_id) if request.prefix_id is not None else None
+            add(o.session_affinity_weight, lambda w: 1.0 if w == pod else 0.0)
+        if approx is not None:
+            self._pending_uncached = (request.request_id, uncached)
+        return candidates, totals
+
+    def route(self, request: Request, view: ClusterView) -> int:
+        candidates, totals = self.scores(request, view)
+        # max-score-picker: shuffle (random tie-break), stable sort by score descending, take the first.
+        order = list(candidates)
+        self.rng.shuffle(order)
+        order.sort(key=totals.__getitem__, reverse=True)
+        return order[0]
+
+    # ------------------------------------------------------------------ the pieces
+    def _uncached_tokens(self, request: Request, matched_blocks: int, total_blocks: int) -> int:
+        """The prompt tokens `request` would add to a pod's in-flight count (inflightload `uncachedInputTokens`):
+        | matched x G | (total - matched) x G uncached | tail beyond the indexed blocks |; the partial last block
+        counts as a whole G, so the uncached part may exceed the prompt's by up to G - 1 tokens."""
+        G = self._approx.tokens_per_key
+        indexed = total_blocks * G
+        return max(indexed - matched_blocks * G, 0) + max(request.prompt_tokens - indexed, 0)
+
+    def _affinity_filter(self, candidates: list[int], matched: list[int], total: int) -> list[int]:
+        o = self.options
+        if len(candidates) <= 1 or o.affinity_threshold <= 0:
+            return candidates
+        if o.exploration_probability > 0 and self.rng.random() < o.exploration_probability:
+            return candidates
+        fraction = [(matched[w] / total if total else 0.0) for w in range(self.num_workers)]
+        sticky = [w for w in candidates if fraction[w] >= o.affinity_threshold]
+        if not sticky:
+            return candidates
+        others = [w for w in candidates if fraction[w] < o.affinity_threshold]
+        if others:
+            tokens = self._inflight_tokens
+            if o.max_ttft_penalty_ms > 0:
+                to_ms = 1000.0 / o.peak_prefill_throughput_tokens_per_s
+                if (min(tokens[w] for w in sticky) * to_ms - min(tokens[w] for w in others) * to_ms
+                        > o.max_ttft_penalty_ms):
+                    return candidates
+            if o.max_tokens_in_flight_penalty > 0:
+                if min(tokens[w] for w in sticky) - min(tokens[w] for w in others) > o.max_tokens_in_flight_penalty:
+                    return candidates
+        return sticky
+
+    def _precise_scores(self, request: Request, view: ClusterView) -> list[float]:
+        block = view.cache_block_size()
+        depths = [t // block for t in self.prefix_tokens(request)]
+        full_blocks = len(view.cache_block_keys(request))
+        if self.options.precise_normalization == "ratio":
+            return [min(d / full_blocks, 1.0) if full_blocks else 0.0 for d in depths]
+        hits = [d for d in depths if d > 0]
+        if not hits:
+            return [0.0] * len(depths)
+        lo, hi = min(hits), max(hits)
+        return [0.0 if d == 0 else 1.0 if hi == lo else (d - lo) / (hi - lo) for d in depths]
+
+    def _no_hit_lru_scores(self, candidates: list[int]):
+        n = len(candidates)
+        if n == 1:
+            return lambda w: 1.0
+        position = {w: i for i, w in enumerate(self._lru)}  # oldest first, over every pod in the LRU
+        never = [w for w in candidates if w not in position]
+        score = {w: 1.0 - i / (n - 1) for i, w in enumerate(never)}
+        for w in candidates:
+            if w in position:
+                score[w] = max(0.0, 1.0 - (len(never) + position[w]) / (n - 1))
+        return score.__getitem__
+
+    # ------------------------------------------------------------------ hooks
+    def after_dispatch(self, request: Request, worker: int) -> None:
+        if self._approx is not None and self.prefix is not self._approx:
+            self._approx.record(request, worker)
+        pending = self._pending_uncached
+        if pending is not None and pending[0] == request.request_id:
+            tokens = pending[1][worker]
+            self._inflight_tokens[worker] += tokens
+            self._pending_tokens[request.request_id] = (worker, tokens)
+            self._pending_uncached = None
+        if self._cold.pop(request.request_id, False):
+            self._lru[worker] = None
+            self._lru.move_to_end(worker)
+            while len(self._lru) > self.options.no_hit_lru_size:
+                self._lru.popitem(last=False)
+
+    def after_first_token(self, request: Request, worker: int) -> None:
+        pending = self._pending_tokens.pop(request.request_id, None)
+        if pending is not None:
+            self._inflight_tokens[pending[0]] -= pending[1]
+        if request.prefix_id is not None:
+            self._session_pod[request.prefix_id] = worker
+
+    def after_complete(self, request: Request, worker: int) -> None:
+        pending = self._pending_tokens.pop(request.request_id, None)  # a response that ended without a first token
+        if pending is not None:
+            self._inflight_tokens[pending[0]] -= pending[1]
