@@ -5,9 +5,11 @@ from __future__ import annotations
 from policies.base import RouterBase
 from policies.kv_aware import KvAwareRouter
 from policies.prefix_hash import PrefixHashRouter
+from policies.preble import PrebleRouter
 from policies.random_router import RandomRouter
 from policies.recorded import RecordedRouter
 from policies.round_robin import RoundRobinRouter
+from policies.sglang_gateway import SglangCacheAwareRouter
 
 
 def _registry(*classes: type[RouterBase]) -> dict[str, type[RouterBase]]:
@@ -19,6 +21,6 @@ def _registry(*classes: type[RouterBase]) -> dict[str, type[RouterBase]]:
     return registry
 
 
-ROUTERS = _registry(RandomRouter, RoundRobinRouter, PrefixHashRouter, KvAwareRouter, RecordedRouter)
+ROUTERS = _registry(RandomRouter, RoundRobinRouter, PrefixHashRouter, KvAwareRouter, RecordedRouter, SglangCacheAwareRouter, PrebleRouter)
 
 __all__ = ["ROUTERS"]

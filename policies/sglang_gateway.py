@@ -60,8 +60,9 @@ class SglangCacheAwareRouter(RouterBase):
         tree.insert(text, w)   # in both branches (the base records the request for w at dispatch)
 
     e.g. defaults, 6 idle workers, a 2371-token prompt whose 127 x 16 = 2032 leading tokens worker 4 holds in the tree:
-    rate = 2032 / 2371 = 0.857 > 0.3 -> worker 4; with worker 4 at 100 in flight and worker 0 at 20: 100 - 20 = 80 > 64
-    and 100 > 1.5 x 20 -> imbalanced -> worker 0 (argmin), and the tree now records the prompt for worker 0 as well.
+    rate = 2032 / 2371 = 0.857 > 0.3 -> worker 4; with worker 4 at 100 in flight and the others at 20: 100 - 20 = 80 > 64
+    and 100 > 1.5 x 20 -> imbalanced -> worker 0 (the first minimum), and the tree now records the prompt for worker 0
+    as well.
 
     Text and granularity: the upstream tree is over characters; kvsim models 4 characters a token and keys the tree
     by the request's 16-token blocks (64 characters). A character tree also matches partially inside a block; this
