@@ -55,7 +55,7 @@ def test_run_writes_one_row_and_the_requests(tmp_path):
 @pytest.mark.parametrize("args,message", [
     (["sweep", "--prefixes", "2,x"], "'2,x' is not a comma-separated list of whole numbers"),
     (["sweep", "--prefixes", "0"], "every value must be a whole number >= 1"),
-    (["sweep", "--prefixes", "2", "--router", "magic"], "unknown router magic; allowed: kv-aware, prefix-hash, random, recorded, round-robin"),
+    (["sweep", "--prefixes", "2", "--router", "magic"], "unknown router magic; allowed: kv-aware, preble, prefix-hash, random, recorded, round-robin, sglang-cache-aware"),
     (["sweep", "--prefixes", "2", "--scenario", "/nonexistent.yaml"], "scenario file '/nonexistent.yaml' does not exist"),
     (["sweep", "--prefixes", "2", "--repeats", "0"], "--repeats"),
     (["run", "--workers", "0"], "--workers"),
