@@ -6,14 +6,16 @@ from policies.aibrix import AibrixLeastKvCacheRouter, AibrixPrefixCacheRouter
 from policies.base import RouterBase
 from policies.kv_aware import KvAwareRouter
 from policies.least_loaded import LeastLoadedRouter
-from policies.power_of_two import PowerOfTwoRouter
 from policies.llm_d import LlmdRouter
+from policies.power_of_two import PowerOfTwoRouter
+from policies.preble import PrebleRouter
 from policies.prefix_hash import PrefixHashRouter
 from policies.random_router import RandomRouter
 from policies.recorded import RecordedRouter
 from policies.round_robin import RoundRobinRouter
-from policies.vllm_router import VllmRouterLoadAware, VllmRouterPrefixAware, VllmRouterSession
+from policies.sglang_gateway import SglangCacheAwareRouter
 from policies.sticky import StickyRouter
+from policies.vllm_router import VllmRouterLoadAware, VllmRouterPrefixAware, VllmRouterSession
 
 
 def _registry(*classes: type[RouterBase]) -> dict[str, type[RouterBase]]:
@@ -28,6 +30,7 @@ def _registry(*classes: type[RouterBase]) -> dict[str, type[RouterBase]]:
 ROUTERS = _registry(RandomRouter, RoundRobinRouter, PrefixHashRouter, KvAwareRouter, RecordedRouter,
                     AibrixPrefixCacheRouter, AibrixLeastKvCacheRouter,
                     VllmRouterSession, VllmRouterPrefixAware, VllmRouterLoadAware,
-                    LeastLoadedRouter, PowerOfTwoRouter, StickyRouter, LlmdRouter)
+                    LeastLoadedRouter, PowerOfTwoRouter, StickyRouter, LlmdRouter,
+                    SglangCacheAwareRouter, PrebleRouter)
 
 __all__ = ["ROUTERS"]

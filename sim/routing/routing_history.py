@@ -47,22 +47,32 @@ class RoutingHistory:
         self.per_worker = per_worker
         self._scopes: list[OrderedDict] = [OrderedDict() for _ in range(num_workers if per_worker else 1)]
         self._last_check = -1
+        self._held = [0] * num_workers
         self.forgotten_keys = 0
         """(key, worker) entries dropped by age or size so far."""
 
     def __len__(self) -> int:
         return sum(len(s) for s in self._scopes)
 
+    def keys_held(self, worker: int, now_s: float) -> int:
+        """How many keys `worker` holds in the history now (SGLang's per-tenant tree size, in keys)."""
+        self._enforce(now_s)
+        return self._held[worker]
+
     def record(self, keys: Sequence[Hashable], worker: int, now_s: float) -> None:
         self._enforce(now_s)
         scope = self._scopes[worker if self.per_worker else 0]
         move = scope.move_to_end
         ordered = reversed(keys) if self.leaves_first else keys
+        new = 0
         for key in ordered:
             entry = (key, worker)
             if entry in scope:
                 move(entry)
+            else:
+                new += 1
             scope[entry] = now_s
+        self._held[worker] += new
         self.index.add_all(keys, worker)
         if self.check_interval_s == 0:
             self._prune(scope)
@@ -101,5 +111,6 @@ class RoutingHistory:
 
     def _drop(self, scope: OrderedDict, key: Hashable, worker: int) -> None:
         del scope[(key, worker)]
+        self._held[worker] -= 1
         self.index.remove(key, worker)
         self.forgotten_keys += 1
