@@ -101,17 +101,21 @@ def hit_rate_figure(
 ) -> bytes:
     """Request hit rate vs N: a line per (workers, router), the formula min(1, C/N), the measured points."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
     lines: dict[tuple, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     engines = {row.get("engine") for row in aggregated}
     for row in aggregated:
         lines[(row["workers"], row["router"], row.get("engine"))][int(row["prefixes"])].append(
             float(row["request_hit_rate"]))
     all_n = sorted({int(r["prefixes"]) for r in aggregated} | {n for (_, n, _) in measured})
-    for (workers, router, engine), by_n in sorted(lines.items(), key=lambda kv: tuple(map(str, kv[0]))):
+    # NOTE: the legend sits right of the axes, never over the data; past 10 lines, 20 colours and a marker per
+    # ten keep every line distinct (a router comparison can have 15).
+    fig, ax = plt.subplots(figsize=(8 + 3 * (len(lines) > 4), 5), dpi=110)
+    colours = plt.get_cmap("tab10" if len(lines) <= 10 else "tab20").colors
+    for i, ((workers, router, engine), by_n) in enumerate(sorted(lines.items(), key=lambda kv: tuple(map(str, kv[0])))):
         ns = sorted(by_n)
         on = f" on {engine}" if len(engines) > 1 else ""
-        ax.plot(ns, [statistics.fmean(by_n[n]) for n in ns], marker="o", label=f"kvsim {router}{on}, {workers} workers")
+        ax.plot(ns, [statistics.fmean(by_n[n]) for n in ns], marker="osD^v"[i // len(colours) % 5],
+                color=colours[i % len(colours)], label=f"kvsim {router}{on}, {workers} workers")
     if all_n:
         _plot_formula(ax, capacity_requests, max(all_n), "k--")
     by_workers: dict[int, list[tuple[int, float]]] = defaultdict(list)
@@ -125,7 +129,11 @@ def hit_rate_figure(
     ax.set_ylim(0, 1.05)
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    if len(lines) > 4:
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+        fig.tight_layout()
+    else:
+        ax.legend(fontsize=8)
     return _png(fig)
 
 
