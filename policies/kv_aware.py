@@ -53,8 +53,8 @@ block first (`BlockEntry` orders by `seq_position` in a max-heap).
 from __future__ import annotations
 
 import math
-from itertools import compress, repeat
-from operator import add, not_, sub
+from itertools import repeat
+from operator import add, sub
 from collections import deque
 from collections.abc import Hashable
 from typing import Literal
@@ -245,6 +245,10 @@ class KvAwareRouter(RouterBase):
         active = self._active[worker]
         hashes = request.block_hashes
         left = list(map(sub, map(active.__getitem__, hashes), repeat(1)))
-        active.update(zip(hashes, left))
-        for h in compress(hashes, map(not_, left)):
-            del active[h]
+        # NOTE: counts never rise along a chain (whoever holds a block holds its parent), so the hashes that drop
+        # to zero are a suffix: keep the rest, pop that suffix, both in C-level loops.
+        k = bytes(map(bool, left)).find(0)
+        if k < 0:
+            k = len(hashes)
+        active.update(zip(hashes[:k], left[:k]))
+        deque(map(active.pop, hashes[k:]), maxlen=0)

@@ -41,6 +41,9 @@ class FakeView:
             n += 1
         return n * self.block_size
 
+    def cached_prefix_tokens_all(self, request):
+        return [self.cached_prefix_tokens(w, request) for w in range(self.num_workers)]
+
     def in_flight(self, worker):
         return self.in_flight_counts[worker]
 

@@ -82,6 +82,14 @@ class Cluster:
         w.sync()
         return w.engine.cache.peek_prefix_tokens(request)
 
+    def cached_prefix_tokens_all(self, request: Request) -> list[int]:
+        """`cached_prefix_tokens` of every worker, in worker order (one call for exact-state routers)."""
+        out = []
+        for w in self.workers:
+            w.sync()
+            out.append(w.engine.cache.peek_prefix_tokens(request))
+        return out
+
     def in_flight(self, worker: int) -> int:
         return self._in_flight[worker]
 

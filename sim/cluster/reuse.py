@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
+from itertools import repeat
+from operator import or_
 
 
 def held_prefix(held, hashes: Sequence[Hashable]) -> int:
     """Leading `hashes` in `held` (anything with `in`), for a prefix-closed `held`: one where a chained hash is
     present only if every hash before it on its chain is (a union of whole prompts' hashes is). Membership is then
     monotone along `hashes`, and a binary search finds the edge in O(log n) lookups."""
-    lo, hi = 0, len(hashes)
+    n = len(hashes)
+    if not n or hashes[0] not in held:
+        return 0
+    if hashes[-1] in held:
+        return n
+    lo, hi = 1, n - 1
     while lo < hi:
         mid = (lo + hi + 1) // 2
         if hashes[mid - 1] in held:
@@ -17,6 +24,19 @@ def held_prefix(held, hashes: Sequence[Hashable]) -> int:
         else:
             hi = mid - 1
     return lo
+
+
+class _WorkerView:
+    """Membership of one worker's bit in a `key -> worker bitmask` dict (what `held_prefix` asks with `in`)."""
+
+    __slots__ = ("_get", "_bit")
+
+    def __init__(self, masks: dict[Hashable, int], worker: int) -> None:
+        self._get = masks.get
+        self._bit = 1 << worker
+
+    def __contains__(self, key: Hashable) -> bool:
+        return bool(self._get(key, 0) & self._bit)
 
 
 class ReuseLedger:
@@ -29,18 +49,23 @@ class ReuseLedger:
     finite caches deliver, they tell routing apart from memory: available - captured is lost by routing, captured
     - delivered by memory (and by requests in flight together, whose blocks are not cached yet). Warm-ups count as
     history. A block counts from its request's dispatch, so in-flight duplicates count as reuse (an upper bound).
+
+    One dict `block hash -> bitmask of the workers sent it` holds both: the shared cache is its keys.
     """
 
     def __init__(self, num_workers: int, block_size: int) -> None:
         self.block_size = block_size
-        self._per_worker: list[set[Hashable]] = [set() for _ in range(num_workers)]
+        self._masks: dict[Hashable, int] = {}
+        self._views = [_WorkerView(self._masks, w) for w in range(num_workers)]
 
     def dispatch(self, hashes: Sequence[Hashable], prompt_tokens: int, worker: int) -> tuple[int, int]:
         """(available, captured) tokens of a request with these block hashes, sent to `worker`; then records it."""
         cap = (prompt_tokens - 1) // self.block_size
-        # NOTE: the shared cache is the union of the per-worker ones, and a union of prefix-closed sets has, as its
-        # leading run, the longest of theirs: no set of its own is needed.
-        runs = [held_prefix(held, hashes) for held in self._per_worker]
-        in_mine = runs[worker]
-        self._per_worker[worker].update(hashes[in_mine:])  # the first in_mine are there already
-        return min(max(runs), cap) * self.block_size, min(in_mine, cap) * self.block_size
+        masks, bit = self._masks, 1 << worker
+        in_shared = held_prefix(masks, hashes)
+        in_mine = held_prefix(self._views[worker], hashes[:in_shared])
+        # NOTE: C-level updates: this worker's bit onto the blocks others hold, then the blocks nobody held yet.
+        seen = hashes[in_mine:in_shared]
+        masks.update(zip(seen, map(or_, map(masks.__getitem__, seen), repeat(bit))))
+        masks.update(zip(hashes[in_shared:], repeat(bit)))
+        return min(in_shared, cap) * self.block_size, min(in_mine, cap) * self.block_size

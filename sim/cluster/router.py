@@ -91,6 +91,10 @@ class ClusterView(Protocol):
         events with no lag. A peek: it changes nothing in the cache."""
         ...
 
+    def cached_prefix_tokens_all(self, request: Request) -> list[int]:
+        """`cached_prefix_tokens` of every worker, in worker order."""
+        ...
+
     def in_flight(self, worker: int) -> int:
         """Requests dispatched to `worker` and not yet completed, by any router replica (the cluster's count)."""
         ...

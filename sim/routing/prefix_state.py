@@ -22,8 +22,7 @@ class ExactState:
         self._view = view
 
     def match_tokens(self, request: Request) -> list[int]:
-        view = self._view
-        return [view.cached_prefix_tokens(w, request) for w in range(view.num_workers)]
+        return self._view.cached_prefix_tokens_all(request)
 
     def record(self, request: Request, worker: int) -> None:
         pass
