@@ -69,6 +69,8 @@ class RouterBase:
             allowed = ", ".join(self.Options.model_fields) or "none"
             raise ValueError(f"{field}: {first['msg']} (options of {self.name}: {allowed})") from None
         self.processing_s = self.options.processing_s
+        if isinstance(self.options, PrefixStateOptions):
+            self.event_lags()  # a per-worker list must match the cluster: say so now, not at the first request
         self.in_flight = [0] * num_workers
         self.in_flight_tokens = [0] * num_workers
         self.view: ClusterView | None = None

@@ -59,12 +59,32 @@ def test_run_writes_one_row_and_the_requests(tmp_path):
     (["sweep", "--prefixes", "2", "--scenario", "/nonexistent.yaml"], "scenario file '/nonexistent.yaml' does not exist"),
     (["sweep", "--prefixes", "2", "--repeats", "0"], "--repeats"),
     (["run", "--workers", "0"], "--workers"),
+    (["sweep", "--prefixes", "2", "--router", "kv-aware:state=eventz"],
+     "kv-aware:state=eventz: state: Input should be 'exact', 'events' or 'approximate'"),
+    (["sweep", "--prefixes", "2", "--router", "kv-aware:bogus=1,random"], "bogus: Extra inputs are not permitted"),
+    (["sweep", "--prefixes", "2", "--router", "kv-aware:"], "nothing after ':'"),
+    (["run", "--router", "p2c:temperature=1"], "options of p2c:"),
+    (["sweep", "--prefixes", "2", "--router", "kv-aware:state=events,event_lag_s=-1"], "event_lag_s"),
 ])
 def test_bad_input_is_one_clear_line_and_a_nonzero_exit(args, message):
     res = CliRunner().invoke(main, args)
     assert res.exit_code != 0
     assert message in res.output
     assert "Traceback" not in res.output
+
+
+def test_router_options_the_cluster_contradicts_are_one_line(tmp_path):
+    # One event lag per worker, but two lags for a three-worker cluster: found before any run.
+    path = tmp_path / "s.yaml"
+    path.write_text("name: s\nmodel: {kv_bytes_per_token: 114688}\nengine: {kind: vllm, kv_cache_bytes: 1073741824}\n"
+                    "workload: {prefixes: 4, prefix_tokens: 2032, tail_tokens: 339, output_tokens: 64, concurrency: 2}\n"
+                    "router: 'kv-aware:state=events'\ncluster: {workers: 3}\n")
+    text = path.read_text().replace("'kv-aware:state=events'", "{name: kv-aware, options: {state: events, event_lag_s: [0.1, 0.2]}}")
+    path.write_text(text)
+    for args in (["sweep", "--scenario", str(path), "--prefixes", "4"], ["run", str(path)]):
+        res = CliRunner().invoke(main, args)
+        assert res.exit_code != 0 and "Traceback" not in res.output, res.output
+        assert "event_lag_s: give one lag >= 0 per worker (3), got [0.1, 0.2]" in res.output
 
 
 def test_bad_scenario_file_names_the_field(tmp_path):

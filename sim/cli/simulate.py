@@ -46,6 +46,7 @@ def sweep(scenario_path, prefixes, workers, concurrency, routers, engines, repea
     (requests with any cached token), beside the formula min(1, C/N) with C = KV tokens per worker / prompt
     tokens, and the measured value where the scenario's reference has one (for the scenario's own router).
     """
+    from sim.runner import build_router
     from sim.studies.sweep import run_sweep, sweep_points
 
     base, path = load_or_exit(scenario_path)
@@ -61,7 +62,7 @@ def sweep(scenario_path, prefixes, workers, concurrency, routers, engines, repea
     )
     try:
         for point in points:
-            point.scenario(base)
+            build_router(point.scenario(base))  # router options checked against each point's cluster
     except ScenarioError as err:
         raise click.ClickException(str(err)) from None
     out = Path(out_dir) if out_dir else None

@@ -14,7 +14,7 @@ from sim.cluster.worker import Worker
 from sim.engines import build_engine
 from sim.engines.interface import CacheListener, EngineLoad, ServedRequest
 from sim.results.records import RequestRecord, WorkerCounters
-from sim.scenario import Scenario, TimeModelSpec
+from sim.scenario import Scenario, ScenarioError, TimeModelSpec
 from sim.routing.prefix_state import build_prefix_state
 from sim.routing.scraper import MetricsScraper
 from sim.workloads.request import BlockHash, Request
@@ -66,7 +66,10 @@ class Cluster:
         self._ledger = ReuseLedger(len(self.workers), self._block_size)
         self._scrapers: dict[float, MetricsScraper] = {}
         self._num_prefix_states = 0
-        router.bind(self)
+        try:
+            router.bind(self)
+        except ValueError as err:  # options that only the cluster's shape can check (block sizes, worker counts)
+            raise ScenarioError(f"router.options ({router.name}): {err}") from None
 
     # ------------------------------------------------------------------ ClusterView
     @property

@@ -30,7 +30,8 @@ class ExactState:
 
 class _Keys:
     """A request's prefix keys at one granularity: the engines' own blocks, or every m-th block hash of the stream
-    (a chained hash names the whole prefix up to its block, so every m-th one names the prefixes of m blocks)."""
+    (a chained hash names the whole prefix up to its block, so every m-th one names the prefixes of m blocks;
+    m = key_block_tokens / block size, rounded up)."""
 
     def __init__(self, view: ClusterView, key_block_tokens: int | None) -> None:
         self._view = view
@@ -38,12 +39,12 @@ class _Keys:
             self.tokens_per_key = view.cache_block_size()
             self._step = 0
         else:
+            # NOTE: a router's key that is not a whole number of the stream's blocks is matched in whole blocks,
+            # rounded up (e.g. a 128-character key, 32 tokens, on a 64-token stream): the requests carry no finer
+            # identity. The match is then short by less than one key per request.
             B = view.block_size
-            if key_block_tokens < B or key_block_tokens % B:
-                raise ValueError(f"key_block_tokens ({key_block_tokens}) must be a multiple of the requests' "
-                                 f"block size {B}")
-            self.tokens_per_key = key_block_tokens
-            self._step = key_block_tokens // B
+            self._step = max(1, -(-key_block_tokens // B))
+            self.tokens_per_key = self._step * B
 
     def of(self, request: Request) -> Sequence[Hashable]:
         m = self._step

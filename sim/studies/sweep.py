@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from sim.results.records import TtftSamples
 from sim.routing.spec import router_overrides
-from sim.runner import run
+from sim.runner import build_router, run
 from sim.scenario import Scenario
 from sim.results.summary import summarize
 
@@ -108,7 +108,7 @@ class SweepRunner:
             progress: Callable[[], None] | None = None) -> list[PointOutcome]:
         """One outcome per point, in the order of `points`."""
         for point in points:
-            point.scenario(base)  # validate every point before spending time on any
+            build_router(point.scenario(base))  # validate every point (router options too) before running any
         tasks = [(base, p) for p in points]
         if self._pool is None or len(points) == 1:
             results = map(_run_star, tasks)
