@@ -194,9 +194,11 @@ def test_equal_match_and_load_are_broken_at_random_and_the_same_seed_repeats():
     assert runs[0] == runs[1]
 
 
-def test_block_size_that_is_not_a_whole_number_of_request_blocks_is_refused():
-    with pytest.raises(ValueError, match="key_block_tokens"):
-        aibrix(prefix_block_chars=4)  # the code default, 1 token: finer than the 16-token request blocks
+def test_a_block_finer_than_the_request_blocks_is_matched_in_whole_request_blocks():
+    # The code default, 4 characters = 1 token, is finer than the 16-token request blocks: matched per block.
+    r, view = aibrix(prefix_block_chars=4)
+    r.prefix.record(prompt(0, 7), 0)
+    assert r.prefix.match_tokens(prompt(1, 7))[0] == 127 * 16
     with pytest.raises(ValueError, match="prefix_block_chars"):
         aibrix(prefix_block_chars=130)
 

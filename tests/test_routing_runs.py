@@ -55,3 +55,47 @@ def test_router_processing_time_adds_to_every_ttft():
     assert [r.cached_tokens for r in slow.records] == [r.cached_tokens for r in base.records]
     assert [s.ttft_s - b.ttft_s for s, b in zip(slow.records, base.records)] == pytest.approx(
         [0.02] * len(base.records))
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+@pytest.mark.parametrize("router", ["aibrix-least-kv-cache:scrape_interval_s=0.05", "aibrix-least-kv-cache:scrape_interval_s=0",
+                                    "llm-d"])
+def test_metric_reads_inside_decode_stretches_are_exact(router, engine):
+    # A scrape inside a decode stretch reads the stretch's usage without applying it; stepping one step at a time
+    # (no stretches at all) must give the very same routing and records.
+    from sim.routing.spec import split_router_spec
+
+    name, options = split_router_spec(router)
+    s = scenario(name, options, **{"workload.prefixes": 7}).with_engine(engine)
+    fast, slow = run(s), run(s, fast_forward=False)
+    assert [(r.worker, r.cached_tokens, r.first_token_s) for r in fast.records] == [
+        (r.worker, r.cached_tokens, pytest.approx(r.first_token_s, abs=1e-9)) for r in slow.records]
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_a_stretchs_usage_after_k_steps_is_the_usage_once_they_are_applied(engine):
+    import simpy
+
+    from sim.cluster.arrivals import closed_loop
+    from sim.cluster.cluster import Cluster
+    from sim.runner import build_router
+    from sim.workloads.shared_prefix import shared_prefix_stream
+
+    s = scenario("round-robin", **{"workload.prefixes": 7, "workload.concurrency": 16}).with_engine(engine)
+    env = simpy.Environment()
+    cluster = Cluster(env, s, build_router(s))
+    stream = shared_prefix_stream(s.workload, block_size=s.engine.block_size, seed=s.seed)
+    env.process(closed_loop(env, cluster, stream.requests, 16, []))
+    checked = 0
+    for t in range(1, 400):
+        env.run(until=t * 0.05)
+        for w in cluster.workers:
+            stretch = w._stretch
+            if stretch is None:
+                continue
+            k = stretch.steps_started_by(env.now)
+            predicted = stretch.usage_after(k)
+            w.sync()
+            assert w.engine.cache.usage() == pytest.approx(predicted, abs=1e-12)
+            checked += 1
+    assert checked > 20

@@ -101,9 +101,7 @@ class Cluster:
         return self.env.now
 
     def engine_load(self, worker: int) -> EngineLoad:
-        w = self.workers[worker]
-        w.sync()
-        return w.engine.load()
+        return self.workers[worker].load()
 
     def scraped_load(self, worker: int, interval_s: float) -> EngineLoad:
         if interval_s == 0:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import simpy
 
 from sim.cluster.device import Device
-from sim.engines.interface import DecodeStretch, Engine, ServedRequest, StepTimeModel
+from sim.engines.interface import DecodeStretch, Engine, EngineLoad, ServedRequest, StepTimeModel
 from sim.workloads.request import Request
 
 
@@ -46,6 +46,11 @@ class Worker:
         self._stretch_cut = False
         self.fast_forward = fast_forward and device.exclusive
         self.num_steps = 0
+        self.num_changes = 0
+        """Bumped whenever the engine's load may change outside a stretch (an arrival, a step's start and end, a
+        stretch's end): `load()` re-reads the engine only when this moved or a stretch runs."""
+        self._load: EngineLoad | None = None
+        self._load_at_change = -1
         self.process = env.process(self._loop())
 
     def sync(self) -> None:
@@ -53,8 +58,21 @@ class Worker:
         if self._stretch is not None:
             self._stretch.apply(self._stretch.steps_started_by(self.env.now))
 
+    def load(self) -> EngineLoad:
+        """The engine's metrics now. Inside a decode stretch the usage comes from the stretch (`usage_after`) so that
+        a scrape does not apply, and so cut, the stretch; running and waiting counts are the engine's."""
+        stretch = self._stretch
+        if stretch is None:
+            if self._load_at_change != self.num_changes:
+                self._load, self._load_at_change = self.engine.load(), self.num_changes
+            return self._load
+        load = self.engine.load()
+        usage = stretch.usage_after(stretch.steps_started_by(self.env.now))
+        return EngineLoad(num_running=load.num_running, num_waiting=load.num_waiting, kv_usage=usage)
+
     def submit(self, request: Request, arrival_s: float) -> ServedRequest:
         """The request reaches the engine's queue (at `arrival_s`, which is now)."""
+        self.num_changes += 1
         state = self.engine.add_request(request, worker=self.index, arrival_s=arrival_s)
         wakeup = self._wakeup
         if wakeup is None or wakeup.triggered:
@@ -90,12 +108,14 @@ class Worker:
                     yield from self._run_stretch(stretch)
                     continue
             plan = schedule(env.now)
+            self.num_changes += 1  # admission and allocation happen at the step's start
             if plan.is_empty:
                 if engine.has_work:
                     raise RuntimeError(f"worker {self.index}: {engine.describe_stall()}")
                 continue  # the engine found nothing left to do (its loop went idle)
             yield self.device.run(step_seconds(plan))
             self.num_steps += 1
+            self.num_changes += 1
             outcome = update_from_output(plan, env.now)
             for state in outcome.first_token:
                 self._on_first_token(state)
@@ -114,6 +134,7 @@ class Worker:
         steps = yield wakeup
         self._wakeup = None
         self._stretch = None
+        self.num_changes += 1
         self.num_steps += steps
         self.device.busy_s += stretch.elapsed_s(steps)
         for state in self.engine.finish_stretch(stretch, steps, env.now):

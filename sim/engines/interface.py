@@ -129,6 +129,11 @@ class DecodeStretch(Protocol):
         """Bring requests and cache to the state after the first k steps (idempotent, incremental)."""
         ...
 
+    def usage_after(self, k: int) -> float:
+        """`PrefixCache.usage()` as it will be after the first k steps, without applying them (for metric scrapes,
+        which must not cut a stretch into pieces). Running and waiting counts do not change inside a stretch."""
+        ...
+
 
 # ---------------------------------------------------------------------------------------------- counters
 @dataclass(slots=True)

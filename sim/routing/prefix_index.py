@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Sequence
+from itertools import repeat
+from operator import or_
 
 
 class WorkerMaskIndex:
@@ -27,11 +29,10 @@ class WorkerMaskIndex:
         masks = self._masks
         masks[key] = masks.get(key, 0) | (1 << worker)
 
-    def add_all(self, keys: Iterable[Hashable], worker: int) -> None:
-        masks, bit = self._masks, 1 << worker
-        get = masks.get
-        for key in keys:
-            masks[key] = get(key, 0) | bit
+    def add_all(self, keys: Sequence[Hashable], worker: int) -> None:
+        masks = self._masks
+        # NOTE: one C-level pass: each key's mask OR this worker's bit.
+        masks.update(zip(keys, map(or_, map(masks.get, keys, repeat(0)), repeat(1 << worker))))
 
     def remove(self, key: Hashable, worker: int) -> None:
         masks = self._masks
@@ -43,6 +44,20 @@ class WorkerMaskIndex:
             masks[key] = mask
         else:
             del masks[key]
+
+    def remove_pairs(self, pairs: Iterable[tuple[Hashable, int]]) -> None:
+        """`remove(key, worker)` for each (key, worker) pair, in one loop."""
+        masks = self._masks
+        get = masks.get
+        for key, worker in pairs:
+            mask = get(key)
+            if mask is None:
+                continue
+            mask &= ~(1 << worker)
+            if mask:
+                masks[key] = mask
+            else:
+                del masks[key]
 
     def remove_worker(self, worker: int) -> None:
         """Forget everything `worker` holds (an AllBlocksCleared event)."""

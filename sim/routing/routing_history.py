@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Hashable, Sequence
+from itertools import repeat
 
 from sim.routing.prefix_index import WorkerMaskIndex
 
@@ -62,17 +63,12 @@ class RoutingHistory:
     def record(self, keys: Sequence[Hashable], worker: int, now_s: float) -> None:
         self._enforce(now_s)
         scope = self._scopes[worker if self.per_worker else 0]
-        move = scope.move_to_end
-        ordered = reversed(keys) if self.leaves_first else keys
-        new = 0
-        for key in ordered:
-            entry = (key, worker)
-            if entry in scope:
-                move(entry)
-            else:
-                new += 1
-            scope[entry] = now_s
-        self._held[worker] += new
+        entries = list(zip(reversed(keys) if self.leaves_first else keys, repeat(worker)))
+        # NOTE: a repeat moves to the back (most recent): popped and re-added, both in C-level loops.
+        before = len(scope)
+        deque(map(scope.pop, entries, repeat(None)), maxlen=0)
+        self._held[worker] += len(entries) - (before - len(scope))
+        scope.update(zip(entries, repeat(now_s)))
         self.index.add_all(keys, worker)
         if self.check_interval_s == 0:
             self._prune(scope)
@@ -91,12 +87,13 @@ class RoutingHistory:
             now_s = tick * interval
         ttl = self.ttl_s
         for scope in self._scopes:
-            if ttl is not None:
-                while scope:
-                    (key, worker), stamp = next(iter(scope.items()))
+            if ttl is not None and scope:
+                expired = 0
+                for stamp in scope.values():  # oldest first
                     if stamp + ttl > now_s:
                         break
-                    self._drop(scope, key, worker)
+                    expired += 1
+                self._drop_oldest(scope, expired)
             if interval > 0:
                 self._prune(scope)
 
@@ -104,13 +101,15 @@ class RoutingHistory:
         capacity = self.capacity_keys
         if capacity is None or len(scope) <= capacity:
             return
-        target = math.floor(self.prune_to * capacity)
-        while len(scope) > target:
-            key, worker = next(iter(scope))
-            self._drop(scope, key, worker)
+        self._drop_oldest(scope, len(scope) - math.floor(self.prune_to * capacity))
 
-    def _drop(self, scope: OrderedDict, key: Hashable, worker: int) -> None:
-        del scope[(key, worker)]
-        self._held[worker] -= 1
-        self.index.remove(key, worker)
-        self.forgotten_keys += 1
+    def _drop_oldest(self, scope: OrderedDict, count: int) -> None:
+        if count <= 0:
+            return
+        popitem = scope.popitem
+        dropped = [popitem(last=False)[0] for _ in range(count)]
+        held = self._held
+        for _, worker in dropped:
+            held[worker] -= 1
+        self.index.remove_pairs(dropped)
+        self.forgotten_keys += count

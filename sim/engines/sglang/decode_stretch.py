@@ -97,6 +97,16 @@ class SglangDecodeStretch(StretchTiming):
         first_s, growth_s = series
         return cls(s, now_s, first_s / speed, growth_s / speed, lo)
 
+    def usage_after(self, k: int) -> float:
+        """token_usage after k batches: each request takes `_new_pages(committed, d, P)` more private pages in the
+        d = k - applied batches still to apply (as `apply` would), which leave the available slots."""
+        d = min(k, self.num_steps) - self.applied
+        s = self.scheduler
+        pool, P = s.pool, s.pool.page_size
+        taken = 0 if d <= 0 else sum(_new_pages(r.kv_committed_len, d, P) for r in self.requests)
+        n = pool.max_total_tokens
+        return (n - (pool.available_size() - P * taken) - s.tree.evictable_size_) / n
+
     def apply(self, k: int) -> None:
         """The requests after k batches: k more outputs each and k more formed batches' slots (overlap: the batches
         D_2..D_{k+1}; normal: D_1..D_k), and k decays of new_token_ratio."""

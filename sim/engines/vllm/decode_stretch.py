@@ -76,6 +76,17 @@ class DecodeStretch(StretchTiming):
         order: the worker ends them at the end of that step, as `Scheduler.update_from_output` would."""
         return [r for r in self.requests if r.num_output_tokens >= r.request.output_tokens]
 
+    def usage_after(self, k: int) -> float:
+        """kv_cache_usage_perc after k steps: request r allocates a block at each step j with (c0 + j) % B == 0,
+        i.e. floor((c0 + k - 1) / B) - floor((c0 + lo - 1) / B) of them in steps [lo, k); each takes one block off
+        the free queue (evicting a cached one is still one fewer free)."""
+        k, lo = min(k, self.num_steps), self.applied
+        kv = self.scheduler.kv
+        B = kv.block_size
+        new = 0 if k <= lo else sum((c + k - 1) // B - (c + lo - 1) // B for c in self.computed0)
+        pool = kv.pool
+        return 1.0 - (pool.num_free_blocks - new) / pool.num_usable_blocks
+
     def apply(self, k: int) -> None:
         """Bring the requests and the cache to the state after the first k steps (idempotent, incremental)."""
         k = min(k, self.num_steps)
