@@ -63,6 +63,9 @@ class FakeView:
     def cache_num_blocks(self, worker):
         return self.num_blocks
 
+    def sync_caches(self):
+        pass
+
     def subscribe_cache(self, worker, listener):
         self.listeners[worker].append(listener)
 

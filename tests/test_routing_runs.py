@@ -59,10 +59,12 @@ def test_router_processing_time_adds_to_every_ttft():
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
 @pytest.mark.parametrize("router", ["aibrix-least-kv-cache:scrape_interval_s=0.05", "aibrix-least-kv-cache:scrape_interval_s=0",
-                                    "llm-d"])
-def test_metric_reads_inside_decode_stretches_are_exact(router, engine):
-    # A scrape inside a decode stretch reads the stretch's usage without applying it; stepping one step at a time
-    # (no stretches at all) must give the very same routing and records.
+                                    "llm-d", "kv-aware:state=events", "kv-aware:state=events,event_lag_s=0.03",
+                                    "llm-d:preset=precise"])
+def test_metric_and_event_reads_inside_decode_stretches_are_exact(router, engine):
+    # A scrape inside a decode stretch reads the stretch's usage without applying it, and a stretch publishes each
+    # step's KV events stamped with that step's end: stepping one step at a time (no stretches at all) must give
+    # the very same routing and records.
     from sim.routing.spec import split_router_spec
 
     name, options = split_router_spec(router)
@@ -99,3 +101,33 @@ def test_a_stretchs_usage_after_k_steps_is_the_usage_once_they_are_applied(engin
             assert w.engine.cache.usage() == pytest.approx(predicted, abs=1e-12)
             checked += 1
     assert checked > 20
+
+
+def _event_log(fast_forward: bool):
+    import simpy
+
+    from sim.cluster.arrivals import closed_loop
+    from sim.cluster.cluster import Cluster
+    from sim.runner import build_router
+    from sim.workloads.shared_prefix import shared_prefix_stream
+
+    s = scenario("round-robin", **{"workload.prefixes": 7, "workload.concurrency": 16, "workload.requests_per_prefix": 20})
+    env = simpy.Environment()
+    cluster = Cluster(env, s, build_router(s), fast_forward=fast_forward)
+    log = {w: [] for w in range(len(cluster.workers))}
+    for w in log:
+        cluster.subscribe_cache(w, lambda events, now, w=w: log[w].append(
+            (round(now, 9), tuple((e.kind, e.block_hashes) for e in events))))
+    stream = shared_prefix_stream(s.workload, block_size=s.engine.block_size, seed=s.seed)
+    env.process(closed_loop(env, cluster, stream.requests, 16, []))
+    env.run()
+    cluster.sync_caches()
+    return {w: sorted(batches, key=lambda b: b[0]) for w, batches in log.items()}
+
+
+def test_a_decode_stretch_publishes_the_events_stepping_would_at_the_same_times():
+    # Every KV event batch, per worker, with its publication time: identical whether decode steps run one by one
+    # or as stretches (which publish each step's events, stamped with its end, when they are applied).
+    fast, slow = _event_log(True), _event_log(False)
+    assert sum(len(b) for b in slow.values()) > 100
+    assert fast == slow

@@ -85,6 +85,10 @@ class Cluster:
         w.sync()
         return w.engine.cache.peek_prefix_tokens(request)
 
+    def sync_caches(self) -> None:
+        for w in self.workers:
+            w.sync()
+
     def cached_prefix_tokens_all(self, request: Request) -> list[int]:
         """`cached_prefix_tokens` of every worker, in worker order (one call for exact-state routers)."""
         out = []

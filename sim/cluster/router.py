@@ -120,6 +120,10 @@ class ClusterView(Protocol):
         `num_gpu_blocks`, SGLang `num_pages`); 0 if not reported."""
         ...
 
+    def sync_caches(self) -> None:
+        """Bring every worker's cache to now (decode steps started by now are applied, publishing their events)."""
+        ...
+
     def subscribe_cache(self, worker: int, listener: CacheListener) -> None:
         """Receive `worker`'s KV event batches from now on."""
         ...

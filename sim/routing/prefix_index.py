@@ -45,6 +45,19 @@ class WorkerMaskIndex:
         else:
             del masks[key]
 
+    def remove_all(self, keys: Sequence[Hashable], worker: int) -> None:
+        """`remove(key, worker)` for each key, in one pass."""
+        masks, drop = self._masks, ~(1 << worker)
+        get = masks.get
+        for key in keys:
+            mask = get(key)
+            if mask is not None:
+                mask &= drop
+                if mask:
+                    masks[key] = mask
+                else:
+                    del masks[key]
+
     def remove_pairs(self, pairs: Iterable[tuple[Hashable, int]]) -> None:
         """`remove(key, worker)` for each (key, worker) pair, in one loop."""
         masks = self._masks

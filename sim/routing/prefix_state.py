@@ -112,7 +112,9 @@ class EventFedState:
         lag_s = self._lags_s[worker]
 
         def receive(events: Sequence[CacheEvent], now_s: float) -> None:
-            if lag_s == 0 and not self._pending:
+            # NOTE: a decode stretch publishes a step's events when it is applied, stamped with the step's end,
+            # which may still be ahead: those wait like lagged ones.
+            if lag_s == 0 and not self._pending and now_s <= self._view.now_s:
                 self._apply(worker, events)
             else:
                 self._seq += 1
@@ -121,18 +123,35 @@ class EventFedState:
 
     def _apply(self, worker: int, events: Sequence[CacheEvent]) -> None:
         index, loss, rng = self.index, self._loss, self._rng
+        if loss:
+            for event in events:
+                if rng.random() < loss:
+                    self.events_lost += 1
+                    continue
+                self.events_applied += 1
+                self._apply_one(index, worker, event.kind, event.block_hashes)
+            return
+        # NOTE: lossless: consecutive events of one kind are applied as one run (vLLM emits a removed event per
+        # evicted block); runs keep their order, since a hash may be removed and stored again within one step.
+        self.events_applied += len(events)
+        kind, run = None, []
         for event in events:
-            if loss and rng.random() < loss:
-                self.events_lost += 1
-                continue
-            self.events_applied += 1
-            if event.kind == "stored":
-                index.add_all(event.block_hashes, worker)
-            elif event.kind == "removed":
-                for h in event.block_hashes:
-                    index.remove(h, worker)
-            else:
-                index.remove_worker(worker)
+            if event.kind != kind:
+                if run:
+                    self._apply_one(index, worker, kind, run)
+                kind, run = event.kind, []
+            run.extend(event.block_hashes)
+        if kind is not None:
+            self._apply_one(index, worker, kind, run)
+
+    @staticmethod
+    def _apply_one(index: WorkerMaskIndex, worker: int, kind: str, hashes: Sequence) -> None:
+        if kind == "stored":
+            index.add_all(hashes, worker)
+        elif kind == "removed":
+            index.remove_all(hashes, worker)
+        else:
+            index.remove_worker(worker)
 
     def _catch_up(self) -> None:
         pending = self._pending
@@ -143,6 +162,7 @@ class EventFedState:
                 self._apply(worker, events)
 
     def match_tokens(self, request: Request) -> list[int]:
+        self._view.sync_caches()  # steps started by now publish their events (decode stretches apply lazily)
         self._catch_up()
         t = self._tokens_per_block
         matched = [d * t for d in self.index.depths(self._view.cache_block_keys(request))]

@@ -10,9 +10,9 @@ tokens). The step time grows linearly with the steps (`sim.engines.stretch`). Ex
   can be preempted inside it;
 * an arrival cuts the stretch after the step in progress, where the engine would have seen it;
 * a router's peek first applies the steps already started (`apply(steps_started_by(now))`).
-Only a worker alone on its device takes stretches (on a shared device other workers' steps change its speed), and
-none is taken while someone listens to the cache's events (a stretch registers filled blocks at its boundaries,
-not at the step that fills them, so events would come out of step order).
+Only a worker alone on its device takes stretches (on a shared device other workers' steps change its speed). While
+someone listens to the cache's events, `apply` replays the steps that change the cache one by one, in step order,
+and publishes each step's events stamped with that step's end, as the engine would have (`_apply_publishing`).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class DecodeStretch(StretchTiming):
     def plan(cls, scheduler: Scheduler, time_model: StepTimeModel, *, speed: float, now_s: float,
              max_model_len: int) -> DecodeStretch | None:
         """A stretch for the scheduler's current state, or None when the next step is not a plain decode step."""
-        if scheduler.waiting or not scheduler.running or scheduler.kv.pool.events is not None:
+        if scheduler.waiting or not scheduler.running:
             return None
         running = scheduler.running
         n = len(running)
@@ -76,6 +76,32 @@ class DecodeStretch(StretchTiming):
         order: the worker ends them at the end of that step, as `Scheduler.update_from_output` would."""
         return [r for r in self.requests if r.num_output_tokens >= r.request.output_tokens]
 
+    def _apply_publishing(self, lo: int, k: int) -> None:
+        """Steps lo..k-1 with KV events: a request's step j changes the cache only where its token starts a block
+        ((c0 + j) % B == 0: an allocation, maybe evicting) or ends one ((c0 + j + 1) % B == 0: the block is cached).
+        Those requests go through `allocate_slots` at step j, in running order, as a stepped engine schedules them;
+        the step's events are published stamped with the step's end. Other steps change nothing but counters."""
+        kv = self.scheduler.kv
+        B = kv.block_size
+        touched: dict[int, list[int]] = {}
+        for idx, c in enumerate(self.computed0):
+            for first in (lo + (-(c + lo)) % B, lo + (-(c + lo + 1)) % B):  # block starts, block ends
+                for j in range(first, k, B):
+                    touched.setdefault(j, []).append(idx)
+        requests = self.requests
+        for j in sorted(touched):
+            for idx in sorted(set(touched[j])):
+                r = requests[idx]
+                r.num_computed_tokens = self.computed0[idx] + j
+                r.num_output_tokens = self.outputs0[idx] + j
+                if not kv.allocate_slots(r, 1):
+                    raise RuntimeError(f"decode stretch: no block for request {r.request.request_id} at step {j}, "
+                                       f"although {kv.num_free_blocks} were checked free")
+            kv.publish(self.start_s + self.elapsed_s(j + 1))
+        for idx, r in enumerate(requests):
+            r.num_computed_tokens = self.computed0[idx] + k
+            r.num_output_tokens = self.outputs0[idx] + k
+
     def usage_after(self, k: int) -> float:
         """kv_cache_usage_perc after k steps: request r allocates a block at each step j with (c0 + j) % B == 0,
         i.e. floor((c0 + k - 1) / B) - floor((c0 + lo - 1) / B) of them in steps [lo, k); each takes one block off
@@ -94,6 +120,10 @@ class DecodeStretch(StretchTiming):
         if k <= lo:
             return
         kv = self.scheduler.kv
+        if kv.pool.events is not None:
+            self._apply_publishing(lo, k)
+            self.applied = k
+            return
         B = kv.block_size
         boundaries = []
         for idx, c in enumerate(self.computed0):
