@@ -29,7 +29,8 @@ from sim.scenario import ScenarioError
 @click.option("--step", type=click.FloatRange(min=0.01), default=0.25, show_default=True, help="Resolution of kv-gib.")
 @click.option("--workers", type=click.IntRange(min=1), default=None, help="Workers while varying kv-gib. Default: the scenario's.")
 @click.option("--router", "routers", callback=router_list, default=None,
-              help="Routers to plan for, comma-separated. Default: the scenario's.")
+              help="Routers to plan for: NAME or NAME:key=value,..., comma-separated (see `kvsim routers`). "
+                   "Default: the scenario's.")
 @click.option("--engine", callback=one_engine, default=None, help=ENGINE_HELP)
 @click.option("--repeats", type=click.IntRange(min=2), default=3, show_default=True, help="Simulated runs per candidate.")
 @click.option("--horizon", type=click.IntRange(min=50), default=1000, show_default=True,

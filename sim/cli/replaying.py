@@ -22,7 +22,8 @@ from sim.routing.spec import router_label, router_overrides
               help="KV blocks per worker as the engine counts them (vLLM num_gpu_blocks, null block included; SGLang pages).")
 @click.option("--kv-bytes", type=click.IntRange(min=1), default=None,
               help="KV bytes per worker (with the scenario's model.kv_bytes_per_token).")
-@click.option("--router", callback=router_list, default=None, help="Router. Default: the scenario's (round-robin).")
+@click.option("--router", callback=router_list, default=None, help="Router: NAME or NAME:key=value,... (see `kvsim routers`). Default: the scenario's "
+                   "(round-robin).")
 @click.option("--engine", callback=one_engine, default=None, help=ENGINE_HELP)
 @click.option("--scenario", "scenario_path", type=click.Path(dir_okay=False), default=None,
               help="Engine, time model and devices. Default: the built-in trace-replay scenario (Dynamo mocker-like).")

@@ -29,7 +29,8 @@ from sim.routing.spec import router_label, router_overrides
 @click.option("--workers", callback=int_list, default=None, help="Worker counts, comma-separated (e.g. 3,6). Default: the scenario's.")
 @click.option("--concurrency", callback=int_list, default=None, help="Requests in flight (closed loop), comma-separated. Default: the scenario's.")
 @click.option("--router", "routers", callback=router_list, default=None,
-              help="Routers, comma-separated (see `kvsim routers`). Default: the scenario's.")
+              help="Routers, comma-separated: NAME or NAME:key=value,... (a token without = starts "
+                   "the next router; see `kvsim routers`). Default: the scenario's.")
 @click.option("--engine", "engines", callback=engine_list, default=None,
               help="Engines, comma-separated (vllm, sglang; see `kvsim engines`): every point runs on each, with the "
                    "same request stream. Default: the scenario's.")
@@ -124,7 +125,8 @@ def sweep(scenario_path, prefixes, workers, concurrency, routers, engines, repea
 @click.option("--prefixes", type=click.IntRange(min=1), default=None, help="Distinct shared prefixes N. Default: the scenario's.")
 @click.option("--workers", type=click.IntRange(min=1), default=None, help="Number of workers. Default: the scenario's.")
 @click.option("--concurrency", type=click.IntRange(min=1), default=None, help="Requests in flight. Default: the scenario's.")
-@click.option("--router", callback=router_list, default=None, help="Router (see `kvsim routers`). Default: the scenario's.")
+@click.option("--router", callback=router_list, default=None, help="Router: NAME or NAME:key=value,... (see `kvsim routers`). "
+              "Default: the scenario's.")
 @click.option("--engine", callback=one_engine, default=None, help=ENGINE_HELP)
 @click.option("--seed", type=int, default=None, help="Seed. Default: the scenario's.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
