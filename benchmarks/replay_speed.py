@@ -56,9 +56,9 @@ from sim.replay import replay
 from sim.scenario import builtin_scenario_path, load_scenario
 from sim.workloads.shared_prefix import poisson_requests
 """ + PEAK_RSS + """
-n, jobs = int(sys.argv[1]), int(sys.argv[2])
+n, jobs, breakdown = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
 s, _ = load_scenario(builtin_scenario_path("trace-replay"))
-s = s.with_overrides(**{"cluster.workers": 8, "engine.num_gpu_blocks_override": 3_000_000 // 64 + 1,
+s = s.with_overrides(**{"cluster.workers": 8, "cluster.reuse_breakdown": breakdown, "engine.num_gpu_blocks_override": 3_000_000 // 64 + 1,
     "router.name": "round-robin", "workload.prefixes": 64, "workload.popularity": "zipf",
     "workload.zipf_exponent": 1.0, "workload.prefix_tokens": 2048,
     "workload.tail_tokens": {"kind": "uniform", "low": 128, "high": 512}, "workload.output_tokens": 64})
@@ -147,12 +147,15 @@ def main() -> None:
                   flush=True)
     if args.quick:
         return
-    for jobs in reversed(job_counts):
-        s = _json_run([py, "-c", KVSIM_SYNTHETIC, str(args.synthetic_requests), str(jobs)])
-        print(f"synthetic {s['requests']:,} requests (64 Zipf prefixes of 2,048 tokens, tails 128-512, 64 outputs, "
-              f"Poisson 40/s, 8 workers x 3.0M, round-robin), {s['jobs']} process(es): {s['wall_s']:.1f} s = "
-              f"{s['requests'] / s['wall_s']:.0f} req/s, reuse {s['prefix_reuse']:.4f}, "
-              f"peak RSS {s['peak_rss_mb']:.0f} MB", flush=True)
+    # NOTE: the reuse breakdown keeps every distinct block hash ever sent (a million unique tails here), so the
+    # 1M-request replay runs both ways: the default, and --no-reuse-breakdown (memory bounded by the caches).
+    for breakdown in ("1", "0"):
+        for jobs in reversed(job_counts):
+            s = _json_run([py, "-c", KVSIM_SYNTHETIC, str(args.synthetic_requests), str(jobs), breakdown])
+            print(f"synthetic {s['requests']:,} requests (64 Zipf prefixes of 2,048 tokens, tails 128-512, 64 outputs, "
+                  f"Poisson 40/s, 8 workers x 3.0M, round-robin), {s['jobs']} process(es), reuse breakdown "
+                  f"{'on' if breakdown == '1' else 'off'}: {s['wall_s']:.1f} s = {s['requests'] / s['wall_s']:.0f} "
+                  f"req/s, reuse {s['prefix_reuse']:.4f}, peak RSS {s['peak_rss_mb']:.0f} MB", flush=True)
     w = _json_run([py, "-c", KVSIM_SWEEP])
     print(f"reference sweep ({w['runs']} runs: prefixes 2,7,12,24 x workers 3,6 x concurrency 4,8,16 x 3 repeats): "
           f"{w['wall_s']:.1f} s")

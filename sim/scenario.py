@@ -203,6 +203,7 @@ class ClusterSpec(ConfigModel):
     router_hop_s: float = Field(0.0, ge=0, description="Latency the router adds to every request.")
     request_overhead_s: float = Field(0.0, ge=0, description="Per-request cost outside the engine before it queues (HTTP, tokenisation).")
     response_overhead_s: float = Field(0.0, ge=0, description="Delay from the engine emitting a token to the client seeing it (detokenise, stream).")
+    reuse_breakdown: bool = Field(True, description="Book every request's reuse available and captured (summary columns reuse_available, reuse_captured): keeps every block hash ever sent, so a replay of millions of requests may turn it off.")
 
     def devices(self) -> list[DeviceSpec]:
         for d in self.deployments:

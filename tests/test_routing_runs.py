@@ -131,3 +131,10 @@ def test_a_decode_stretch_publishes_the_events_stepping_would_at_the_same_times(
     fast, slow = _event_log(True), _event_log(False)
     assert sum(len(b) for b in slow.values()) > 100
     assert fast == slow
+
+
+def test_without_the_reuse_breakdown_its_columns_are_unknown_and_nothing_else_changes():
+    on, off = row("kv-aware"), row("kv-aware", **{"cluster.reuse_breakdown": False})
+    assert math.isnan(off["reuse_available"]) and math.isnan(off["reuse_captured"])
+    same = [k for k in on if not k.startswith(("reuse_available", "reuse_captured"))]
+    assert [repr(on[k]) for k in same] == [repr(off[k]) for k in same]  # repr: nan equals nan

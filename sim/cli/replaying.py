@@ -41,15 +41,20 @@ from sim.routing.spec import router_label, router_overrides
 @click.option("--jobs", type=click.IntRange(min=1), default=None,
               help="Processes to split the workers over, for routers that ignore the cluster's state (round-robin, "
                    "random, prefix-hash without a load factor); same results. Default: all cores.")
+@click.option("--reuse-breakdown/--no-reuse-breakdown", default=None,
+              help="Book reuse available and captured (default: the scenario's, on). It keeps every block hash ever "
+                   "sent: turn it off for traces of millions of requests to keep memory bounded by the caches.")
 def replay(trace, workers, kv_tokens, kv_blocks, kv_bytes, router, engine, scenario_path, block_size,
-           trace_block_size, speed, limit, bin_s, out_dir, jobs) -> None:
+           trace_block_size, speed, limit, bin_s, out_dir, jobs, reuse_breakdown) -> None:
     """Replay a Mooncake JSONL trace (timestamp ms, input_length, output_length, hash_ids) open loop.
 
     Every request is sent at its timestamp (divided by --speed), routed then, and served by the scenario's
     workers (vLLM-like by default; --engine sglang for SGLang's).
     Reported: prefix reuse = cached prompt tokens / prompt tokens (Dynamo's prefix_cache_reused_ratio), vLLM's
     token hit rate (prefix_cache_hits / queries), request hit rate, TTFT percentiles, throughput and the load of
-    each worker. Memory stays bounded by the caches and the requests in flight, whatever the trace's length.
+    each worker, and reuse available / captured (what infinite caches would hit: see the README). Memory stays
+    bounded by the caches and the requests in flight, whatever the trace's length, with --no-reuse-breakdown; the
+    breakdown keeps every distinct block hash of the trace.
     With a router that ignores the cluster's state, the workers are split over --jobs processes.
     """
     import time as _time
@@ -66,6 +71,8 @@ def replay(trace, workers, kv_tokens, kv_blocks, kv_bytes, router, engine, scena
         raise click.BadParameter("give only one of --kv-tokens, --kv-blocks, --kv-bytes", param_hint="--kv-tokens")
     B = block_size or base.engine.block_size
     overrides: dict[str, object] = {"cluster.workers": workers, "engine.block_size": B}
+    if reuse_breakdown is not None:
+        overrides["cluster.reuse_breakdown"] = reuse_breakdown
     if given:
         engine = base.engine.model_copy(update={"block_size": B})
         overrides.update(engine.capacity_overrides(tokens=kv_tokens, blocks=kv_blocks, kv_bytes=kv_bytes))

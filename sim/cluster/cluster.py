@@ -63,7 +63,7 @@ class Cluster:
         self._in_flight = [0] * len(self.workers)
         self._num_in_flight = 0
         self._pending: dict[int, tuple[float, Callable[[RequestRecord], object], tuple[int, int, int, int]]] = {}
-        self._ledger = ReuseLedger(len(self.workers), self._block_size)
+        self._ledger = ReuseLedger(len(self.workers), self._block_size) if scenario.cluster.reuse_breakdown else None
         self._scrapers: dict[float, MetricsScraper] = {}
         self._num_prefix_states = 0
         try:
@@ -160,7 +160,9 @@ class Cluster:
         self._num_in_flight += 1
         for scraper in self._scrapers.values():
             scraper.wake()
-        available, captured = self._ledger.dispatch(request.block_hashes, request.prompt_tokens, worker)
+        ledger = self._ledger
+        available, captured = (-1, -1) if ledger is None else ledger.dispatch(request.block_hashes,
+                                                                            request.prompt_tokens, worker)
         believed = self.router.believed_prefix_tokens(request)
         held = -1 if believed is None else self.cached_prefix_tokens(worker, request)
         self._pending[request.request_id] = (env.now, on_done, (available, captured,
@@ -172,7 +174,8 @@ class Cluster:
     def book_elsewhere(self, request: Request, worker: int) -> None:
         """`request` went to a worker another process simulates (a split replay): book its reuse history only, so
         that every process's reuse available is over the whole stream."""
-        self._ledger.dispatch(request.block_hashes, request.prompt_tokens, worker)
+        if self._ledger is not None:
+            self._ledger.dispatch(request.block_hashes, request.prompt_tokens, worker)
 
     def _after(self, delay_s: float, action) -> None:
         if delay_s > 0:

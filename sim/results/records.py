@@ -31,9 +31,10 @@ class RequestRecord:
     finished_s: float
     num_preemptions: int
     available_tokens: int = 0
-    """Prompt tokens one infinite cache shared by the cluster would hit (the reuse available; `ReuseLedger`)."""
+    """Prompt tokens one infinite cache shared by the cluster would hit (the reuse available; `ReuseLedger`);
+    -1 when the run does not book it (`cluster.reuse_breakdown: false`)."""
     captured_tokens: int = 0
-    """Prompt tokens an infinite cache on the chosen worker would hit (the reuse captured by routing)."""
+    """Prompt tokens an infinite cache on the chosen worker would hit (the reuse captured by routing); -1 likewise."""
     believed_tokens: int = -1
     """Prompt tokens the router believed cached on the chosen worker when it chose (-1: exact state or none)."""
     held_tokens: int = -1
