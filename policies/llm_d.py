@@ -114,7 +114,7 @@ entries in one index; the session header and no-hit LRU being shared by the clie
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable
 from typing import Any, Literal
 
 from pydantic import Field, model_validator

@@ -16,7 +16,7 @@ from policies.aibrix import AibrixLeastKvCacheRouter, AibrixPrefixCacheRouter
 from sim.engines.interface import EngineLoad
 from sim.workloads.request import Request
 
-from router_fakes import B, FakeView, build, prompt, send
+from router_fakes import FakeView, build, prompt, send
 
 
 def aibrix(n=6, seed=0, view=None, **options):

@@ -135,5 +135,5 @@ def test_same_seed_same_choices_and_the_believed_prefix_is_the_allocated_path():
     assert a == b
     view = r.view
     req = prompt(100, 0)
-    w = send(r, req, view)
+    send(r, req, view)
     assert r.believed_prefix_tokens(req) == 2032  # the prefix node is allocated to w; the leaf is new

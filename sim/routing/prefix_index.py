@@ -35,31 +35,15 @@ class WorkerMaskIndex:
         masks.update(zip(keys, map(or_, map(masks.get, keys, repeat(0)), repeat(1 << worker))))
 
     def remove(self, key: Hashable, worker: int) -> None:
-        masks = self._masks
-        mask = masks.get(key)
-        if mask is None:
-            return
-        mask &= ~(1 << worker)
-        if mask:
-            masks[key] = mask
-        else:
-            del masks[key]
+        self.remove_pairs(((key, worker),))
 
     def remove_all(self, keys: Sequence[Hashable], worker: int) -> None:
-        """`remove(key, worker)` for each key, in one pass."""
-        masks, drop = self._masks, ~(1 << worker)
-        get = masks.get
-        for key in keys:
-            mask = get(key)
-            if mask is not None:
-                mask &= drop
-                if mask:
-                    masks[key] = mask
-                else:
-                    del masks[key]
+        """`remove(key, worker)` for each key."""
+        self.remove_pairs(zip(keys, repeat(worker)))
 
     def remove_pairs(self, pairs: Iterable[tuple[Hashable, int]]) -> None:
-        """`remove(key, worker)` for each (key, worker) pair, in one loop."""
+        """Worker `worker` no longer holds `key`, for each (key, worker) pair (the one place a mask loses a bit; a
+        key nobody holds leaves the index)."""
         masks = self._masks
         get = masks.get
         for key, worker in pairs:

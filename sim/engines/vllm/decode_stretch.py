@@ -76,6 +76,17 @@ class DecodeStretch(StretchTiming):
         order: the worker ends them at the end of that step, as `Scheduler.update_from_output` would."""
         return [r for r in self.requests if r.num_output_tokens >= r.request.output_tokens]
 
+    def _schedule_step(self, idx: int, j: int) -> None:
+        """Request idx as the scheduler leaves it at step j: its counters, then its one slot (and the blocks that
+        slot fills) through `allocate_slots`."""
+        r = self.requests[idx]
+        r.num_computed_tokens = self.computed0[idx] + j
+        r.num_output_tokens = self.outputs0[idx] + j
+        kv = self.scheduler.kv
+        if not kv.allocate_slots(r, 1):
+            raise RuntimeError(f"decode stretch: no block for request {r.request.request_id} at step {j}, "
+                               f"although {kv.num_free_blocks} were checked free")
+
     def _apply_publishing(self, lo: int, k: int) -> None:
         """Steps lo..k-1 with KV events: a request's step j changes the cache only where its token starts a block
         ((c0 + j) % B == 0: an allocation, maybe evicting) or ends one ((c0 + j + 1) % B == 0: the block is cached).
@@ -91,12 +102,7 @@ class DecodeStretch(StretchTiming):
         requests = self.requests
         for j in sorted(touched):
             for idx in sorted(set(touched[j])):
-                r = requests[idx]
-                r.num_computed_tokens = self.computed0[idx] + j
-                r.num_output_tokens = self.outputs0[idx] + j
-                if not kv.allocate_slots(r, 1):
-                    raise RuntimeError(f"decode stretch: no block for request {r.request.request_id} at step {j}, "
-                                       f"although {kv.num_free_blocks} were checked free")
+                self._schedule_step(idx, j)
             kv.publish(self.start_s + self.elapsed_s(j + 1))
         for idx, r in enumerate(requests):
             r.num_computed_tokens = self.computed0[idx] + k
@@ -132,12 +138,7 @@ class DecodeStretch(StretchTiming):
         boundaries.sort()
         requests = self.requests
         for j, idx in boundaries:
-            r = requests[idx]
-            r.num_computed_tokens = self.computed0[idx] + j
-            r.num_output_tokens = self.outputs0[idx] + j
-            if not kv.allocate_slots(r, 1):
-                raise RuntimeError(f"decode stretch: no block for request {r.request.request_id} at step {j}, "
-                                   f"although {kv.num_free_blocks} were checked free")
+            self._schedule_step(idx, j)
         for idx, r in enumerate(requests):
             r.num_computed_tokens = self.computed0[idx] + k
             r.num_output_tokens = self.outputs0[idx] + k
