@@ -140,7 +140,9 @@ class DecodeStretch(StretchTiming):
         for j, idx in boundaries:
             self._schedule_step(idx, j)
         for idx, r in enumerate(requests):
-            r.num_computed_tokens = self.computed0[idx] + k
+            c = self.computed0[idx]
+            r.num_computed_tokens = c + k
             r.num_output_tokens = self.outputs0[idx] + k
-            kv.cache_full_blocks(r, r.num_computed_tokens)
+            if (c + k) // B > (c + lo) // B:  # a block filled in these steps (else caching is a no-op)
+                kv.cache_full_blocks(r, c + k)
         self.applied = k
