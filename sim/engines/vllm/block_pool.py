@@ -130,6 +130,7 @@ class BlockPool:
         free, ref, hashes, cached, dups = self._free, self._ref_cnt, self._hash, self._cached, self._duplicates
         popleft = free.popitem
         out = []
+        removed: list[BlockHash] = []
         n_cache = len(cache_hashes)
         for i in range(num_blocks):
             b = popleft(last=False)[0]
@@ -143,9 +144,7 @@ class BlockPool:
                 else:
                     self._uncache(h, b)
                 hashes[b] = None
-                self.num_evicted_blocks += 1
-                if self.events is not None:
-                    self.events.append(CacheEvent("removed", (h,), block_size=self.block_size))
+                removed.append(h)
             ref[b] = 1
             out.append(b)
             if i < n_cache:
@@ -157,6 +156,12 @@ class BlockPool:
                     dups.setdefault(new_hash, []).append(b)
                 else:
                     cached[new_hash] = b
+        if removed:
+            self.num_evicted_blocks += len(removed)
+            if self.events is not None:
+                # NOTE: one BlockRemoved per evicted block, in eviction order, as vLLM emits them.
+                B = self.block_size
+                self.events.extend([CacheEvent("removed", (h,), None, B) for h in removed])
         return out
 
     def cache_blocks(self, block_ids: Sequence[int], block_hashes: Sequence[BlockHash]) -> None:
