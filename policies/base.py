@@ -61,13 +61,7 @@ class RouterBase:
         self.num_workers = num_workers
         self.block_size = block_size
         self.rng = rng
-        try:
-            self.options = self.Options.model_validate(options)
-        except ValidationError as err:
-            first = err.errors()[0]
-            field = ".".join(str(p) for p in first["loc"])
-            allowed = ", ".join(self.Options.model_fields) or "none"
-            raise ValueError(f"{field}: {first['msg']} (options of {self.name}: {allowed})") from None
+        self.options = self.parse_options(options)
         self.processing_s = self.options.processing_s
         if isinstance(self.options, PrefixStateOptions):
             self.event_lags()  # a per-worker list must match the cluster: say so now, not at the first request
@@ -77,6 +71,18 @@ class RouterBase:
         self.prefix: PrefixState | None = None
         self._matched: tuple[int, list[int]] | None = None
         self._belief: dict[int, int] = {}
+
+    @classmethod
+    def parse_options(cls, options: dict[str, Any]) -> RouterOptions:
+        """`options` as this router's `Options`, or a one-line ValueError naming the field and the allowed options
+        (what the CLI checks a `NAME:key=value` spec with, before any run)."""
+        try:
+            return cls.Options.model_validate(options)
+        except ValidationError as err:
+            first = err.errors()[0]
+            field = ".".join(str(p) for p in first["loc"])
+            allowed = ", ".join(cls.Options.model_fields) or "none"
+            raise ValueError(f"{field}: {first['msg']} (options of {cls.name}: {allowed})") from None
 
     # ------------------------------------------------------------------ what the router sees
     def prefix_state_spec(self) -> PrefixStateSpec | None:

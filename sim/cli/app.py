@@ -62,12 +62,9 @@ def router_list(ctx: click.Context, param: click.Parameter, value: str | None) -
         if name not in ROUTERS:
             raise click.BadParameter(f"unknown router {name}; allowed: {', '.join(router_names())}")
         try:
-            ROUTERS[name].Options.model_validate(options)
+            ROUTERS[name].parse_options(options)
         except ValueError as err:
-            first = err.errors()[0] if hasattr(err, "errors") else {"loc": (), "msg": str(err)}
-            field = ".".join(str(p) for p in first["loc"]) or "options"
-            allowed = ", ".join(ROUTERS[name].Options.model_fields)
-            raise click.BadParameter(f"{label}: {field}: {first['msg']} (options of {name}: {allowed})") from None
+            raise click.BadParameter(f"{label}: {err}") from None
     return labels
 
 
