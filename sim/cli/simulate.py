@@ -47,7 +47,6 @@ def sweep(scenario_path, prefixes, workers, concurrency, routers, engines, repea
     (requests with any cached token), beside the formula min(1, C/N) with C = KV tokens per worker / prompt
     tokens, and the measured value where the scenario's reference has one (for the scenario's own router).
     """
-    from sim.runner import build_router
     from sim.studies.sweep import run_sweep, sweep_points
 
     base, path = load_or_exit(scenario_path)
@@ -61,17 +60,16 @@ def sweep(scenario_path, prefixes, workers, concurrency, routers, engines, repea
         seed=base.seed if seed is None else seed,
         engines=engines or [None],
     )
-    try:
-        for point in points:
-            build_router(point.scenario(base))  # router options checked against each point's cluster
-    except ScenarioError as err:
-        raise click.ClickException(str(err)) from None
     out = Path(out_dir) if out_dir else None
 
-    with Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err_console, transient=True) as bar:
-        task = bar.add_task("runs", total=len(points))
-        outcomes = run_sweep(base, points, jobs=jobs, progress=lambda: bar.advance(task))
+    try:
+        # NOTE: run_sweep checks every point (its scenario and router) before it runs any.
+        with Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=err_console, transient=True) as bar:
+            task = bar.add_task("runs", total=len(points))
+            outcomes = run_sweep(base, points, jobs=jobs, progress=lambda: bar.advance(task))
+    except ScenarioError as err:
+        raise click.ClickException(str(err)) from None
     rows = [o.row for o in outcomes]
 
     capacity = base.kv_capacity_requests
