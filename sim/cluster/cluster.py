@@ -61,7 +61,6 @@ class Cluster:
                 )
                 self.workers.append(worker)
         self._in_flight = [0] * len(self.workers)
-        self._num_in_flight = 0
         self._pending: dict[int, tuple[float, Callable[[RequestRecord], object], tuple[int, int, int, int]]] = {}
         self._ledger = ReuseLedger(len(self.workers), self._block_size) if scenario.cluster.reuse_breakdown else None
         self._scrapers: dict[float, MetricsScraper] = {}
@@ -114,7 +113,7 @@ class Cluster:
         if scraper is None:
             scraper = self._scrapers[interval_s] = MetricsScraper(
                 self.env, interval_s, lambda: [self.engine_load(w) for w in range(len(self.workers))],
-                lambda: self._num_in_flight > 0)
+                lambda: any(self._in_flight))
         return scraper.loads[worker]
 
     def cache_block_size(self) -> int:
@@ -157,7 +156,6 @@ class Cluster:
         """Send `request` to `worker` now: it reaches the engine after the router hop and the per-request overhead."""
         env = self.env
         self._in_flight[worker] += 1
-        self._num_in_flight += 1
         for scraper in self._scrapers.values():
             scraper.wake()
         ledger = self._ledger
@@ -192,7 +190,6 @@ class Cluster:
 
     def _complete(self, state: ServedRequest) -> None:
         self._in_flight[state.worker] -= 1
-        self._num_in_flight -= 1
         self.router.on_complete(state.request, state.worker)
         sent_s, on_done, routing = self._pending.pop(state.request.request_id)
         on_done(RequestRecord.from_state(state, sent_s, response_delay_s=self._response_delay_s, routing=routing))

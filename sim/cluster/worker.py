@@ -61,12 +61,11 @@ class Worker:
     def load(self) -> EngineLoad:
         """The engine's metrics now. Inside a decode stretch the usage comes from the stretch (`usage_after`) so that
         a scrape does not apply, and so cut, the stretch; running and waiting counts are the engine's."""
-        stretch = self._stretch
+        if self._load_at_change != self.num_changes:
+            self._load, self._load_at_change = self.engine.load(), self.num_changes
+        load, stretch = self._load, self._stretch
         if stretch is None:
-            if self._load_at_change != self.num_changes:
-                self._load, self._load_at_change = self.engine.load(), self.num_changes
-            return self._load
-        load = self.engine.load()
+            return load
         usage = stretch.usage_after(stretch.steps_started_by(self.env.now))
         return EngineLoad(num_running=load.num_running, num_waiting=load.num_waiting, kv_usage=usage)
 
@@ -115,8 +114,8 @@ class Worker:
                 continue  # the engine found nothing left to do (its loop went idle)
             yield self.device.run(step_seconds(plan))
             self.num_steps += 1
-            self.num_changes += 1
             outcome = update_from_output(plan, env.now)
+            self.num_changes += 1  # finishes and frees, before anyone hears of them
             for state in outcome.first_token:
                 self._on_first_token(state)
             for state in outcome.finished:
@@ -134,8 +133,9 @@ class Worker:
         steps = yield wakeup
         self._wakeup = None
         self._stretch = None
-        self.num_changes += 1
         self.num_steps += steps
         self.device.busy_s += stretch.elapsed_s(steps)
-        for state in self.engine.finish_stretch(stretch, steps, env.now):
+        finished = self.engine.finish_stretch(stretch, steps, env.now)
+        self.num_changes += 1
+        for state in finished:
             self._on_finished(state)
