@@ -8,6 +8,17 @@ from dataclasses import dataclass
 from sim.engines.interface import EngineCounters, PrefixCacheStats, ServedRequest
 
 
+def booked_add(a: int, b: int) -> int:
+    """The sum of two reuse counts, where -1 means "not booked" (`cluster.reuse_breakdown: false`): unknown in
+    either makes the sum unknown (-1), never a smaller number."""
+    return -1 if a < 0 or b < 0 else a + b
+
+
+def booked_fraction(part: int, whole: int) -> float:
+    """`part / whole`, NaN when nothing was counted or `part` was not booked (-1)."""
+    return part / whole if whole and part >= 0 else float("nan")
+
+
 @dataclass(frozen=True, slots=True)
 class RequestRecord:
     """One served request. Times are simulated seconds as the client sees them (sent, first token, last token);

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from sim.results.records import RequestRecord
+from sim.results.records import RequestRecord, booked_add, booked_fraction
 
 _BIN_RATIO = 1.01
 _LOG_RATIO = math.log(_BIN_RATIO)
@@ -101,11 +101,8 @@ class StreamingStats:
         self.hit_requests += r.cached_tokens > 0
         self.prompt_tokens += r.prompt_tokens
         self.cached_tokens += r.cached_tokens
-        if r.available_tokens < 0 or self.available_tokens < 0:
-            self.available_tokens = self.captured_tokens = -1  # not booked: the rates are unknown
-        else:
-            self.available_tokens += r.available_tokens
-            self.captured_tokens += r.captured_tokens
+        self.available_tokens = booked_add(self.available_tokens, r.available_tokens)
+        self.captured_tokens = booked_add(self.captured_tokens, r.captured_tokens)
         if r.believed_tokens >= 0:
             self.view_checked += 1
             self.view_false_hits += r.believed_tokens > r.held_tokens
@@ -134,11 +131,8 @@ class StreamingStats:
         self.hit_requests += other.hit_requests
         self.prompt_tokens += other.prompt_tokens
         self.cached_tokens += other.cached_tokens
-        if other.available_tokens < 0 or self.available_tokens < 0:
-            self.available_tokens = self.captured_tokens = -1
-        else:
-            self.available_tokens += other.available_tokens
-            self.captured_tokens += other.captured_tokens
+        self.available_tokens = booked_add(self.available_tokens, other.available_tokens)
+        self.captured_tokens = booked_add(self.captured_tokens, other.captured_tokens)
         self.view_checked += other.view_checked
         self.view_false_hits += other.view_false_hits
         self.preemptions += other.preemptions
@@ -160,12 +154,12 @@ class StreamingStats:
     @property
     def reuse_available(self) -> float:
         """What one infinite cache shared by all workers would hit / prompt tokens (`sim.cluster.reuse`)."""
-        return self.available_tokens / self.prompt_tokens if self.prompt_tokens and self.available_tokens >= 0 else float("nan")
+        return booked_fraction(self.available_tokens, self.prompt_tokens)
 
     @property
     def reuse_captured(self) -> float:
         """What an infinite cache per worker would hit under the router's choices / prompt tokens."""
-        return self.captured_tokens / self.prompt_tokens if self.prompt_tokens and self.captured_tokens >= 0 else float("nan")
+        return booked_fraction(self.captured_tokens, self.prompt_tokens)
 
     @property
     def view_false_hit_rate(self) -> float:

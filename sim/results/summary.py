@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import reduce
 
 import numpy as np
 
 from sim.engines.interface import PrefixCacheStats
-from sim.results.records import RunResult
+from sim.results.records import RunResult, booked_add, booked_fraction
 
 
 def _percentile_ms(values_s: list[float], q: float) -> float:
@@ -56,11 +57,11 @@ class Summary:
 
     @property
     def reuse_available(self) -> float:
-        return self.available_tokens / self.query_tokens if self.query_tokens and self.available_tokens >= 0 else float("nan")
+        return booked_fraction(self.available_tokens, self.query_tokens)
 
     @property
     def reuse_captured(self) -> float:
-        return self.captured_tokens / self.query_tokens if self.query_tokens and self.captured_tokens >= 0 else float("nan")
+        return booked_fraction(self.captured_tokens, self.query_tokens)
 
     @property
     def view_false_hit_rate(self) -> float:
@@ -111,15 +112,6 @@ class Summary:
         }
 
 
-def _booked_sum(values) -> int:
-    total = 0
-    for v in values:
-        if v < 0:
-            return -1
-        total += v
-    return total
-
-
 def summarize(result: RunResult) -> Summary:
     measured = result.measured
     stats = PrefixCacheStats()
@@ -148,9 +140,8 @@ def summarize(result: RunResult) -> Summary:
             for q in (50, 90, 99)
         },
         requests_per_worker=tuple(per_worker),
-        # NOTE: -1 (not booked) in any record makes the sum -1: the rate is then unknown, not zero.
-        available_tokens=_booked_sum(r.available_tokens for r in measured),
-        captured_tokens=_booked_sum(r.captured_tokens for r in measured),
+        available_tokens=reduce(booked_add, (r.available_tokens for r in measured), 0),
+        captured_tokens=reduce(booked_add, (r.captured_tokens for r in measured), 0),
         view_checked=sum(1 for r in measured if r.believed_tokens >= 0),
         view_false_hits=sum(1 for r in measured if r.believed_tokens > r.held_tokens),
         view_false_tokens=sum(max(0, r.believed_tokens - r.held_tokens) for r in measured),
