@@ -31,14 +31,14 @@ class PrefixStateSpec:
 
     * `exact`: a peek into each cache at routing time.
     * `events`: an index of the engines' KV events (stored / removed / cleared), each batch applied `event_lag_s`
-      (one value, or one per worker) after the engine published it, each event lost with probability `event_loss`. With `predicted_ttl_s`, the
-      router also records its own choices for that long, and a worker's match is the larger of the two (Dynamo
-      `--router-predicted-ttl-secs`, llm-d `speculativeIndexing`).
+      (one value, or one per worker) after the engine published it, each event lost with probability
+      `event_loss`. With `predicted_ttl_s`, the router also records its own choices for that long, and a worker's
+      match is the larger of the two (Dynamo `--router-predicted-ttl-secs`, llm-d `speculativeIndexing`).
     * `approximate`: only the router's own routing history (`sim.routing.routing_history.RoutingHistory`: `ttl_s`,
       `capacity_keys`, `per_worker`, `prune_to`, `check_interval_s`, `leaves_first`).
 
     `key_block_tokens`: the prefix granularity of `approximate` keys and predictions; None is the engine's own
-    block (page) size, as Dynamo hashes; otherwise a multiple of the requests' block size (a router hashing
+    block (page) size, as Dynamo hashes; otherwise in whole blocks of the requests, rounded up (a router hashing
     characters: 4 characters a token).
     """
 

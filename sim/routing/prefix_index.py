@@ -58,8 +58,7 @@ class WorkerMaskIndex:
 
     def remove_worker(self, worker: int) -> None:
         """Forget everything `worker` holds (an AllBlocksCleared event)."""
-        for key in [k for k, m in self._masks.items() if m >> worker & 1]:
-            self.remove(key, worker)
+        self.remove_all([k for k, m in self._masks.items() if m >> worker & 1], worker)
 
     def holders(self, key: Hashable) -> int:
         return self._masks.get(key, 0)

@@ -6,10 +6,9 @@ Block ids are plain ints; per-block state lives in two lists indexed by block id
 
 from __future__ import annotations
 
-from itertools import takewhile
-
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from itertools import takewhile
 
 from sim.engines.interface import CacheEvent
 from sim.workloads.request import BlockHash

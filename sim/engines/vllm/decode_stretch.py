@@ -99,14 +99,10 @@ class DecodeStretch(StretchTiming):
             for first in (lo + (-(c + lo)) % B, lo + (-(c + lo + 1)) % B):  # block starts, block ends
                 for j in range(first, k, B):
                     touched.setdefault(j, []).append(idx)
-        requests = self.requests
         for j in sorted(touched):
             for idx in sorted(set(touched[j])):
                 self._schedule_step(idx, j)
             kv.publish(self.start_s + self.elapsed_s(j + 1))
-        for idx, r in enumerate(requests):
-            r.num_computed_tokens = self.computed0[idx] + k
-            r.num_output_tokens = self.outputs0[idx] + k
 
     def usage_after(self, k: int) -> float:
         """kv_cache_usage_perc after k steps: request r allocates a block at each step j with (c0 + j) % B == 0,
@@ -126,20 +122,20 @@ class DecodeStretch(StretchTiming):
         if k <= lo:
             return
         kv = self.scheduler.kv
+        B = kv.block_size
         if kv.pool.events is not None:
             self._apply_publishing(lo, k)
-            self.applied = k
-            return
-        B = kv.block_size
-        boundaries = []
-        for idx, c in enumerate(self.computed0):
-            first = lo + (-(c + lo)) % B  # first step >= lo that computes the first token of a new block
-            boundaries.extend((j, idx) for j in range(first, k, B))
-        boundaries.sort()
-        requests = self.requests
-        for j, idx in boundaries:
-            self._schedule_step(idx, j)
-        for idx, r in enumerate(requests):
+        else:
+            boundaries = []
+            for idx, c in enumerate(self.computed0):
+                first = lo + (-(c + lo)) % B  # first step >= lo that computes the first token of a new block
+                boundaries.extend((j, idx) for j in range(first, k, B))
+            boundaries.sort()
+            for j, idx in boundaries:
+                self._schedule_step(idx, j)
+        # NOTE: with events, every block that filled was cached (and its event published) at its own step, so the
+        # caching here finds nothing new and records nothing.
+        for idx, r in enumerate(self.requests):
             c = self.computed0[idx]
             r.num_computed_tokens = c + k
             r.num_output_tokens = self.outputs0[idx] + k
