@@ -74,8 +74,8 @@ def test_metric_and_event_reads_inside_decode_stretches_are_exact(router, engine
         (r.worker, r.cached_tokens, pytest.approx(r.first_token_s, abs=1e-9)) for r in slow.records]
 
 
-@pytest.mark.parametrize("engine", ["vllm", "sglang"])
-def test_a_stretchs_usage_after_k_steps_is_the_usage_once_they_are_applied(engine):
+def _closed_loop_cluster(s, *, fast_forward: bool = True):
+    """A cluster of scenario `s` with its measured requests queued as a closed loop of 16, not yet run."""
     import simpy
 
     from sim.cluster.arrivals import closed_loop
@@ -83,11 +83,17 @@ def test_a_stretchs_usage_after_k_steps_is_the_usage_once_they_are_applied(engin
     from sim.runner import build_router
     from sim.workloads.shared_prefix import shared_prefix_stream
 
-    s = scenario("round-robin", **{"workload.prefixes": 7, "workload.concurrency": 16}).with_engine(engine)
     env = simpy.Environment()
-    cluster = Cluster(env, s, build_router(s))
+    cluster = Cluster(env, s, build_router(s), fast_forward=fast_forward)
     stream = shared_prefix_stream(s.workload, block_size=s.engine.block_size, seed=s.seed)
     env.process(closed_loop(env, cluster, stream.requests, 16, []))
+    return env, cluster
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_a_stretchs_usage_after_k_steps_is_the_usage_once_they_are_applied(engine):
+    s = scenario("round-robin", **{"workload.prefixes": 7, "workload.concurrency": 16}).with_engine(engine)
+    env, cluster = _closed_loop_cluster(s)
     checked = 0
     for t in range(1, 400):
         env.run(until=t * 0.05)
@@ -104,22 +110,12 @@ def test_a_stretchs_usage_after_k_steps_is_the_usage_once_they_are_applied(engin
 
 
 def _event_log(fast_forward: bool):
-    import simpy
-
-    from sim.cluster.arrivals import closed_loop
-    from sim.cluster.cluster import Cluster
-    from sim.runner import build_router
-    from sim.workloads.shared_prefix import shared_prefix_stream
-
     s = scenario("round-robin", **{"workload.prefixes": 7, "workload.concurrency": 16, "workload.requests_per_prefix": 20})
-    env = simpy.Environment()
-    cluster = Cluster(env, s, build_router(s), fast_forward=fast_forward)
+    env, cluster = _closed_loop_cluster(s, fast_forward=fast_forward)
     log = {w: [] for w in range(len(cluster.workers))}
     for w in log:
         cluster.subscribe_cache(w, lambda events, now, w=w: log[w].append(
             (round(now, 9), tuple((e.kind, e.block_hashes) for e in events))))
-    stream = shared_prefix_stream(s.workload, block_size=s.engine.block_size, seed=s.seed)
-    env.process(closed_loop(env, cluster, stream.requests, 16, []))
     env.run()
     cluster.sync_caches()
     return {w: sorted(batches, key=lambda b: b[0]) for w, batches in log.items()}
