@@ -118,7 +118,7 @@ class AibrixPrefixCacheRouter(RouterBase):
             target = self._gate(percents, running)
             if target is not None:
                 return target
-        return least[0] if len(least) == 1 else self.rng.choice(least)
+        return self.pick_one(least)
 
     def _gate(self, percents: dict[int, int], running: list[int]) -> int | None:
         mean = sum(running) / len(running)

@@ -4,6 +4,7 @@ the hooks' bookkeeping (subclasses add theirs in `after_dispatch`, `after_first_
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -117,6 +118,17 @@ class RouterBase:
         return matched
 
     # ------------------------------------------------------------------ decision and hooks
+    def pick_one(self, candidates: Sequence[int]) -> int:
+        """One of `candidates`, uniformly by this router's random stream; no draw when there is only one, so a
+        decision without a tie leaves the stream as it was."""
+        return candidates[0] if len(candidates) == 1 else self.rng.choice(candidates)
+
+    def random_argmin(self, values: Sequence[float], candidates: Sequence[int] | None = None) -> int:
+        """The candidate (default: every worker) with the lowest value, ties broken by `pick_one`."""
+        candidates = range(len(values)) if candidates is None else candidates
+        lowest = min(values[w] for w in candidates)
+        return self.pick_one([w for w in candidates if values[w] == lowest])
+
     def route(self, request: Request, view: ClusterView) -> int:
         raise NotImplementedError
 

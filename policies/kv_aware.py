@@ -224,8 +224,7 @@ class KvAwareRouter(RouterBase):
                 if acc >= u:
                     return w
             return len(costs) - 1
-        ties = [w for w, c in enumerate(costs) if c == lo]
-        return ties[0] if len(ties) == 1 else self.rng.choice(ties)
+        return self.random_argmin(costs)
 
     def after_dispatch(self, request: Request, worker: int) -> None:
         overlap = self._chosen_overlap.pop(request.request_id, 0)

@@ -47,7 +47,5 @@ class LeastLoadedRouter(RouterBase):
 
     def route(self, request: Request, view: ClusterView) -> int:
         loads = self.in_flight if self.options.load == "requests" else self.in_flight_tokens
-        lo = min(loads)
-        ties = [w for w, load in enumerate(loads) if load == lo]
         # NOTE: a uniform draw among the tied workers is what Dynamo's reservoir sampling yields in distribution.
-        return ties[0] if len(ties) == 1 else self.rng.choice(ties)
+        return self.random_argmin(loads)

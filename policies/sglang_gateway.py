@@ -192,9 +192,7 @@ class SglangCacheAwareRouter(RouterBase):
         opts = self.options
         load = self.in_flight
         candidates = self.hash_order(request, matched_tokens, holders)[:MATCHED_TENANTS_CAP]
-        lowest = min(load[w] for w in candidates)
-        ties = [w for w in candidates if load[w] == lowest]
-        pick = ties[0] if len(ties) == 1 else self.rng.choice(ties)
+        pick = self.random_argmin(load, candidates)
         mean = sum(load) / self.num_workers
         if load[pick] > mean * opts.balance_rel_threshold and load[pick] > mean + opts.balance_abs_threshold:
             return self.min_load_worker()

@@ -161,7 +161,7 @@ class VllmRouterPrefixAware(_ProductionStackRouter):
         match_chars, selected = self.longest_match(request)
         if match_chars < self.options.prefix_min_match_length:
             return self.qps_routing(self._now_s)
-        return selected[0] if len(selected) == 1 else self.rng.choice(selected)
+        return self.pick_one(selected)
 
 
 class LoadAwareOptions(ProductionStackOptions, PrefixStateOptions):
