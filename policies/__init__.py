@@ -5,6 +5,7 @@ from __future__ import annotations
 from policies.aibrix import AibrixLeastKvCacheRouter, AibrixPrefixCacheRouter
 from policies.base import RouterBase
 from policies.kv_aware import KvAwareRouter
+from policies.kvsim_router import KvsimRouter
 from policies.least_loaded import LeastLoadedRouter
 from policies.llm_d import LlmdRouter
 from policies.power_of_two import PowerOfTwoRouter
@@ -31,6 +32,6 @@ ROUTERS = _registry(RandomRouter, RoundRobinRouter, PrefixHashRouter, KvAwareRou
                     AibrixPrefixCacheRouter, AibrixLeastKvCacheRouter,
                     VllmRouterSession, VllmRouterPrefixAware, VllmRouterLoadAware,
                     LeastLoadedRouter, PowerOfTwoRouter, StickyRouter, LlmdRouter,
-                    SglangCacheAwareRouter, PrebleRouter)
+                    SglangCacheAwareRouter, PrebleRouter, KvsimRouter)
 
 __all__ = ["ROUTERS"]

@@ -53,16 +53,14 @@ block first (`BlockEntry` orders by `seq_position` in a max-heap).
 from __future__ import annotations
 
 import math
-from itertools import repeat
-from operator import add, sub
 from collections import deque
 from collections.abc import Hashable
 from typing import Literal
 
 from pydantic import Field, model_validator
 
+from policies.active_blocks import ActiveBlocks
 from policies.base import PrefixStateOptions, RouterBase
-from sim.cluster.reuse import held_prefix
 from sim.cluster.router import ClusterView, PrefixStateSpec
 from sim.workloads.request import Request
 
@@ -119,7 +117,7 @@ class KvAwareRouter(RouterBase):
     """Dynamo's KV router: default cost (see the module docstring for the arithmetic) or lmetric.
 
     Invariants: `_prefill_tokens[w]` is the sum of pending prefill tokens of requests dispatched to w and not yet at
-    their first token; `_active[w]` maps each block hash of w's in-flight requests to how many hold it.
+    their first token; `_active[w]` holds the block hashes of w's in-flight requests, ref-counted.
     """
 
     name = "kv-aware"
@@ -137,9 +135,7 @@ class KvAwareRouter(RouterBase):
             if opts.overlap_score_weight == 0:
                 self.overlap_score_credit = 0.0
         self._prefill_tokens = [0] * self.num_workers
-        # block hash -> in-flight requests holding it. NOTE: prefix-closed (a union of whole prompts' chained
-        # hashes), so a request's hashes already active are a leading run, found by binary search.
-        self._active: list[dict] = [{} for _ in range(self.num_workers)]
+        self._active = [ActiveBlocks() for _ in range(self.num_workers)]
         self._pending_prefill: dict[int, int] = {}
         self._chosen_overlap: dict[int, int] = {}
         self._hotspots = (_HotspotDetector(opts.lmetric_window_requests)
@@ -175,7 +171,7 @@ class KvAwareRouter(RouterBase):
             active = self._active[w]
             raw_prefill_blocks = (self._prefill_tokens[w] + isl) / B
             adjusted_prefill_blocks = max(raw_prefill_blocks - credit * overlap[w], 0.0)
-            new_blocks = len(hashes) - held_prefix(active, hashes)
+            new_blocks = len(hashes) - active.held(hashes)
             costs.append(scale * adjusted_prefill_blocks + len(active) + new_blocks)
         return costs, overlap
 
@@ -231,23 +227,11 @@ class KvAwareRouter(RouterBase):
         tokens = max(request.prompt_tokens - overlap * self.block_size, 0)
         self._pending_prefill[request.request_id] = tokens
         self._prefill_tokens[worker] += tokens
-        # NOTE: ref counts +1 for every hash in C-level calls (a request's chained hashes are distinct).
-        active = self._active[worker]
-        hashes = request.block_hashes
-        active.update(zip(hashes, map(add, map(active.get, hashes, repeat(0)), repeat(1))))
+        self._active[worker].add(request.block_hashes)
 
     def after_first_token(self, request: Request, worker: int) -> None:
         self._prefill_tokens[worker] -= self._pending_prefill.pop(request.request_id, 0)
 
     def after_complete(self, request: Request, worker: int) -> None:
         self.after_first_token(request, worker)
-        active = self._active[worker]
-        hashes = request.block_hashes
-        left = list(map(sub, map(active.__getitem__, hashes), repeat(1)))
-        # NOTE: counts never rise along a chain (whoever holds a block holds its parent), so the hashes that drop
-        # to zero are a suffix: keep the rest, pop that suffix, both in C-level loops.
-        k = bytes(map(bool, left)).find(0)
-        if k < 0:
-            k = len(hashes)
-        active.update(zip(hashes[:k], left[:k]))
-        deque(map(active.pop, hashes[k:]), maxlen=0)
+        self._active[worker].remove(request.block_hashes)
