@@ -20,7 +20,7 @@ from router_fakes import B, FakeView, build, prompt
 def test_registry_lists_every_router_and_refuses_duplicates():
     assert {"random", "round-robin", "prefix-hash", "kv-aware", "recorded", "llm-d", "sglang-cache-aware",
             "aibrix-prefix-cache", "aibrix-least-kv-cache", "vllm-router-session", "vllm-router-prefix-aware",
-            "vllm-router-loadaware", "least-loaded", "p2c", "sticky", "preble"} == set(ROUTERS)
+            "vllm-router-loadaware", "least-loaded", "p2c", "sticky", "preble", "kvsim"} == set(ROUTERS)
     with pytest.raises(RuntimeError, match="registered twice"):
         _registry(RandomRouter, RandomRouter)
 
