@@ -123,6 +123,11 @@ class Slo:
     tpot_ms: float | None = None
     e2e_ms: float | None = None
 
+    @property
+    def is_set(self) -> bool:
+        """Whether any objective is set (else every request meets the SLO)."""
+        return (self.ttft_ms, self.tpot_ms, self.e2e_ms) != (None, None, None)
+
     def ttft_met(self, r: RequestRecord) -> bool:
         return self.ttft_ms is None or r.ttft_s * 1000 <= self.ttft_ms
 
