@@ -8,9 +8,8 @@ import sys
 from pathlib import Path
 
 import click
-from rich.console import Console
-
 from pydantic import ValidationError
+from rich.console import Console
 
 from sim.studies.reference import load_reference, measured
 from sim.scenario import Scenario, ScenarioError, SloSpec, load_scenario
