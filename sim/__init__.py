@@ -12,7 +12,8 @@ The public API for notebooks and scripts is what this module exports (`sim.__all
 _EXPORTS = {
     "ENGINES": "sim.engines", "ReplayResult": "sim.replay",
     "RequestRecord": "sim.results.records", "RunResult": "sim.results.records", "TtftSamples": "sim.results.records",
-    "WorkerCounters": "sim.results.records", "Summary": "sim.results.summary", "summarize": "sim.results.summary",
+    "WorkerCounters": "sim.results.records", "Slo": "sim.results.records",
+    "Summary": "sim.results.summary", "summarize": "sim.results.summary",
     "run": "sim.runner", "Scenario": "sim.scenario", "ScenarioError": "sim.scenario", "load_scenario": "sim.scenario",
     "analytic": "sim.studies.analytic", "PlanSpec": "sim.studies.plan", "PlanTarget": "sim.studies.plan",
     "make_grid": "sim.studies.plan", "plan": "sim.studies.plan", "transient_requests": "sim.studies.plan",

@@ -77,7 +77,7 @@ def _replay(scenario: Scenario, trace: Trace, *, bin_s: float, fast_forward: boo
             owned: frozenset[int] | None = None) -> ReplayResult:
     env = simpy.Environment()
     cluster = Cluster(env, scenario, build_router(scenario), fast_forward=fast_forward)
-    stats = StreamingStats(num_workers=len(cluster.workers), bin_s=bin_s)
+    stats = StreamingStats(num_workers=len(cluster.workers), bin_s=bin_s, slo=scenario.slo.to_slo())
     max_tokens = scenario.max_request_tokens
     rejected = 0
 

@@ -80,4 +80,5 @@ def run(scenario: Scenario, stream: RequestStream | None = None, *, fast_forward
         workers=tuple(e.minus(w) for e, w in zip(end, marks["warm"])),
         measured_start_s=marks["start_s"],
         measured_end_s=marks["end_s"],
+        slo=scenario.slo.to_slo(),
     )

@@ -12,6 +12,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from sim.config import ConfigModel
 from sim.engines import ENGINES
+from sim.results.records import Slo
 
 BUILTIN_SCENARIO = "service-baseline"
 
@@ -213,6 +214,38 @@ class ClusterSpec(ConfigModel):
                 for i in range(self.workers)]
 
 
+def _objective_ms(what: str):
+    return Field(None, gt=0, allow_inf_nan=False,
+                 description=f"{what} a request must not exceed to meet the SLO (ms, > 0, finite); absent: not constrained.")
+
+
+class SloSpec(ConfigModel):
+    """Latency objectives for goodput: `slo: {ttft_ms: 200, tpot_ms: 50, e2e_ms: 5000}`, any subset.
+
+    A measured request meets the SLO iff it meets every objective that is set (`sim.results.records.Slo`). An
+    objective left out constrains nothing; with none set (the default) every request meets the SLO, so goodput equals
+    throughput, `goodput_fraction` is 1 and the summary's `slo_*_ms` columns are NaN.
+    """
+
+    ttft_ms: float | None = _objective_ms("Time to first token from send")
+    tpot_ms: float | None = _objective_ms("Time per output token after the first ((last - first token) / (outputs - 1))")
+    e2e_ms: float | None = _objective_ms("Time from send to the last token")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_keys(cls, data: Any) -> Any:
+        # NOTE: pydantic's "Extra inputs are not permitted" would not say which keys an SLO has.
+        if isinstance(data, dict):
+            unknown = sorted(set(map(str, data)) - set(cls.model_fields))
+            if unknown:
+                raise ValueError(f"unknown key(s) {', '.join(unknown)}; allowed: {', '.join(cls.model_fields)}")
+        return data
+
+    def to_slo(self) -> Slo:
+        """The value object that runs and replays count against."""
+        return Slo(ttft_ms=self.ttft_ms, tpot_ms=self.tpot_ms, e2e_ms=self.e2e_ms)
+
+
 class CalibrationSpec(ConfigModel):
     """Which parameters `kvsim calibrate` fits by default, and what the last fit used (written by calibrate)."""
 
@@ -243,6 +276,8 @@ class Scenario(ConfigModel):
                     "{sglang: {chunked_prefill_size: 2048}}. Options both engines have carry over by themselves.")
     reference: str | None = Field(None, description="Measured results (CSV) for this scenario, relative to the scenario file.")
     calibration: CalibrationSpec = Field(default_factory=CalibrationSpec, description="Time-model calibration.")
+    slo: SloSpec = Field(default_factory=SloSpec,
+                         description="Latency objectives (ttft_ms, tpot_ms, e2e_ms) for goodput; default: none set.")
 
     @model_validator(mode="before")
     @classmethod

@@ -8,10 +8,11 @@ import sys
 from pathlib import Path
 
 import click
+from pydantic import ValidationError
 from rich.console import Console
 
 from sim.studies.reference import load_reference, measured
-from sim.scenario import Scenario, ScenarioError, load_scenario
+from sim.scenario import Scenario, ScenarioError, SloSpec, load_scenario
 
 # NOTE: piped output (CI logs, files) gets a wide table instead of rich's 80-column default.
 console = Console() if sys.stdout.isatty() else Console(width=200)
@@ -79,6 +80,45 @@ def one_engine(ctx: click.Context, param: click.Parameter, value: str | None) ->
     if names is not None and len(names) != 1:
         raise click.BadParameter("give one engine")
     return names[0] if names else None
+
+
+SLO_HELP = ("Latency SLO for goodput, KEY=MS,...: any of ttft_ms, tpot_ms, e2e_ms (each > 0), e.g. "
+            "ttft_ms=200,tpot_ms=50. Replaces the scenario's slo block. Default: the scenario's; with none set every "
+            "request meets it (goodput = throughput) and the slo_*_ms columns are NaN.")
+
+
+def slo_option(ctx: click.Context, param: click.Parameter, value: str | None) -> SloSpec | None:
+    """`ttft_ms=200,tpot_ms=50` as an SLO, validated by the scenario's own model; a one-line error names the key and
+    the allowed keys or values."""
+    if value is None:
+        return None
+    allowed = ", ".join(SloSpec.model_fields)
+    items: dict[str, str] = {}
+    for part in (p.strip() for p in value.split(",")):
+        if not part:
+            continue
+        key, sep, text = (s.strip() for s in part.partition("="))
+        if key not in SloSpec.model_fields:
+            raise click.BadParameter(f"unknown key {key!r}; allowed: {allowed}")
+        if not sep or not text:
+            raise click.BadParameter(f"{key}: give a value in ms, as {key}=200")
+        if key in items:
+            raise click.BadParameter(f"{key} given twice")
+        items[key] = text
+    if not items:
+        raise click.BadParameter(f"{value!r}: give KEY=MS,... with keys {allowed}")
+    try:
+        return SloSpec.model_validate(items)
+    except ValidationError as err:
+        first = err.errors()[0]
+        key = str(first["loc"][0]) if first["loc"] else "slo"
+        raise click.BadParameter(f"{key}={items.get(key, '')}: {first['msg']}; each of {allowed} is a finite "
+                                 f"number of ms > 0") from None
+
+
+def with_slo(scenario: Scenario, slo: SloSpec | None) -> Scenario:
+    """`scenario` with its slo block replaced by `slo` (unchanged when None)."""
+    return scenario if slo is None else scenario.model_copy(update={"slo": slo})
 
 
 ENGINE_HELP = "Engine the workers run: vllm (v1) or sglang (see `kvsim engines`). Default: the scenario's."

@@ -7,8 +7,11 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from sim.cli.app import ENGINE_HELP, console, fmt, load_or_exit, main, on_engine, one_engine, router_list
+from sim.cli.app import (
+    ENGINE_HELP, SLO_HELP, console, fmt, load_or_exit, main, on_engine, one_engine, router_list, slo_option, with_slo,
+)
 from sim.results.report import csv_bytes, replay_figure, write_atomic
+from sim.results.summary import slo_columns
 from sim.scenario import ScenarioError
 from sim.routing.spec import router_label, router_overrides
 
@@ -44,15 +47,17 @@ from sim.routing.spec import router_label, router_overrides
 @click.option("--reuse-breakdown/--no-reuse-breakdown", default=None,
               help="Book reuse available and captured (default: the scenario's, on). It keeps every block hash ever "
                    "sent: turn it off for traces of millions of requests to keep memory bounded by the caches.")
+@click.option("--slo", callback=slo_option, default=None, help=SLO_HELP)
 def replay(trace, workers, kv_tokens, kv_blocks, kv_bytes, router, engine, scenario_path, block_size,
-           trace_block_size, speed, limit, bin_s, out_dir, jobs, reuse_breakdown) -> None:
+           trace_block_size, speed, limit, bin_s, out_dir, jobs, reuse_breakdown, slo) -> None:
     """Replay a Mooncake JSONL trace (timestamp ms, input_length, output_length, hash_ids) open loop.
 
     Every request is sent at its timestamp (divided by --speed), routed then, and served by the scenario's
     workers (vLLM-like by default; --engine sglang for SGLang's).
     Reported: prefix reuse = cached prompt tokens / prompt tokens (Dynamo's prefix_cache_reused_ratio), vLLM's
-    token hit rate (prefix_cache_hits / queries), request hit rate, TTFT percentiles, throughput and the load of
-    each worker, and reuse available / captured (what infinite caches would hit: see the README). Memory stays
+    token hit rate (prefix_cache_hits / queries), request hit rate, TTFT, TPOT and E2E percentiles, throughput,
+    goodput (requests meeting --slo or the scenario's slo block), the load of each worker and its imbalance, and
+    reuse available / captured (what infinite caches would hit: see the README). Memory stays
     bounded by the caches and the requests in flight, whatever the trace's length, with --no-reuse-breakdown; the
     breakdown keeps every distinct block hash of the trace.
     With a router that ignores the cluster's state, the workers are split over --jobs processes.
@@ -65,7 +70,7 @@ def replay(trace, workers, kv_tokens, kv_blocks, kv_bytes, router, engine, scena
     from sim.workloads.traces import TraceError, read_mooncake
 
     base, _ = load_or_exit(scenario_path or str(builtin_scenario_path("trace-replay")))
-    base = on_engine(base, engine)
+    base = with_slo(on_engine(base, engine), slo)
     given = [x for x in (kv_tokens, kv_blocks, kv_bytes) if x is not None]
     if len(given) > 1:
         raise click.BadParameter("give only one of --kv-tokens, --kv-blocks, --kv-bytes", param_hint="--kv-tokens")
@@ -104,6 +109,11 @@ def replay(trace, workers, kv_tokens, kv_blocks, kv_bytes, router, engine, scena
         "wall_s": wall_s, "jobs": result.jobs, "workers": workers, "kv_blocks_per_worker": scenario.num_blocks, "block_size": B,
         "router": router_label(scenario.router.name, scenario.router.options), "engine": scenario.engine.kind,
         "kv_tokens_per_worker": scenario.capacity_tokens,
+        **slo_columns(st.slo), "slo_met_requests": st.slo_met_requests, "goodput_rps": st.goodput_rps,
+        "goodput_fraction": st.goodput_fraction, "tpot_p50_ms": st.tpot_ms.percentile(50),
+        "tpot_p99_ms": st.tpot_ms.percentile(99), "e2e_p99_ms": st.e2e_ms.percentile(99),
+        "imbalance_max_mean": st.imbalance_max_mean, "jain_index": st.jain_index,
+        "ttft_slo_met": st.ttft_slo_met, "tpot_slo_met": st.tpot_slo_met, "e2e_slo_met": st.e2e_slo_met,
     }
     table = Table(title=f"replay of {Path(trace).name}: {workers} workers x {scenario.capacity_tokens:,} KV tokens "
                         f"(blocks of {B}), {scenario.router.name}, {scenario.engine.kind}")

@@ -12,8 +12,8 @@ from rich.table import Table
 
 from sim.studies.analytic import formula_hit_rate
 from sim.cli.app import (
-    ENGINE_HELP, console, engine_list, err_console, fmt, int_list, load_or_exit, main, on_engine, one_engine,
-    reference_for, router_list,
+    ENGINE_HELP, SLO_HELP, console, engine_list, err_console, fmt, int_list, load_or_exit, main, on_engine, one_engine,
+    reference_for, router_list, slo_option, with_slo,
 )
 from sim.results.report import (
     SUMMARY_COLUMNS, aggregate, csv_bytes, engine_figure, hit_rate_figure, ttft_cdf_figure, write_atomic,
@@ -37,19 +37,22 @@ from sim.routing.spec import router_label, router_overrides
 @click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True, help="Runs per point; repeat r uses seed + r.")
 @click.option("--seed", type=int, default=None, help="Base seed. Default: the scenario's.")
 @click.option("--jobs", type=click.IntRange(min=1), default=None, help="Parallel processes. Default: all cores.")
+@click.option("--slo", callback=slo_option, default=None, help=SLO_HELP)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Write DIR/summary.csv (a row per run), DIR/hit_rate.png and DIR/ttft_cdf.png (and DIR/engines.png "
                    "with several engines).")
-def sweep(scenario_path, prefixes, workers, concurrency, routers, engines, repeats, seed, jobs, out_dir) -> None:
+def sweep(scenario_path, prefixes, workers, concurrency, routers, engines, repeats, seed, jobs, slo, out_dir) -> None:
     """Run a grid of points and compare the hit rate with the formula and the measurements.
 
     The table shows, per (workers, N, concurrency, router), the mean over repeats of the request hit rate
     (requests with any cached token), beside the formula min(1, C/N) with C = KV tokens per worker / prompt
     tokens, and the measured value where the scenario's reference has one (for the scenario's own router).
+    With an SLO (--slo or the scenario's slo block) the table also shows the fraction of requests meeting it.
     """
     from sim.studies.sweep import run_sweep, sweep_points
 
     base, path = load_or_exit(scenario_path)
+    base = with_slo(base, slo)
     reference = reference_for(base, path)
     points = sweep_points(
         workers=workers or [base.cluster.workers],
@@ -75,8 +78,10 @@ def sweep(scenario_path, prefixes, workers, concurrency, routers, engines, repea
     capacity = base.kv_capacity_requests
     aggregated = aggregate(rows)
     table = Table(title=f"{base.name}: request hit rate (mean of {repeats} run{'s' * (repeats > 1)}), C = {capacity:.2f}")
+    with_goodput = base.slo.to_slo().is_set  # NOTE: without an SLO every request meets it: nothing to show
     for col in ("workers", "N", "conc", "router", "engine", "hit rate", "formula", "measured", "sim-meas",
-                "full hit", "token hit", "TTFT p50 ms", "TTFT p99 ms", "req/s"):
+                "full hit", "token hit", "TTFT p50 ms", "TTFT p99 ms", "req/s",
+                *(("SLO met",) if with_goodput else ())):
         table.add_column(col, justify="left" if col in ("router", "engine") else "right")
     errors = []
     for row in aggregated:
@@ -96,6 +101,7 @@ def sweep(scenario_path, prefixes, workers, concurrency, routers, engines, repea
             "-" if meas is None else f"{meas:.3f}", diff,
             fmt(row["full_hit_rate"]), fmt(row["token_hit_rate"]),
             fmt(row["ttft_p50_ms"], ".0f"), fmt(row["ttft_p99_ms"], ".0f"), fmt(row["throughput_rps"], ".1f"),
+            *((fmt(row["goodput_fraction"]),) if with_goodput else ()),
         )
     console.print(table)
     if errors:
@@ -127,15 +133,17 @@ def sweep(scenario_path, prefixes, workers, concurrency, routers, engines, repea
               "Default: the scenario's.")
 @click.option("--engine", callback=one_engine, default=None, help=ENGINE_HELP)
 @click.option("--seed", type=int, default=None, help="Seed. Default: the scenario's.")
+@click.option("--slo", callback=slo_option, default=None, help=SLO_HELP)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Write DIR/summary.csv (one row) and DIR/requests.csv (a row per request, warm-ups flagged).")
-def run_command(scenario_path, prefixes, workers, concurrency, router, engine, seed, out_dir) -> None:
-    """Run one point of SCENARIO (default: the built-in service-baseline) and print its summary."""
+def run_command(scenario_path, prefixes, workers, concurrency, router, engine, seed, slo, out_dir) -> None:
+    """Run one point of SCENARIO (default: the built-in service-baseline) and print its summary (goodput against
+    --slo or the scenario's slo block)."""
     from sim.runner import run
     from sim.results.summary import summarize
 
     base, _ = load_or_exit(scenario_path)
-    base = on_engine(base, engine)
+    base = with_slo(on_engine(base, engine), slo)
     overrides = {k: v for k, v in {
         "workload.prefixes": prefixes, "cluster.workers": workers, "workload.concurrency": concurrency,
         "seed": seed,
@@ -174,7 +182,9 @@ def run_command(scenario_path, prefixes, workers, concurrency, router, engine, s
     if out_dir:
         out = Path(out_dir)
         write_atomic(out / "summary.csv", csv_bytes([row], SUMMARY_COLUMNS))
-        records = [asdict(r) | {"ttft_ms": r.ttft_s * 1000, "e2e_ms": r.e2e_s * 1000} for r in result.records]
+        records = [asdict(r) | {"ttft_ms": r.ttft_s * 1000, "e2e_ms": r.e2e_s * 1000,
+                                "tpot_ms": float("nan") if r.tpot_s is None else r.tpot_s * 1000}
+                   for r in result.records]
         columns = list(records[0]) if records else []
         write_atomic(out / "requests.csv", csv_bytes(records, columns))
         console.print(f"wrote {out / 'summary.csv'} and {out / 'requests.csv'} ({len(records)} requests)")

@@ -65,6 +65,14 @@ class RequestRecord:
         return self.finished_s - self.sent_s
 
     @property
+    def tpot_s(self) -> float | None:
+        """Time per output token after the first (inter-token latency): (finished - first token) / (outputs - 1);
+        None for a request of one output token, which has no gap between tokens."""
+        if self.output_tokens <= 1:
+            return None
+        return (self.finished_s - self.first_token_s) / (self.output_tokens - 1)
+
+    @property
     def is_hit(self) -> bool:
         return self.cached_tokens > 0
 
@@ -100,6 +108,38 @@ class RequestRecord:
             believed_tokens=routing[2],
             held_tokens=routing[3],
         )
+
+
+@dataclass(frozen=True, slots=True)
+class Slo:
+    """Latency objectives (ms) a request must meet to count as goodput; None leaves that latency unconstrained.
+
+    A request meets the SLO iff it meets every objective that is set, each at or below its threshold: TTFT and E2E
+    from send, TPOT = `RequestRecord.tpot_s` (a one-token request has none and always meets a TPOT objective). With
+    no objective set every request meets it. The one owner of "met" for runs and replays alike.
+    """
+
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    e2e_ms: float | None = None
+
+    @property
+    def is_set(self) -> bool:
+        """Whether any objective is set (else every request meets the SLO)."""
+        return (self.ttft_ms, self.tpot_ms, self.e2e_ms) != (None, None, None)
+
+    def ttft_met(self, r: RequestRecord) -> bool:
+        return self.ttft_ms is None or r.ttft_s * 1000 <= self.ttft_ms
+
+    def tpot_met(self, r: RequestRecord) -> bool:
+        tpot_s = r.tpot_s
+        return self.tpot_ms is None or tpot_s is None or tpot_s * 1000 <= self.tpot_ms
+
+    def e2e_met(self, r: RequestRecord) -> bool:
+        return self.e2e_ms is None or r.e2e_s * 1000 <= self.e2e_ms
+
+    def met_by(self, r: RequestRecord) -> bool:
+        return self.ttft_met(r) and self.tpot_met(r) and self.e2e_met(r)
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +210,8 @@ class RunResult:
     workers: tuple[WorkerCounters, ...]
     measured_start_s: float
     measured_end_s: float
+    slo: Slo = Slo()
+    """The scenario's latency objectives, which the summary counts goodput against (default: none set)."""
 
     @property
     def measured(self) -> tuple[RequestRecord, ...]:

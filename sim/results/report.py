@@ -23,6 +23,9 @@ SUMMARY_COLUMNS = (
     "hit_requests", "full_hit_requests", "prefix_cache_queries", "prefix_cache_hits",
     "evicted_blocks", "evicted_tokens", "preemptions", "max_worker_share",
     "reuse_available", "reuse_captured", "reuse_delivered", "view_checked", "view_false_hit_rate", "view_false_tokens",
+    "slo_ttft_ms", "slo_tpot_ms", "slo_e2e_ms", "slo_met_requests", "goodput_rps", "goodput_fraction",
+    "tpot_p50_ms", "tpot_p99_ms", "e2e_p50_ms", "e2e_p99_ms", "imbalance_max_mean", "jain_index",
+    "ttft_slo_met", "tpot_slo_met", "e2e_slo_met",
 )
 
 GROUP_KEYS = ("workers", "prefixes", "concurrency", "router", "engine")
@@ -80,7 +83,8 @@ def aggregate(rows: Sequence[dict[str, object]]) -> list[dict[str, object]]:
         agg["repeats"] = len(members)
         for col in ("request_hit_rate", "full_hit_rate", "token_hit_rate", "ttft_p50_ms", "ttft_p99_ms",
                     "throughput_rps", "preemptions", "max_worker_share", "reuse_available", "reuse_captured",
-                    "reuse_delivered", "view_false_hit_rate"):
+                    "reuse_delivered", "view_false_hit_rate", "goodput_rps", "goodput_fraction", "tpot_p50_ms",
+                    "tpot_p99_ms", "e2e_p99_ms", "imbalance_max_mean", "jain_index"):
             values = [float(m[col]) for m in members if not math.isnan(float(m[col]))]
             agg[col] = statistics.fmean(values) if values else float("nan")
             agg[f"{col}_sd"] = statistics.stdev(values) if len(values) > 1 else 0.0

@@ -9,7 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from sim.results.records import RequestRecord, booked_add, booked_fraction
+from sim.results.records import RequestRecord, Slo, booked_add, booked_fraction
+from sim.results.summary import imbalance_max_mean, jain_index
 
 _BIN_RATIO = 1.01
 _LOG_RATIO = math.log(_BIN_RATIO)
@@ -71,10 +72,13 @@ class TimeBin:
 
 @dataclass
 class StreamingStats:
-    """What a replay reports, accumulated request by request (by send time into `bin_s`-wide bins)."""
+    """What a replay reports, accumulated request by request (by send time into `bin_s`-wide bins).
+
+    The SLO counters count against `slo` exactly as a run's summary does (`sim.results.records.Slo`)."""
 
     num_workers: int
     bin_s: float = 60.0
+    slo: Slo = Slo()
     requests: int = 0
     hit_requests: int = 0
     prompt_tokens: int = 0
@@ -84,10 +88,20 @@ class StreamingStats:
     view_checked: int = 0
     view_false_hits: int = 0
     preemptions: int = 0
+    slo_met_requests: int = 0
+    """Requests meeting every objective of `slo` (all of them when none is set)."""
+    ttft_slo_met: int = 0
+    """Requests within `slo.ttft_ms` (all when it is unset)."""
+    tpot_slo_met: int = 0
+    """Requests within `slo.tpot_ms`, one-output-token requests included (all when it is unset)."""
+    e2e_slo_met: int = 0
+    """Requests within `slo.e2e_ms` (all when it is unset)."""
     first_sent_s: float = math.inf
     last_finished_s: float = 0.0
     ttft_ms: LogHistogram = field(default_factory=LogHistogram)
     e2e_ms: LogHistogram = field(default_factory=LogHistogram)
+    tpot_ms: LogHistogram = field(default_factory=LogHistogram)
+    """Requests with more than one output token only."""
     requests_per_worker: list[int] = field(default_factory=list)
     prompt_tokens_per_worker: list[int] = field(default_factory=list)
     bins: dict[int, TimeBin] = field(default_factory=dict)
@@ -107,11 +121,17 @@ class StreamingStats:
             self.view_checked += 1
             self.view_false_hits += r.believed_tokens > r.held_tokens
         self.preemptions += r.num_preemptions
+        self.slo_met_requests += self.slo.met_by(r)
+        self.ttft_slo_met += self.slo.ttft_met(r)
+        self.tpot_slo_met += self.slo.tpot_met(r)
+        self.e2e_slo_met += self.slo.e2e_met(r)
         self.first_sent_s = min(self.first_sent_s, r.sent_s)
         self.last_finished_s = max(self.last_finished_s, r.finished_s)
         ttft_bin = LogHistogram.bin_of(r.ttft_s * 1000)
         self.ttft_ms.add_to_bin(ttft_bin)
         self.e2e_ms.add(r.e2e_s * 1000)
+        if (tpot_s := r.tpot_s) is not None:
+            self.tpot_ms.add(tpot_s * 1000)
         self.requests_per_worker[r.worker] += 1
         self.prompt_tokens_per_worker[r.worker] += r.prompt_tokens
         key = int(r.sent_s // self.bin_s)
@@ -125,8 +145,8 @@ class StreamingStats:
 
     def merge(self, other: StreamingStats) -> None:
         """Fold in the statistics of other requests of the same replay (another process's workers)."""
-        if (other.num_workers, other.bin_s) != (self.num_workers, self.bin_s):
-            raise ValueError("merging statistics of different shapes (workers or time bins)")
+        if (other.num_workers, other.bin_s, other.slo) != (self.num_workers, self.bin_s, self.slo):
+            raise ValueError("merging statistics of different shapes (workers, time bins or SLO)")
         self.requests += other.requests
         self.hit_requests += other.hit_requests
         self.prompt_tokens += other.prompt_tokens
@@ -136,10 +156,15 @@ class StreamingStats:
         self.view_checked += other.view_checked
         self.view_false_hits += other.view_false_hits
         self.preemptions += other.preemptions
+        self.slo_met_requests += other.slo_met_requests
+        self.ttft_slo_met += other.ttft_slo_met
+        self.tpot_slo_met += other.tpot_slo_met
+        self.e2e_slo_met += other.e2e_slo_met
         self.first_sent_s = min(self.first_sent_s, other.first_sent_s)
         self.last_finished_s = max(self.last_finished_s, other.last_finished_s)
         self.ttft_ms.merge(other.ttft_ms)
         self.e2e_ms.merge(other.e2e_ms)
+        self.tpot_ms.merge(other.tpot_ms)
         for w in range(self.num_workers):
             self.requests_per_worker[w] += other.requests_per_worker[w]
             self.prompt_tokens_per_worker[w] += other.prompt_tokens_per_worker[w]
@@ -170,6 +195,29 @@ class StreamingStats:
         return self.hit_requests / self.requests if self.requests else float("nan")
 
     @property
+    def span_s(self) -> float:
+        """From the first request sent to the last finished: the replay's duration for rates."""
+        return self.last_finished_s - self.first_sent_s
+
+    @property
     def throughput_rps(self) -> float:
-        span = self.last_finished_s - self.first_sent_s
+        span = self.span_s
         return self.requests / span if span > 0 else float("nan")
+
+    @property
+    def goodput_rps(self) -> float:
+        """Requests meeting the SLO per second of `span_s` (= throughput when no objective is set)."""
+        span = self.span_s
+        return self.slo_met_requests / span if span > 0 else float("nan")
+
+    @property
+    def goodput_fraction(self) -> float:
+        return self.slo_met_requests / self.requests if self.requests else float("nan")
+
+    @property
+    def imbalance_max_mean(self) -> float:
+        return imbalance_max_mean(self.requests_per_worker)
+
+    @property
+    def jain_index(self) -> float:
+        return jain_index(self.requests_per_worker)

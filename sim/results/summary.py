@@ -8,13 +8,36 @@ from functools import reduce
 import numpy as np
 
 from sim.engines.interface import PrefixCacheStats
-from sim.results.records import RunResult, booked_add, booked_fraction
+from sim.results.records import RunResult, Slo, booked_add, booked_fraction
+
+NAN = float("nan")
 
 
 def _percentile_ms(values_s: list[float], q: float) -> float:
     if not values_s:
         return float("nan")
     return float(np.percentile(np.asarray(values_s), q) * 1000.0)
+
+
+def imbalance_max_mean(requests_per_worker: tuple[int, ...] | list[int]) -> float:
+    """The busiest worker's requests / the mean per worker (1 = perfectly even, n = all on one of n); NaN when none."""
+    total = sum(requests_per_worker)
+    return max(requests_per_worker) * len(requests_per_worker) / total if total else NAN
+
+
+def jain_index(requests_per_worker: tuple[int, ...] | list[int]) -> float:
+    """Jain's fairness index of the requests per worker, (sum x)^2 / (n sum x^2): 1 when even, 1/n when all on one
+    worker (idle workers count in n); NaN when none."""
+    total = sum(requests_per_worker)
+    squares = sum(x * x for x in requests_per_worker)
+    return total * total / (len(requests_per_worker) * squares) if squares else NAN
+
+
+def slo_columns(slo: Slo) -> dict[str, float]:
+    """The SLO itself as columns (`slo_ttft_ms`, `slo_tpot_ms`, `slo_e2e_ms`; NaN where unset), so that a row says
+    what its goodput was counted against."""
+    return {f"slo_{name}_ms": NAN if value is None else float(value)
+            for name, value in (("ttft", slo.ttft_ms), ("tpot", slo.tpot_ms), ("e2e", slo.e2e_ms))}
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +55,11 @@ class Summary:
       loses, captured - delivered what memory loses.
     * `view_false_hit_rate`: of the requests a router with non-exact state routed (`view_checked`), the fraction
       whose chosen worker held fewer tokens of the prompt than the router believed.
+    * `goodput_rps` / `goodput_fraction`: measured requests meeting every objective of `slo` per second / over
+      requests. With no objective set every request meets it: goodput = throughput, fraction 1.
+    * `tpot_ms` / `e2e_ms`: p50 and p99 of time per output token (requests of one output token have none) and of
+      send-to-last-token latency.
+    * `imbalance_max_mean` and `jain_index` of `requests_per_worker` (idle workers included).
     """
 
     requests: int
@@ -46,6 +74,20 @@ class Summary:
     duration_s: float
     ttft_ms: dict[str, float]
     requests_per_worker: tuple[int, ...]
+    slo: Slo
+    """The objectives the SLO counters were counted against."""
+    slo_met_requests: int
+    """Measured requests meeting every objective of `slo` (all of them when none is set)."""
+    ttft_slo_met: int
+    """Measured requests within `slo.ttft_ms` (all of them when it is unset)."""
+    tpot_slo_met: int
+    """Measured requests within `slo.tpot_ms`, one-output-token requests included (all when it is unset)."""
+    e2e_slo_met: int
+    """Measured requests within `slo.e2e_ms` (all of them when it is unset)."""
+    tpot_ms: dict[str, float]
+    """TPOT percentiles (keys p50, p99) over the measured requests with more than one output token."""
+    e2e_ms: dict[str, float]
+    """End-to-end latency percentiles (keys p50, p99) over the measured requests."""
     available_tokens: int = 0
     captured_tokens: int = 0
     view_checked: int = 0
@@ -83,6 +125,22 @@ class Summary:
     def throughput_rps(self) -> float:
         return self.requests / self.duration_s if self.duration_s > 0 else float("nan")
 
+    @property
+    def goodput_rps(self) -> float:
+        return self.slo_met_requests / self.duration_s if self.duration_s > 0 else NAN
+
+    @property
+    def goodput_fraction(self) -> float:
+        return self.slo_met_requests / self.requests if self.requests else NAN
+
+    @property
+    def imbalance_max_mean(self) -> float:
+        return imbalance_max_mean(self.requests_per_worker)
+
+    @property
+    def jain_index(self) -> float:
+        return jain_index(self.requests_per_worker)
+
     def row(self) -> dict[str, float | int]:
         """The summary as flat columns (`summary.csv`)."""
         return {
@@ -109,11 +167,28 @@ class Summary:
             "view_checked": self.view_checked,
             "view_false_hit_rate": self.view_false_hit_rate,
             "view_false_tokens": self.view_false_tokens,
+            **slo_columns(self.slo),
+            "slo_met_requests": self.slo_met_requests,
+            "goodput_rps": self.goodput_rps,
+            "goodput_fraction": self.goodput_fraction,
+            "tpot_p50_ms": self.tpot_ms["p50"],
+            "tpot_p99_ms": self.tpot_ms["p99"],
+            "e2e_p50_ms": self.e2e_ms["p50"],
+            "e2e_p99_ms": self.e2e_ms["p99"],
+            "imbalance_max_mean": self.imbalance_max_mean,
+            "jain_index": self.jain_index,
+            "ttft_slo_met": self.ttft_slo_met,
+            "tpot_slo_met": self.tpot_slo_met,
+            "e2e_slo_met": self.e2e_slo_met,
         }
 
 
 def summarize(result: RunResult) -> Summary:
+    """The summary of `result`'s measured requests; goodput counts against `result.slo` (the scenario's)."""
     measured = result.measured
+    slo = result.slo
+    tpot = [t for r in measured if (t := r.tpot_s) is not None]
+    e2e = [r.e2e_s for r in measured]
     stats = PrefixCacheStats()
     for w in result.workers:
         stats = stats.plus(w.prefix_cache)
@@ -140,6 +215,13 @@ def summarize(result: RunResult) -> Summary:
             for q in (50, 90, 99)
         },
         requests_per_worker=tuple(per_worker),
+        slo=slo,
+        slo_met_requests=sum(1 for r in measured if slo.met_by(r)),
+        ttft_slo_met=sum(1 for r in measured if slo.ttft_met(r)),
+        tpot_slo_met=sum(1 for r in measured if slo.tpot_met(r)),
+        e2e_slo_met=sum(1 for r in measured if slo.e2e_met(r)),
+        tpot_ms={f"p{q}": _percentile_ms(tpot, q) for q in (50, 99)},
+        e2e_ms={f"p{q}": _percentile_ms(e2e, q) for q in (50, 99)},
         available_tokens=reduce(booked_add, (r.available_tokens for r in measured), 0),
         captured_tokens=reduce(booked_add, (r.captured_tokens for r in measured), 0),
         view_checked=sum(1 for r in measured if r.believed_tokens >= 0),
