@@ -273,3 +273,239 @@ def replay_figure(stats, *, title: str) -> bytes:
     bottom.legend(fontsize=8)
     fig.suptitle(title)
     return _png(fig)
+
+
+# --- router comparisons (`kvsim compare`) ---------------------------------------------------------------------------
+
+_POINT_KEYS = ("workers", "prefixes", "concurrency")
+_FRONT_COLOUR = "C3"
+_OTHER_COLOUR = "0.35"
+
+
+def _by_point(aggregated: Sequence[dict[str, object]]) -> list[tuple[tuple, list[dict[str, object]]]]:
+    """Aggregated compare rows grouped by (workers, prefixes, concurrency), in their order."""
+    points: dict[tuple, list[dict[str, object]]] = {}
+    for agg in aggregated:
+        points.setdefault(tuple(agg.get(k) for k in _POINT_KEYS), []).append(agg)
+    return list(points.items())
+
+
+def _point_title(point: tuple) -> str:
+    workers, prefixes, concurrency = point
+    if prefixes is None:
+        return f"{workers} workers"
+    return f"{workers} workers, N = {prefixes} prefixes, concurrency {concurrency}"
+
+
+def _finite(value: object) -> float:
+    """A float, with nan (a single run's interval, a missing value) as 0 for error bars."""
+    v = float(value) if value is not None else math.nan
+    return 0.0 if math.isnan(v) else v
+
+
+def _bound_labels(agg: dict[str, object], capacity_requests: float | None) -> tuple[str, str | None]:
+    """The text of the bound line and of the random expectation line (None for a trace), on two lines each."""
+    if capacity_requests is None:
+        return f"bound: reuse available = {float(agg['bound']):.3f}\n(one infinite cache shared by all)", None
+    w, n, c = agg["workers"], agg["prefixes"], capacity_requests
+    return (f"bound min(1, W·C/N)\n= min(1, {w}·{c:.2f}/{n}) = {float(agg['bound']):.3f}",
+            f"random routing min(1, C/N)\n= min(1, {c:.2f}/{n}) = {float(agg['random_expectation']):.3f}")
+
+
+def _bound_lines(ax, agg: dict[str, object], capacity_requests: float | None, *, horizontal: bool) -> None:
+    """The bound (dashed) and random routing's expectation (dotted) across the axes, labelled in the margin beside
+    the line's end (never over the data): the bound's label above its level, the expectation's below, so that the
+    two never cover each other when they meet (at min(1, ...) = 1)."""
+    bound_text, random_text = _bound_labels(agg, capacity_requests)
+    lines = [(float(agg["bound"]), bound_text, "--", "bottom")]
+    if random_text is not None:
+        lines.append((float(agg["random_expectation"]), random_text, ":", "top"))
+    for value, text, style, side in lines:
+        if math.isnan(value):
+            continue
+        if horizontal:
+            ax.axhline(value, color="black", ls=style, lw=1, zorder=1)
+            ax.annotate(text, (1, value), xycoords=ax.get_yaxis_transform(), xytext=(4, 0),
+                        textcoords="offset points", ha="left", va=side, fontsize=7, annotation_clip=False)
+        else:
+            ax.axvline(value, color="black", ls=style, lw=1, zorder=1)
+            ax.annotate(text, (value, 1), xycoords=ax.get_xaxis_transform(), xytext=(0, 3),
+                        textcoords="offset points", ha="left" if side == "bottom" else "right", va="bottom",
+                        fontsize=7, annotation_clip=False)
+
+
+def _primary_label(capacity_requests: float | None) -> str:
+    return ("prefix reuse (cached / prompt tokens)" if capacity_requests is None
+            else "request hit rate (fraction of requests)")
+
+
+def _overlap(a, b) -> float:
+    """Area (pixels²) of the intersection of two display-space boxes."""
+    w = min(a.x1, b.x1) - max(a.x0, b.x0)
+    h = min(a.y1, b.y1) - max(a.y0, b.y0)
+    return w * h if w > 0 and h > 0 else 0.0
+
+
+def _place_labels(ax, xs: Sequence[float], ys: Sequence[float], labels: Sequence[str], colours: Sequence[str], *,
+                  obstacles: Sequence = (), fontsize: float = 7) -> None:
+    """Label each point next to it, greedily: for each point (in the order given), the nearest of rings of
+    candidate offsets whose text box overlaps the least (weighted: other labels and texts 4, points 3, error bars
+    1) and stays inside the axes. A label moved beyond the first ring gets a thin leader line."""
+    from matplotlib.transforms import Bbox
+
+    fig = ax.figure
+    renderer = fig.canvas.get_renderer()
+    inside = ax.get_window_extent(renderer)
+    centres = ax.transData.transform(list(zip(xs, ys)))
+    weighted = [(t.get_window_extent(renderer), 4.0) for t in obstacles]
+    weighted += [(Bbox.from_bounds(px - 4, py - 4, 8, 8), 3.0) for px, py in centres]
+    for line in ax.lines + [c for c in ax.collections]:
+        try:
+            weighted.append((line.get_window_extent(renderer), 0.02))  # error bars: large thin boxes, weak weight
+        except (AttributeError, RuntimeError):
+            pass
+    angles = (0, 25, -25, 180, 155, -155, 60, -60, 120, -120, 90, -90)
+    rings = (6, 14, 24, 36, 50)
+    for x, y, label, colour in zip(xs, ys, labels, colours):
+        best = None
+        for ring, radius in enumerate(rings):
+            for angle in angles:
+                dx, dy = radius * math.cos(math.radians(angle)), radius * math.sin(math.radians(angle))
+                ha = "left" if dx > 1 else "right" if dx < -1 else "center"
+                va = "bottom" if dy > 1 else "top" if dy < -1 else "center"
+                probe = ax.annotate(label, (x, y), xytext=(dx, dy), textcoords="offset points", ha=ha, va=va,
+                                    fontsize=fontsize)
+                box = probe.get_window_extent(renderer)
+                probe.remove()
+                outside = (box.x0 < inside.x0) or (box.x1 > inside.x1) or (box.y0 < inside.y0) or (box.y1 > inside.y1)
+                # NOTE: each ring further out costs as much as a small overlap, so that a label stays beside its
+                # point unless that covers something.
+                score = (sum(w * _overlap(box, b) for b, w in weighted) + 60.0 * ring
+                         + (1e9 if outside else 0.0))
+                if best is None or score < best[0]:
+                    best = (score, ring, dx, dy, ha, va, box)
+            if best[0] <= 60.0 * ring:
+                break
+        _, ring, dx, dy, ha, va, box = best
+        ax.annotate(label, (x, y), xytext=(dx, dy), textcoords="offset points", ha=ha, va=va, fontsize=fontsize,
+                    color=colour, arrowprops=dict(arrowstyle="-", lw=0.7, color=colour, shrinkA=0, shrinkB=3)
+                    if ring > 0 else None)
+        weighted.append((box, 4.0))
+
+
+def compare_figure(aggregated: Sequence[dict[str, object]], *, capacity_requests: float | None, title: str) -> bytes:
+    """Hit rate against TTFT p99, a panel per (workers, N, concurrency): each router a labelled point with its 95 %
+    intervals in both directions, the Pareto frontier (highest hit rate for a TTFT p99) as a step line through
+    its routers (red), the bound as a dashed line and random routing's expectation min(1, C/N) as a dotted one.
+    For a trace, prefix reuse instead of the hit rate and the reuse available as the bound."""
+    plt = _pyplot()
+    points = _by_point(aggregated)
+    ncols = min(3, len(points))
+    nrows = math.ceil(len(points) / ncols)
+    width, height = (8.0, 6.0) if len(points) == 1 else (6.6, 5.2)
+    fig, axes = plt.subplots(nrows, ncols, squeeze=False, figsize=(width * ncols, height * nrows + 0.9), dpi=110)
+    for ax in axes.flat[len(points):]:
+        ax.set_visible(False)
+    labels = []
+    for ax, (point, block) in zip(axes.flat, points):
+        primary = str(block[0]["primary_metric"])
+        xs = [float(a["ttft_p99_ms"]) for a in block]
+        ys = [float(a[primary]) for a in block]
+        xerr = [_finite(a.get("ttft_p99_ms_ci95")) for a in block]
+        yerr = [_finite(a.get(f"{primary}_ci95")) for a in block]
+        colours = [_FRONT_COLOUR if a["on_front"] else _OTHER_COLOUR for a in block]
+        for x, y, ex, ey, colour, a in zip(xs, ys, xerr, yerr, colours, block):
+            # NOTE: faint bars, solid points: the labels and their leader lines must stay readable across bars.
+            ax.errorbar([x], [y], xerr=[ex], yerr=[ey], fmt="none", ecolor=colour, elinewidth=0.8, capsize=2,
+                        alpha=0.45, zorder=3)
+            ax.plot([x], [y], "o", ms=5.5 if a["on_front"] else 4.5, color=colour, zorder=4)
+        front = sorted((x, y) for x, y, a in zip(xs, ys, block) if a["on_front"])
+        if front:
+            ax.step([p[0] for p in front], [p[1] for p in front], where="post", color=_FRONT_COLOUR, lw=1.2,
+                    alpha=0.6, zorder=2)
+        _bound_lines(ax, block[0], capacity_requests, horizontal=True)
+        finite_x = [x for x in xs if not math.isnan(x)] or [1.0]
+        lo = min(x - e for x, e in zip(xs, xerr) if not math.isnan(x)) if xs else 0
+        hi = max(x + e for x, e in zip(xs, xerr) if not math.isnan(x)) if xs else max(finite_x)
+        span = max(hi - lo, 1e-9)
+        ax.set_xlim(max(0.0, lo - 0.12 * span), hi + 0.25 * span)
+        ax.set_ylim(0, _fraction_top([_finite(block[0]["bound"]), *(_finite(y) + e for y, e in zip(ys, yerr))]))
+        ax.set_xlabel("TTFT p99 (ms)")
+        ax.set_ylabel(_primary_label(capacity_requests))
+        ax.set_title(_point_title(point), fontsize=10)
+        ax.grid(alpha=0.3)
+        order = sorted(range(len(block)), key=lambda i: (not block[i]["on_front"], -_finite(ys[i])))
+        labels.append((ax, [xs[i] for i in order], [ys[i] for i in order], [str(block[i]["router"]) for i in order],
+                       [colours[i] for i in order]))
+    from matplotlib.lines import Line2D
+
+    handles = [
+        Line2D([], [], color=_FRONT_COLOUR, marker="o", lw=1.2, label="Pareto frontier"),
+        Line2D([], [], color=_OTHER_COLOUR, marker="o", lw=0, label="dominated: another router hits more at a "
+                                                                    "lower TTFT p99"),
+        Line2D([], [], color="black", marker="|", lw=0.8, label="bars: 95% CI over repeats"),
+    ]
+    fig.legend(handles=handles, loc="lower center", ncol=3 if ncols > 1 else 1, fontsize=8, frameon=False)
+    fig.suptitle(title, fontsize=11)
+    rect = (0, 0.75 / (height * nrows + 0.9), 1, 0.98)
+    # NOTE: labels are placed in display space, so the layout is fixed first (the labels stay inside the axes and
+    # do not move it again).
+    fig.tight_layout(rect=rect)
+    fig.canvas.draw()
+    for ax, *job in labels:
+        _place_labels(ax, *job)
+    return _png(fig, rect=rect)
+
+
+def _fraction_end(values: Sequence[float]) -> float:
+    """Where a fraction axis's data ends: 1 when the values reach past one half (the whole range reads as a share),
+    else 15 % above the largest (a trace's reuse of a few per cent must not sit flat on the axis)."""
+    top = max([0.0, *values])
+    return 1.0 if top > 0.5 else max(1.15 * top, 0.01)
+
+
+def _fraction_top(values: Sequence[float]) -> float:
+    """The top of a fraction axis: a little headroom above `_fraction_end` on a full 0..1 axis."""
+    end = _fraction_end(values)
+    return 1.08 if end == 1.0 else end
+
+
+def compare_bars_figure(aggregated: Sequence[dict[str, object]], *, capacity_requests: float | None,
+                        title: str) -> bytes:
+    """The hit rate per router, highest at the top, as bars with 95 % intervals, a panel per point; the bound
+    (dashed) and random routing's expectation (dotted); each bar labelled with its fraction of the bound."""
+    plt = _pyplot()
+    points = _by_point(aggregated)
+    ncols = min(3, len(points))
+    nrows = math.ceil(len(points) / ncols)
+    height = max(2.5, 0.32 * max(len(b) for _, b in points) + 1.4)
+    fig, axes = plt.subplots(nrows, ncols, squeeze=False, figsize=(6.2 * ncols, height * nrows + 0.5), dpi=110)
+    for ax in axes.flat[len(points):]:
+        ax.set_visible(False)
+    for ax, (point, block) in zip(axes.flat, points):
+        primary = str(block[0]["primary_metric"])
+        rows = list(reversed(block))  # barh draws bottom up: the best router at the top
+        ys = range(len(rows))
+        values = [_finite(a[primary]) for a in rows]
+        ax.barh(list(ys), values, xerr=[_finite(a.get(f"{primary}_ci95")) for a in rows], height=0.65,
+                color=[_FRONT_COLOUR if a["on_front"] else "0.6" for a in rows], error_kw=dict(lw=0.8, capsize=2))
+        ax.set_yticks(list(ys), [str(a["router"]) for a in rows], fontsize=8)
+        end = _fraction_end([_finite(block[0]["bound"]),
+                             *(v + _finite(a.get(f"{primary}_ci95")) for v, a in zip(values, rows))])
+        # NOTE: the values as a column right of the bars, past the end of the data, where no bar or line reaches.
+        for y, v, a in zip(ys, values, rows):
+            frac = float(a["fraction_of_bound"])
+            half = float(a.get(f"{primary}_ci95", math.nan))
+            ax.text(1.03 * end, y, f"{v:.3f}" + ("" if math.isnan(half) else f" ± {half:.3f}")
+                    + ("" if math.isnan(frac) else f"  {100 * frac:.0f}% of bound"), va="center", fontsize=7)
+        _bound_lines(ax, block[0], capacity_requests, horizontal=False)
+        ax.set_xlim(0, end)
+        ticks = [t for t in ax.get_xticks() if 0 <= t <= end * 1.001]
+        ax.set_xlim(0, 1.5 * end)
+        ax.set_xticks(ticks)
+        ax.set_ylim(-0.6, len(rows) - 0.4)
+        ax.set_xlabel(_primary_label(capacity_requests))
+        ax.set_title(_point_title(point), fontsize=10, pad=26)
+        ax.grid(axis="x", alpha=0.3)
+    fig.suptitle(f"{title}\nred: on the Pareto frontier of hit rate and TTFT p99 (kvsim compare's ★)", fontsize=10)
+    return _png(fig)
