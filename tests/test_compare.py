@@ -13,9 +13,8 @@ from hypothesis import given, strategies as st
 from sim.cli import main
 from sim.runner import run
 from sim.scenario import load_scenario
-from sim.studies.compare import (
-    aggregate_routers, hit_rate_bound, pareto_front, t_interval, trace_points,
-)
+from sim.results.intervals import t_interval
+from sim.studies.compare import aggregate_routers, hit_rate_bound, pareto_front, trace_points
 from sim.studies.sweep import sweep_points
 
 TRACES = Path(__file__).parent / "fixtures" / "traces"

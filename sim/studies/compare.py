@@ -26,14 +26,12 @@ random expectation. Pure: this module runs and aggregates; only the CLI prints a
 from __future__ import annotations
 
 import math
-import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from scipy import stats as _scipy_stats
-
 from sim.replay import Trace, replay
+from sim.results.intervals import t_interval
 from sim.routing.spec import router_overrides
 from sim.runner import build_router
 from sim.scenario import Scenario
@@ -50,32 +48,6 @@ workload's `full_hit_rate`; the SLO and balance columns from `goodput_rps` on co
 
 POINT_KEYS = ("workers", "prefixes", "concurrency")
 """What makes a point (a panel, a table); prefixes and concurrency are None for a trace."""
-
-
-@dataclass(frozen=True, slots=True)
-class Interval:
-    """The mean of n runs, their standard deviation (n - 1 in the denominator) and the half-width of the two-sided
-    Student-t interval of the mean, t(1 - alpha/2, n - 1) x sd / sqrt(n); sd and half-width are nan below two runs,
-    everything is nan without one."""
-
-    mean: float
-    sd: float
-    half_width: float
-    n: int
-
-
-def t_interval(values: Iterable[float], confidence: float = 0.95) -> Interval:
-    """The interval of the mean of `values` (nan values, e.g. the miss TTFT of a run without misses, left out)."""
-    xs = [float(v) for v in values if not math.isnan(float(v))]
-    n = len(xs)
-    if n == 0:
-        return Interval(math.nan, math.nan, math.nan, 0)
-    mean = statistics.fmean(xs)
-    if n == 1:
-        return Interval(mean, math.nan, math.nan, 1)
-    sd = statistics.stdev(xs)
-    t = float(_scipy_stats.t.ppf(0.5 + confidence / 2, n - 1))
-    return Interval(mean, sd, t * sd / math.sqrt(n), n)
 
 
 def pareto_front(points: Sequence[tuple[float, float]]) -> list[bool]:
