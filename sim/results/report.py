@@ -15,6 +15,10 @@ from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
+
+from sim.results.intervals import t_interval
+
 SUMMARY_COLUMNS = (
     "workers", "prefixes", "concurrency", "router", "engine", "repeat", "seed", "requests",
     "request_hit_rate", "full_hit_rate", "token_hit_rate",
@@ -70,7 +74,8 @@ def csv_bytes(rows: Sequence[dict[str, object]], columns: Sequence[str]) -> byte
 
 
 def aggregate(rows: Sequence[dict[str, object]]) -> list[dict[str, object]]:
-    """Mean (and standard deviation) over repeats for each (workers, prefixes, concurrency, router, engine)."""
+    """Mean, standard deviation (`_sd`) and 95 % t-interval half-width (`_ci95`, nan for one run) over repeats for
+    each (workers, prefixes, concurrency, router, engine)."""
     groups: dict[tuple, list[dict[str, object]]] = defaultdict(list)
     for row in rows:
         groups[tuple(row[k] for k in GROUP_KEYS)].append(row)
@@ -84,101 +89,211 @@ def aggregate(rows: Sequence[dict[str, object]]) -> list[dict[str, object]]:
             values = [float(m[col]) for m in members if not math.isnan(float(m[col]))]
             agg[col] = statistics.fmean(values) if values else float("nan")
             agg[f"{col}_sd"] = statistics.stdev(values) if len(values) > 1 else 0.0
+            agg[f"{col}_ci95"] = t_interval(values).half_width
         out.append(agg)
     return out
+
+
+def _grid(plt, nrows: int, ncols: int, *, panel_w: float, panel_h: float, legend_w: float = 0.0,
+          legend_h: float = 0.0, **kw):
+    """A figure of nrows x ncols panels with room for a legend beside (right, `legend_w` in) or below
+    (`legend_h` in) them; returns (fig, axes, rect for tight_layout)."""
+    w, h = panel_w * ncols + legend_w, panel_h * nrows + legend_h + 0.7
+    fig, axes = plt.subplots(nrows, ncols, squeeze=False, figsize=(w, h), dpi=100, **kw)
+    return fig, axes, (0, legend_h / h, 1 - legend_w / w, 1 - 0.35 / h)
+
+
+def _dodge(i: int, k: int, width: float) -> float:
+    """The offset of series i of k side by side around a shared x (total spread `width`)."""
+    return 0.0 if k <= 1 else (i - (k - 1) / 2) * width / (k - 1)
 
 
 def _plot_formula(ax, capacity_requests: float, max_n: int, style: str) -> None:
     """The formula min(1, C/N) as a curve over N in [1, max_n]."""
     grid = [1 + i * (max_n - 1) / 200 for i in range(201)]
     ax.plot(grid, [min(1.0, capacity_requests / n) for n in grid], style, lw=1,
-            label=f"formula min(1, {capacity_requests:.2f}/N)")
+            label=f"formula min(1, C/N), C = {capacity_requests:.2f} prompts per worker")
 
 
 def hit_rate_figure(
     aggregated: Sequence[dict[str, object]], *, capacity_requests: float,
-    measured: dict[tuple[int, int, int], float], title: str,
+    measured: dict[tuple[int, int, int], float], title: str, measured_label: str = "measured",
 ) -> bytes:
-    """Request hit rate vs N: a line per (workers, router), the formula min(1, C/N), the measured points."""
+    """Request hit rate vs N as small multiples: a panel per worker count (columns) and concurrency (rows). In a
+    panel, a line per router (and engine, if several): the mean over repeats with its 95 % t-interval as error
+    bars; the formula min(1, C/N); the measured points of exactly that (workers, concurrency) as black crosses
+    beside the predictions (series side by side around each N). One legend below the panels."""
     plt = _pyplot()
-    lines: dict[tuple, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
-    engines = {row.get("engine") for row in aggregated}
-    for row in aggregated:
-        lines[(row["workers"], row["router"], row.get("engine"))][int(row["prefixes"])].append(
-            float(row["request_hit_rate"]))
-    all_n = sorted({int(r["prefixes"]) for r in aggregated} | {n for (_, n, _) in measured})
-    # NOTE: the legend sits right of the axes, never over the data; past 10 lines, 20 colours and a marker per
-    # ten keep every line distinct (a router comparison can have 15).
-    fig, ax = plt.subplots(figsize=(8 + 3 * (len(lines) > 4), 5), dpi=110)
-    colours = plt.get_cmap("tab10" if len(lines) <= 10 else "tab20").colors
-    for i, ((workers, router, engine), by_n) in enumerate(sorted(lines.items(), key=lambda kv: tuple(map(str, kv[0])))):
-        ns = sorted(by_n)
-        on = f" on {engine}" if len(engines) > 1 else ""
-        ax.plot(ns, [statistics.fmean(by_n[n]) for n in ns], marker="osD^v"[i // len(colours) % 5],
-                color=colours[i % len(colours)], label=f"kvsim {router}{on}, {workers} workers")
-    if all_n:
-        _plot_formula(ax, capacity_requests, max(all_n), "k--")
-    by_workers: dict[int, list[tuple[int, float]]] = defaultdict(list)
-    for (workers, n, _c), value in measured.items():
-        by_workers[workers].append((n, value))
-    for marker, (workers, pts) in zip("xs^v", sorted(by_workers.items())):
-        ax.scatter([p[0] for p in pts], [p[1] for p in pts], marker=marker, s=50, zorder=5,
-                   color="black", label=f"measured, {workers} workers")
-    ax.set_xlabel("distinct prefixes N")
-    ax.set_ylabel("request hit rate")
-    ax.set_ylim(0, 1.05)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    if len(lines) > 4:
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-        fig.tight_layout()
-    else:
-        ax.legend(fontsize=8)
-    return _png(fig)
+    workers = sorted({int(r["workers"]) for r in aggregated})
+    concurrencies = sorted({int(r["concurrency"]) for r in aggregated})
+    several_engines = len({r.get("engine") for r in aggregated}) > 1
+    series = sorted({(str(r["router"]), str(r.get("engine"))) for r in aggregated})
+    all_n = sorted({int(r["prefixes"]) for r in aggregated}
+                   | {n for (w, n, c) in measured if w in workers and c in concurrencies})
+    repeats = max((int(r.get("repeats", 1)) for r in aggregated), default=1)
+    legend_rows = math.ceil((len(series) + 2) / 3)
+    fig, axes, rect = _grid(plt, len(concurrencies), len(workers), panel_w=4.6, panel_h=3.5,
+                            legend_h=0.3 + 0.22 * legend_rows, sharex=True, sharey=True)
+    colours = plt.get_cmap("tab10" if len(series) <= 10 else "tab20").colors
+    spread = 0.05 * (max(all_n) - min(all_n)) if len(all_n) > 1 else 0.4
+    shown_measured = False
+    for ri, conc in enumerate(concurrencies):
+        for ci, w in enumerate(workers):
+            ax = axes[ri][ci]
+            pts = sorted((n, v) for (mw, n, mc), v in measured.items() if mw == w and mc == conc)
+            k = len(series) + bool(pts)
+            for i, (router, engine) in enumerate(series):
+                rows = sorted((r for r in aggregated if int(r["workers"]) == w and int(r["concurrency"]) == conc
+                               and str(r["router"]) == router and str(r.get("engine")) == engine),
+                              key=lambda r: int(r["prefixes"]))
+                if not rows:
+                    continue
+                xs = [int(r["prefixes"]) + _dodge(i, k, spread) for r in rows]
+                err = [_finite(r.get("request_hit_rate_ci95")) for r in rows]
+                on = f" on {engine}" if several_engines else ""
+                ax.errorbar(xs, [float(r["request_hit_rate"]) for r in rows], yerr=err, marker="osD^v"[i // 10 % 5],
+                            ms=4, color=colours[i % len(colours)], capsize=2.5, lw=1.2, label=f"kvsim {router}{on}")
+            if all_n:
+                _plot_formula(ax, capacity_requests, max(all_n), "k--")
+            if pts:
+                shown_measured = True
+                ax.scatter([n + _dodge(k - 1, k, spread) for n, _ in pts], [v for _, v in pts], marker="x", s=40,
+                           lw=1.5, color="black", zorder=5, label=measured_label)
+            ax.set_title(f"{w} workers, concurrency {conc}", fontsize=10)
+            ax.set_ylim(0, 1.05)
+            ax.grid(alpha=0.3)
+            if ri == len(concurrencies) - 1:
+                ax.set_xlabel("distinct prefixes N")
+            if ci == 0:
+                ax.set_ylabel("request hit rate (fraction)")
+    handles, labels = {}, {}
+    for ax in axes.flat:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            labels.setdefault(lab, h)
+    order = sorted(labels, key=lambda lab: (lab.startswith("formula"), lab == measured_label, lab))
+    fig.legend([labels[lab] for lab in order], order, loc="lower center", ncol=3, fontsize=8, frameon=False)
+    interval = f"mean ± 95% CI (t) over {repeats} runs" if repeats > 1 else "1 run per point: no interval"
+    fig.suptitle(f"{title} ({interval})" + ("" if shown_measured else "; no measurement at these points"),
+                 fontsize=11)
+    return _png(fig, rect=rect)
 
 
-def ttft_cdf_figure(outcomes: Sequence, *, title: str) -> bytes:
-    """TTFT CDFs: a panel per (workers, router, engine) x concurrency, a colour per N, hits solid and misses
-    dashed (repeats pooled)."""
+_TTFT_MEASURED = {
+    "hit": (("ttft_hit_p50", 0.50), ("ttft_hit_p90", 0.90)),
+    "miss": (("ttft_miss_p50", 0.50), ("ttft_miss_p90", 0.90)),
+    "all": (("ttft_p50", 0.50), ("ttft_p99", 0.99)),
+}
+"""Measured TTFT percentiles drawn on the CDFs: the reference metric and its quantile, per curve."""
+_TTFT_STYLE = {"hit": ("-", "o"), "miss": ("--", "s"), "all": (None, "D")}
+"""Per split: the line style of the simulated CDF (none for all requests) and the marker of the measured
+percentiles."""
+_TTFT_MAX_ROWS = 8
+"""More panel rows than this ((router, engine) groups x concurrencies) would make a figure of unreadable height:
+then only one group is drawn."""
+
+
+def ttft_panel_rows(keys: Sequence[tuple[str, str, int]],
+                    measured_group: tuple[str, str] | None) -> tuple[list[tuple[str, str, int]], str]:
+    """The rows of `ttft_cdf_figure` among (router, engine, concurrency) keys, router by router, and the note its
+    title carries: every key when they fit in `_TTFT_MAX_ROWS`, else only `measured_group`'s (or the first
+    group's), with a note saying so."""
+    groups = sorted({k[:2] for k in keys})
+    concurrencies = sorted({k[2] for k in keys})
+    note = ""
+    if len(groups) * len(concurrencies) > _TTFT_MAX_ROWS:
+        keep = measured_group if measured_group in groups else groups[0]
+        note = f" — {keep[0]} only ({len(groups)} routers or engines ran; all are in summary.csv)"
+        groups = [keep]
+    return sorted({k for k in keys if k[:2] in groups}), note
+
+
+def ttft_cdf_figure(outcomes: Sequence, *, title: str,
+                    measured: dict[tuple[int, int, int], dict[str, float]] | None = None,
+                    measured_group: tuple[str, str] | None = None) -> bytes:
+    """TTFT CDFs as small multiples, on the grid of `hit_rate_figure`: a column per worker count, a row per
+    concurrency (and per router and engine when several ran, router by router); in a panel a colour per N, hits
+    solid, misses dashed (repeats pooled), on a logit quantile axis so that p90 and p99 read as well as the median.
+
+    `measured[(workers, N, concurrency)]` holds reference percentiles in ms (`ttft_hit_p50`, ..., `ttft_p99`):
+    drawn as black-edged markers at (ms, quantile) on the panels of `measured_group` (the router and engine the
+    reference ran), beside the simulated curve they belong to; the percentiles of all requests, which have no
+    curve, beside kvsim's as hollow markers. When (router, engine) groups x concurrencies pass `_TTFT_MAX_ROWS`,
+    only `measured_group` (or the first group) is drawn, and the title says so. One legend right of the panels."""
     plt = _pyplot()
+    from matplotlib.lines import Line2D
+
+    measured = measured or {}
     pooled: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: {"hit": [], "miss": []})
     for o in outcomes:
         p = o.point
-        key = ((p.workers, p.router, o.row.get("engine", "")), p.concurrency, p.prefixes)
+        key = ((p.router, str(o.row.get("engine", "")), p.concurrency), p.workers, p.prefixes)
         pooled[key]["hit"] += o.ttft.hit_ms
         pooled[key]["miss"] += o.ttft.miss_ms
-    groups = sorted({k[0] for k in pooled})
-    concurrencies = sorted({k[1] for k in pooled})
+    rows, note = ttft_panel_rows([k[0] for k in pooled], measured_group)
+    groups = sorted({r[:2] for r in rows})
+    workers_list = sorted({k[1] for k in pooled})
     prefixes = sorted({k[2] for k in pooled})
-    several_engines = len({g[2] for g in groups}) > 1
-    colours = {n: plt.cm.viridis(i / max(1, len(prefixes) - 1)) for i, n in enumerate(prefixes)}
-    fig, axes = plt.subplots(len(groups), len(concurrencies), squeeze=False, sharex=True, sharey=True,
-                             figsize=(4.2 * len(concurrencies), 3.2 * len(groups)), dpi=100)
-    for gi, group in enumerate(groups):
-        workers, router, engine = group
-        for ci, conc in enumerate(concurrencies):
-            ax = axes[gi][ci]
+    several_engines = len({g[1] for g in groups}) > 1
+    colours = {n: plt.cm.viridis(0.9 * i / max(1, len(prefixes) - 1)) for i, n in enumerate(prefixes)}
+    fig, axes, rect = _grid(plt, len(rows), len(workers_list), panel_w=4.4, panel_h=3.3, legend_w=2.4,
+                            sharex=True, sharey=True)
+    any_measured = False
+    for ri, (router, engine, conc) in enumerate(rows):
+        for ci, workers in enumerate(workers_list):
+            ax = axes[ri][ci]
             for n in prefixes:
-                samples = pooled.get((group, conc, n))
+                samples = pooled.get(((router, engine, conc), workers, n))
                 if samples is None:
                     continue
-                for split, style in (("hit", "-"), ("miss", "--")):
+                for split in ("hit", "miss"):
                     values = sorted(samples[split])
                     if values:
-                        ys = [(i + 1) / len(values) for i in range(len(values))]
-                        ax.step(values, ys, style, where="post", color=colours[n], lw=1.2,
-                                label=f"N={n} {split}" if gi == 0 and ci == 0 else None)
+                        # NOTE: Hazen plotting positions (i + 0.5) / n keep every point off 0 and 1 on the logit axis.
+                        ys = [(i + 0.5) / len(values) for i in range(len(values))]
+                        ax.step(values, ys, _TTFT_STYLE[split][0], where="post", color=colours[n], lw=1.3)
+                ref = measured.get((workers, n, conc), {}) if (router, engine) == measured_group else {}
+                for split, marks in _TTFT_MEASURED.items():
+                    got = [(ref[m], q) for m, q in marks if m in ref]
+                    if not got:
+                        continue
+                    any_measured = True
+                    ax.scatter([g[0] for g in got], [g[1] for g in got], marker=_TTFT_STYLE[split][1], s=32,
+                               color=colours[n], edgecolors="black", linewidths=0.9, zorder=6)
+                    if split == "all":
+                        # NOTE: all requests have no curve of their own (it would double the lines): kvsim's
+                        # percentiles of them are hollow markers beside the measured ones.
+                        every = np.sort(np.asarray(samples["hit"] + samples["miss"]))
+                        if every.size:
+                            ax.scatter([float(np.percentile(every, 100 * q)) for _, q in got], [q for _, q in got],
+                                       marker=_TTFT_STYLE[split][1], s=60, facecolors="none",
+                                       edgecolors=colours[n], linewidths=1.3, zorder=7)
             ax.set_xscale("log")
-            on = f", {engine}" if several_engines else ""
-            ax.set_title(f"{workers} workers, {router}{on}, C={conc}", fontsize=9)
+            ax.set_yscale("logit")
+            ax.set_ylim(0.005, 0.998)
+            ax.set_yticks([0.01, 0.1, 0.5, 0.9, 0.99])
+            ax.set_yticklabels(["0.01", "0.1", "0.5", "0.9", "0.99"])
+            ax.minorticks_off()
+            ax.yaxis.set_minor_locator(plt.NullLocator())
+            on = f" on {engine}" if several_engines else ""
+            ax.set_title(f"{router}{on}, {workers} workers, concurrency {conc}", fontsize=9)
             ax.grid(alpha=0.3)
-            if gi == len(groups) - 1:
+            if ri == len(rows) - 1:
                 ax.set_xlabel("TTFT (ms)")
             if ci == 0:
-                ax.set_ylabel("fraction of requests")
-    fig.legend(loc="upper right", fontsize=7, ncol=2)
-    fig.suptitle(title)
-    return _png(fig, rect=(0, 0, 0.88, 0.96))
+                ax.set_ylabel("fraction of requests ≤ TTFT")
+    handles = [Line2D([], [], color=colours[n], lw=2, label=f"N = {n} prefixes") for n in prefixes]
+    handles += [Line2D([], [], color="0.3", ls=_TTFT_STYLE[s][0], lw=1.3, label=f"kvsim, {lab}")
+                for s, lab in (("hit", "hits"), ("miss", "misses"))]
+    if any_measured:
+        handles += [Line2D([], [], color="0.7", marker=_TTFT_STYLE[s][1], markeredgecolor="black", lw=0,
+                           label=f"measured {lab}") for s, lab in (("hit", "hits p50, p90"),
+                                                                   ("miss", "misses p50, p90"),
+                                                                   ("all", "all requests p50, p99"))]
+        handles.append(Line2D([], [], color="none", marker=_TTFT_STYLE["all"][1], markeredgecolor="0.3", lw=0,
+                              label="kvsim, all requests p50, p99"))
+    fig.legend(handles=handles, loc="center right", fontsize=8, frameon=False)
+    fig.suptitle(f"{title}{note}", fontsize=11)
+    return _png(fig, rect=rect)
 
 
 def engine_figure(aggregated: Sequence[dict[str, object]], *, capacity_requests: float,
@@ -212,9 +327,12 @@ def engine_figure(aggregated: Sequence[dict[str, object]], *, capacity_requests:
     axes[0][0].set_ylabel("fraction of measured requests")
     handles, labels = axes[0][0].get_legend_handles_labels()
     order = sorted(range(len(labels)), key=lambda i: (labels[i].startswith(("formula", "measured")), labels[i]))
-    fig.legend([handles[i] for i in order], [labels[i] for i in order], loc="center right", fontsize=8)
+    # NOTE: below the panels, never over the data (a legend at the right covered the last panel).
+    fig.legend([handles[i] for i in order], [labels[i] for i in order], loc="lower center", ncol=3, fontsize=8,
+               frameon=False)
     fig.suptitle(title)
-    return _png(fig, rect=(0, 0, 0.78, 0.95))
+    legend_h = 0.25 + 0.2 * math.ceil(len(order) / 3)
+    return _png(fig, rect=(0, legend_h / 4.2, 1, 0.95))
 
 
 def plan_figure(plans: Sequence, *, target_hit_rate: float | None, target_ttft_p99_ms: float | None,
