@@ -138,7 +138,8 @@ def compare(scenario_path, prefixes, workers, concurrency, routers, engine, repe
         write_atomic(out / "compare.csv", csv_bytes(aggregated, compare_columns(aggregated)))
         intervals = f"mean ± 95% CI over {repeats} runs" if repeats > 1 else "1 run: no interval"
         write_atomic(out / "compare.png", compare_figure(
-            aggregated, capacity_requests=capacity, title=f"{what}: hit rate against TTFT p99 per router ({intervals})"))
+            aggregated, capacity_requests=capacity,
+            title=f"{what}: {'prefix reuse' if capacity is None else 'hit rate'} against TTFT p99 per router ({intervals})"))
         write_atomic(out / "compare_hit_rate.png", compare_bars_figure(
             aggregated, capacity_requests=capacity, title=f"{what}: {'prefix reuse' if capacity is None else 'request hit rate'} "
                                                           f"per router ({intervals})"))

@@ -408,6 +408,35 @@ def _by_point(aggregated: Sequence[dict[str, object]]) -> list[tuple[tuple, list
     return list(points.items())
 
 
+def _point_grid(points: Sequence[tuple]) -> tuple[int, int, list[tuple[int, int]]]:
+    """Where each (workers, prefixes, concurrency) point's panel goes: a row per worker count and a column per
+    (prefixes, concurrency) when that makes at most 4 columns (the grid a sweep reads in; with a single column,
+    the worker counts side by side instead), else three panels a row in order. Returns (rows, columns, the (row, column) of each point)."""
+    workers = sorted({p[0] for p in points})
+    columns = sorted({p[1:] for p in points}, key=lambda pc: tuple(-1 if v is None else v for v in pc))
+    if len(columns) == 1 and len(workers) <= 4:  # one (N, concurrency) or a trace: worker counts side by side
+        return 1, len(workers), [(0, workers.index(p[0])) for p in points]
+    if len(columns) <= 4 and len(workers) * len(columns) <= 12:
+        return len(workers), len(columns), [(workers.index(p[0]), columns.index(p[1:])) for p in points]
+    ncols = min(3, len(points))
+    return math.ceil(len(points) / ncols), ncols, [divmod(i, ncols) for i in range(len(points))]
+
+
+def _hide_unused(axes, cells: Sequence[tuple[int, int]]) -> None:
+    used = set(cells)
+    for r, row in enumerate(axes):
+        for c, ax in enumerate(row):
+            if (r, c) not in used:
+                ax.set_visible(False)
+
+
+def _wrapped(title: str, fig) -> str:
+    """`title` broken into lines that fit the figure's width (about 11 characters per inch at 11 points)."""
+    import textwrap
+
+    return "\n".join(textwrap.wrap(title, width=max(40, int(fig.get_figwidth() * 11))))
+
+
 def _point_title(point: tuple) -> str:
     workers, prefixes, concurrency = point
     if prefixes is None:
@@ -518,14 +547,13 @@ def compare_figure(aggregated: Sequence[dict[str, object]], *, capacity_requests
     For a trace, prefix reuse instead of the hit rate and the reuse available as the bound."""
     plt = _pyplot()
     points = _by_point(aggregated)
-    ncols = min(3, len(points))
-    nrows = math.ceil(len(points) / ncols)
+    nrows, ncols, cells = _point_grid([p for p, _ in points])
     width, height = (8.0, 6.0) if len(points) == 1 else (6.6, 5.2)
     fig, axes = plt.subplots(nrows, ncols, squeeze=False, figsize=(width * ncols, height * nrows + 0.9), dpi=110)
-    for ax in axes.flat[len(points):]:
-        ax.set_visible(False)
+    _hide_unused(axes, cells)
     labels = []
-    for ax, (point, block) in zip(axes.flat, points):
+    for cell, (point, block) in zip(cells, points):
+        ax = axes[cell]
         primary = str(block[0]["primary_metric"])
         xs = [float(a["ttft_p99_ms"]) for a in block]
         ys = [float(a[primary]) for a in block]
@@ -564,7 +592,7 @@ def compare_figure(aggregated: Sequence[dict[str, object]], *, capacity_requests
         Line2D([], [], color="black", marker="|", lw=0.8, label="bars: 95% CI over repeats"),
     ]
     fig.legend(handles=handles, loc="lower center", ncol=3 if ncols > 1 else 1, fontsize=8, frameon=False)
-    fig.suptitle(title, fontsize=11)
+    fig.suptitle(_wrapped(title, fig), fontsize=11)
     rect = (0, 0.75 / (height * nrows + 0.9), 1, 0.98)
     # NOTE: labels are placed in display space, so the layout is fixed first (the labels stay inside the axes and
     # do not move it again).
@@ -594,13 +622,12 @@ def compare_bars_figure(aggregated: Sequence[dict[str, object]], *, capacity_req
     (dashed) and random routing's expectation (dotted); each bar labelled with its fraction of the bound."""
     plt = _pyplot()
     points = _by_point(aggregated)
-    ncols = min(3, len(points))
-    nrows = math.ceil(len(points) / ncols)
+    nrows, ncols, cells = _point_grid([p for p, _ in points])
     height = max(2.5, 0.32 * max(len(b) for _, b in points) + 1.4)
-    fig, axes = plt.subplots(nrows, ncols, squeeze=False, figsize=(6.2 * ncols, height * nrows + 0.5), dpi=110)
-    for ax in axes.flat[len(points):]:
-        ax.set_visible(False)
-    for ax, (point, block) in zip(axes.flat, points):
+    fig, axes = plt.subplots(nrows, ncols, squeeze=False, figsize=(7.0 * ncols, height * nrows + 0.5), dpi=110)
+    _hide_unused(axes, cells)
+    for cell, (point, block) in zip(cells, points):
+        ax = axes[cell]
         primary = str(block[0]["primary_metric"])
         rows = list(reversed(block))  # barh draws bottom up: the best router at the top
         ys = range(len(rows))
@@ -619,11 +646,12 @@ def compare_bars_figure(aggregated: Sequence[dict[str, object]], *, capacity_req
         _bound_lines(ax, block[0], capacity_requests, horizontal=False)
         ax.set_xlim(0, end)
         ticks = [t for t in ax.get_xticks() if 0 <= t <= end * 1.001]
-        ax.set_xlim(0, 1.5 * end)
+        ax.set_xlim(0, 1.8 * end)  # room for the column of values inside the axes
         ax.set_xticks(ticks)
         ax.set_ylim(-0.6, len(rows) - 0.4)
         ax.set_xlabel(_primary_label(capacity_requests))
         ax.set_title(_point_title(point), fontsize=10, pad=26)
         ax.grid(axis="x", alpha=0.3)
-    fig.suptitle(f"{title}\nred: on the Pareto frontier of hit rate and TTFT p99 (kvsim compare's ★)", fontsize=10)
+    fig.suptitle(_wrapped(title, fig) + "\nred: on the Pareto frontier of hit rate and TTFT p99 (kvsim compare's ★)",
+                 fontsize=10)
     return _png(fig)
