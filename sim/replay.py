@@ -38,6 +38,23 @@ class ReplayResult:
     jobs: int = 1
     """Processes the replay was split over."""
 
+    def row(self) -> dict[str, float | int]:
+        """The replay's figures as flat columns (`kvsim replay`'s summary.csv, `kvsim compare --trace`): prefix reuse
+        and vLLM's token hit rate from the counters, percentiles from the streaming histograms."""
+        st = self.stats
+        queries = sum(w.prefix_cache.queries for w in self.workers)
+        hits = sum(w.prefix_cache.hits for w in self.workers)
+        return {
+            "requests": st.requests, "rejected": self.rejected, "prefix_reuse": st.prefix_reuse,
+            "reuse_available": st.reuse_available, "reuse_captured": st.reuse_captured,
+            "view_false_hit_rate": st.view_false_hit_rate,
+            "token_hit_rate": hits / queries if queries else float("nan"), "request_hit_rate": st.request_hit_rate,
+            "ttft_p50_ms": st.ttft_ms.percentile(50), "ttft_p90_ms": st.ttft_ms.percentile(90),
+            "ttft_p99_ms": st.ttft_ms.percentile(99), "e2e_p50_ms": st.e2e_ms.percentile(50),
+            "throughput_rps": st.throughput_rps, "preemptions": sum(w.preemptions for w in self.workers),
+            "evicted_blocks": sum(w.evicted_blocks for w in self.workers), "simulated_s": self.simulated_s,
+        }
+
 
 def replay(scenario: Scenario, trace: Trace | Callable[[], Trace], *, bin_s: float = 60.0,
            fast_forward: bool = True, jobs: int = 1) -> ReplayResult:

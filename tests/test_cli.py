@@ -29,8 +29,9 @@ def test_sweep_writes_summary_and_figure(tmp_path):
     assert set(REQUIRED) <= set(rows[0])
     assert {(r["prefixes"], r["router"], r["repeat"]) for r in rows} == {
         (n, r, k) for n in ("2", "7") for r in ("random", "kv-aware") for k in ("0", "1")}
-    png = (out / "hit_rate.png").read_bytes()
-    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    for name in ("hit_rate.png", "ttft_cdf.png"):
+        png = (out / name).read_bytes()
+        assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000, name
 
 
 def test_sweep_shows_the_measured_value_and_the_formula():

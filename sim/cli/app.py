@@ -11,7 +11,7 @@ import click
 from pydantic import ValidationError
 from rich.console import Console
 
-from sim.studies.reference import load_reference, measured
+from sim.studies.reference import Measurement, load_reference
 from sim.scenario import Scenario, ScenarioError, SloSpec, load_scenario
 
 # NOTE: piped output (CI logs, files) gets a wide table instead of rich's 80-column default.
@@ -141,12 +141,13 @@ def load_or_exit(path: str | None) -> tuple[Scenario, Path]:
         raise click.ClickException(str(err)) from None
 
 
-def reference_for(scenario: Scenario, scenario_path: Path) -> dict[tuple[int, int, int], float]:
+def reference_measurements(scenario: Scenario, scenario_path: Path) -> list[Measurement]:
+    """The scenario's measured reference (empty without one), or a one-line error."""
     if scenario.reference is None:
-        return {}
+        return []
     ref_path = scenario_path.parent / scenario.reference
     try:
-        return measured(load_reference(ref_path), "request_hit_rate")
+        return load_reference(ref_path)
     except (OSError, ValueError) as err:
         raise click.ClickException(f"reference: cannot read {ref_path}: {err}") from None
 

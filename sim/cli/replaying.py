@@ -12,8 +12,33 @@ from sim.cli.app import (
 )
 from sim.results.report import csv_bytes, replay_figure, write_atomic
 from sim.results.summary import slo_columns
-from sim.scenario import ScenarioError
+from sim.scenario import Scenario, ScenarioError
 from sim.routing.spec import router_label, router_overrides
+
+
+def trace_base(scenario_path: str | None, engine: str | None) -> Scenario:
+    """The scenario a trace is replayed on: `scenario_path` or the built-in trace-replay one, on `engine`."""
+    from sim.scenario import builtin_scenario_path
+
+    base, _ = load_or_exit(scenario_path or str(builtin_scenario_path("trace-replay")))
+    return on_engine(base, engine)
+
+
+def trace_overrides(base: Scenario, *, block_size: int | None, kv_tokens: int | None, kv_blocks: int | None,
+                    kv_bytes: int | None, reuse_breakdown: bool | None) -> tuple[dict[str, object], int]:
+    """The overrides of `base` for a replay (engine block size, KV capacity per worker given one way at most, the
+    reuse breakdown) and the engine block size B the trace is read in."""
+    given = [x for x in (kv_tokens, kv_blocks, kv_bytes) if x is not None]
+    if len(given) > 1:
+        raise click.BadParameter("give only one of --kv-tokens, --kv-blocks, --kv-bytes", param_hint="--kv-tokens")
+    B = block_size or base.engine.block_size
+    overrides: dict[str, object] = {"engine.block_size": B}
+    if reuse_breakdown is not None:
+        overrides["cluster.reuse_breakdown"] = reuse_breakdown
+    if given:
+        engine = base.engine.model_copy(update={"block_size": B})
+        overrides.update(engine.capacity_overrides(tokens=kv_tokens, blocks=kv_blocks, kv_bytes=kv_bytes))
+    return overrides, B
 
 
 @main.command()
@@ -65,22 +90,13 @@ def replay(trace, workers, kv_tokens, kv_blocks, kv_bytes, router, engine, scena
     import time as _time
 
     from sim.replay import replay as run_replay
-    from sim.scenario import builtin_scenario_path
     from sim.studies.sweep import available_cores
     from sim.workloads.traces import TraceError, read_mooncake
 
-    base, _ = load_or_exit(scenario_path or str(builtin_scenario_path("trace-replay")))
-    base = with_slo(on_engine(base, engine), slo)
-    given = [x for x in (kv_tokens, kv_blocks, kv_bytes) if x is not None]
-    if len(given) > 1:
-        raise click.BadParameter("give only one of --kv-tokens, --kv-blocks, --kv-bytes", param_hint="--kv-tokens")
-    B = block_size or base.engine.block_size
-    overrides: dict[str, object] = {"cluster.workers": workers, "engine.block_size": B}
-    if reuse_breakdown is not None:
-        overrides["cluster.reuse_breakdown"] = reuse_breakdown
-    if given:
-        engine = base.engine.model_copy(update={"block_size": B})
-        overrides.update(engine.capacity_overrides(tokens=kv_tokens, blocks=kv_blocks, kv_bytes=kv_bytes))
+    base = with_slo(trace_base(scenario_path, engine), slo)
+    overrides, B = trace_overrides(base, block_size=block_size, kv_tokens=kv_tokens, kv_blocks=kv_blocks,
+                                   kv_bytes=kv_bytes, reuse_breakdown=reuse_breakdown)
+    overrides["cluster.workers"] = workers
     if router is not None:
         if len(router) != 1:
             raise click.BadParameter("give one router", param_hint="--router")
@@ -95,17 +111,8 @@ def replay(trace, workers, kv_tokens, kv_blocks, kv_bytes, router, engine, scena
     except (ScenarioError, TraceError) as err:
         raise click.ClickException(str(err)) from None
     st = result.stats
-    queries = sum(w.prefix_cache.queries for w in result.workers)
-    hits = sum(w.prefix_cache.hits for w in result.workers)
     row = {
-        "requests": st.requests, "rejected": result.rejected, "prefix_reuse": st.prefix_reuse,
-        "reuse_available": st.reuse_available, "reuse_captured": st.reuse_captured,
-        "view_false_hit_rate": st.view_false_hit_rate,
-        "token_hit_rate": hits / queries if queries else float("nan"), "request_hit_rate": st.request_hit_rate,
-        "ttft_p50_ms": st.ttft_ms.percentile(50), "ttft_p90_ms": st.ttft_ms.percentile(90),
-        "ttft_p99_ms": st.ttft_ms.percentile(99), "e2e_p50_ms": st.e2e_ms.percentile(50),
-        "throughput_rps": st.throughput_rps, "preemptions": sum(w.preemptions for w in result.workers),
-        "evicted_blocks": sum(w.evicted_blocks for w in result.workers), "simulated_s": result.simulated_s,
+        **result.row(),
         "wall_s": wall_s, "jobs": result.jobs, "workers": workers, "kv_blocks_per_worker": scenario.num_blocks, "block_size": B,
         "router": router_label(scenario.router.name, scenario.router.options), "engine": scenario.engine.kind,
         "kv_tokens_per_worker": scenario.capacity_tokens,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from dataclasses import asdict
 from pathlib import Path
 
@@ -13,12 +14,13 @@ from rich.table import Table
 from sim.studies.analytic import formula_hit_rate
 from sim.cli.app import (
     ENGINE_HELP, SLO_HELP, console, engine_list, err_console, fmt, int_list, load_or_exit, main, on_engine, one_engine,
-    reference_for, router_list, slo_option, with_slo,
+    reference_measurements, router_list, slo_option, with_slo,
 )
 from sim.results.report import (
     SUMMARY_COLUMNS, aggregate, csv_bytes, engine_figure, hit_rate_figure, ttft_cdf_figure, write_atomic,
 )
 from sim.scenario import ScenarioError
+from sim.studies.reference import measured
 from sim.routing.spec import router_label, router_overrides
 
 
@@ -53,7 +55,8 @@ def sweep(scenario_path, prefixes, workers, concurrency, routers, engines, repea
 
     base, path = load_or_exit(scenario_path)
     base = with_slo(base, slo)
-    reference = reference_for(base, path)
+    measurements = reference_measurements(base, path)
+    reference = measured(measurements, "request_hit_rate")
     points = sweep_points(
         workers=workers or [base.cluster.workers],
         prefixes=prefixes,
@@ -112,9 +115,20 @@ def sweep(scenario_path, prefixes, workers, concurrency, routers, engines, repea
         write_atomic(out / "summary.csv", csv_bytes(rows, SUMMARY_COLUMNS))
         shown = {k: v for k, v in reference.items()
                  if k[0] in {p.workers for p in points} and k[2] in {p.concurrency for p in points}}
+        # NOTE: the reference was measured with the scenario's own router and engine; its points are drawn beside
+        # that router's predictions only (hit rates: labelled as such; TTFT: on that router's panels).
+        own = (router_label(base.router.name, base.router.options), base.engine.kind)
+        label = f"measured ({base.router.name}, {base.engine.kind})"
         write_atomic(out / "hit_rate.png", hit_rate_figure(
-            aggregated, capacity_requests=capacity, measured=shown, title=f"{base.name}: request hit rate vs prefixes"))
-        write_atomic(out / "ttft_cdf.png", ttft_cdf_figure(outcomes, title=f"{base.name}: TTFT distribution"))
+            aggregated, capacity_requests=capacity, measured=shown, measured_label=label,
+            title=f"{base.name}: request hit rate vs prefixes"))
+        ttft_measured: dict[tuple[int, int, int], dict[str, float]] = defaultdict(dict)
+        for m in measurements:
+            if m.metric.startswith("ttft_") and m.unit in ("ms", ""):
+                ttft_measured[(m.workers, m.prefixes, m.concurrency)][m.metric] = m.value
+        write_atomic(out / "ttft_cdf.png", ttft_cdf_figure(
+            outcomes, title=f"{base.name}: TTFT distribution (repeats pooled)", measured=dict(ttft_measured),
+            measured_group=own))
         written = [out / "summary.csv", out / "hit_rate.png", out / "ttft_cdf.png"]
         if len({row["engine"] for row in rows}) > 1:
             write_atomic(out / "engines.png", engine_figure(

@@ -15,6 +15,10 @@ from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
+
+from sim.results.intervals import t_interval
+
 SUMMARY_COLUMNS = (
     "workers", "prefixes", "concurrency", "router", "engine", "repeat", "seed", "requests",
     "request_hit_rate", "full_hit_rate", "token_hit_rate",
@@ -27,6 +31,13 @@ SUMMARY_COLUMNS = (
     "tpot_p50_ms", "tpot_p99_ms", "e2e_p50_ms", "e2e_p99_ms", "imbalance_max_mean", "jain_index",
     "ttft_slo_met", "tpot_slo_met", "e2e_slo_met",
 )
+
+AGGREGATED_COLUMNS = (
+    "request_hit_rate", "full_hit_rate", "token_hit_rate", "ttft_p50_ms", "ttft_p99_ms", "throughput_rps",
+    "preemptions", "max_worker_share", "reuse_available", "reuse_captured", "reuse_delivered", "view_false_hit_rate",
+    "goodput_rps", "goodput_fraction", "tpot_p50_ms", "tpot_p99_ms", "e2e_p99_ms", "imbalance_max_mean", "jain_index",
+)
+"""The summary columns `aggregate` averages over repeats (each with `_sd` and `_ci95`)."""
 
 GROUP_KEYS = ("workers", "prefixes", "concurrency", "router", "engine")
 
@@ -73,7 +84,8 @@ def csv_bytes(rows: Sequence[dict[str, object]], columns: Sequence[str]) -> byte
 
 
 def aggregate(rows: Sequence[dict[str, object]]) -> list[dict[str, object]]:
-    """Mean (and standard deviation) over repeats for each (workers, prefixes, concurrency, router, engine)."""
+    """Mean, standard deviation (`_sd`) and 95 % t-interval half-width (`_ci95`, nan for one run) over repeats for
+    each (workers, prefixes, concurrency, router, engine)."""
     groups: dict[tuple, list[dict[str, object]]] = defaultdict(list)
     for row in rows:
         groups[tuple(row[k] for k in GROUP_KEYS)].append(row)
@@ -81,108 +93,215 @@ def aggregate(rows: Sequence[dict[str, object]]) -> list[dict[str, object]]:
     for key, members in sorted(groups.items()):
         agg: dict[str, object] = dict(zip(GROUP_KEYS, key))
         agg["repeats"] = len(members)
-        for col in ("request_hit_rate", "full_hit_rate", "token_hit_rate", "ttft_p50_ms", "ttft_p99_ms",
-                    "throughput_rps", "preemptions", "max_worker_share", "reuse_available", "reuse_captured",
-                    "reuse_delivered", "view_false_hit_rate", "goodput_rps", "goodput_fraction", "tpot_p50_ms",
-                    "tpot_p99_ms", "e2e_p99_ms", "imbalance_max_mean", "jain_index"):
+        for col in AGGREGATED_COLUMNS:
             values = [float(m[col]) for m in members if not math.isnan(float(m[col]))]
             agg[col] = statistics.fmean(values) if values else float("nan")
             agg[f"{col}_sd"] = statistics.stdev(values) if len(values) > 1 else 0.0
+            agg[f"{col}_ci95"] = t_interval(values).half_width
         out.append(agg)
     return out
+
+
+def _grid(plt, nrows: int, ncols: int, *, panel_w: float, panel_h: float, legend_w: float = 0.0,
+          legend_h: float = 0.0, **kw):
+    """A figure of nrows x ncols panels with room for a legend beside (right, `legend_w` in) or below
+    (`legend_h` in) them; returns (fig, axes, rect for tight_layout)."""
+    w, h = panel_w * ncols + legend_w, panel_h * nrows + legend_h + 0.7
+    fig, axes = plt.subplots(nrows, ncols, squeeze=False, figsize=(w, h), dpi=100, **kw)
+    return fig, axes, (0, legend_h / h, 1 - legend_w / w, 1 - 0.35 / h)
+
+
+def _dodge(i: int, k: int, width: float) -> float:
+    """The offset of series i of k side by side around a shared x (total spread `width`)."""
+    return 0.0 if k <= 1 else (i - (k - 1) / 2) * width / (k - 1)
 
 
 def _plot_formula(ax, capacity_requests: float, max_n: int, style: str) -> None:
     """The formula min(1, C/N) as a curve over N in [1, max_n]."""
     grid = [1 + i * (max_n - 1) / 200 for i in range(201)]
     ax.plot(grid, [min(1.0, capacity_requests / n) for n in grid], style, lw=1,
-            label=f"formula min(1, {capacity_requests:.2f}/N)")
+            label=f"formula min(1, C/N), C = {capacity_requests:.2f} prompts per worker")
 
 
 def hit_rate_figure(
     aggregated: Sequence[dict[str, object]], *, capacity_requests: float,
-    measured: dict[tuple[int, int, int], float], title: str,
+    measured: dict[tuple[int, int, int], float], title: str, measured_label: str = "measured",
 ) -> bytes:
-    """Request hit rate vs N: a line per (workers, router), the formula min(1, C/N), the measured points."""
+    """Request hit rate vs N as small multiples: a panel per worker count (columns) and concurrency (rows). In a
+    panel, a line per router (and engine, if several): the mean over repeats with its 95 % t-interval as error
+    bars; the formula min(1, C/N); the measured points of exactly that (workers, concurrency) as black crosses
+    beside the predictions (series side by side around each N). One legend below the panels."""
     plt = _pyplot()
-    lines: dict[tuple, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
-    engines = {row.get("engine") for row in aggregated}
-    for row in aggregated:
-        lines[(row["workers"], row["router"], row.get("engine"))][int(row["prefixes"])].append(
-            float(row["request_hit_rate"]))
-    all_n = sorted({int(r["prefixes"]) for r in aggregated} | {n for (_, n, _) in measured})
-    # NOTE: the legend sits right of the axes, never over the data; past 10 lines, 20 colours and a marker per
-    # ten keep every line distinct (a router comparison can have 15).
-    fig, ax = plt.subplots(figsize=(8 + 3 * (len(lines) > 4), 5), dpi=110)
-    colours = plt.get_cmap("tab10" if len(lines) <= 10 else "tab20").colors
-    for i, ((workers, router, engine), by_n) in enumerate(sorted(lines.items(), key=lambda kv: tuple(map(str, kv[0])))):
-        ns = sorted(by_n)
-        on = f" on {engine}" if len(engines) > 1 else ""
-        ax.plot(ns, [statistics.fmean(by_n[n]) for n in ns], marker="osD^v"[i // len(colours) % 5],
-                color=colours[i % len(colours)], label=f"kvsim {router}{on}, {workers} workers")
-    if all_n:
-        _plot_formula(ax, capacity_requests, max(all_n), "k--")
-    by_workers: dict[int, list[tuple[int, float]]] = defaultdict(list)
-    for (workers, n, _c), value in measured.items():
-        by_workers[workers].append((n, value))
-    for marker, (workers, pts) in zip("xs^v", sorted(by_workers.items())):
-        ax.scatter([p[0] for p in pts], [p[1] for p in pts], marker=marker, s=50, zorder=5,
-                   color="black", label=f"measured, {workers} workers")
-    ax.set_xlabel("distinct prefixes N")
-    ax.set_ylabel("request hit rate")
-    ax.set_ylim(0, 1.05)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    if len(lines) > 4:
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-        fig.tight_layout()
-    else:
-        ax.legend(fontsize=8)
-    return _png(fig)
+    workers = sorted({int(r["workers"]) for r in aggregated})
+    concurrencies = sorted({int(r["concurrency"]) for r in aggregated})
+    several_engines = len({r.get("engine") for r in aggregated}) > 1
+    series = sorted({(str(r["router"]), str(r.get("engine"))) for r in aggregated})
+    all_n = sorted({int(r["prefixes"]) for r in aggregated}
+                   | {n for (w, n, c) in measured if w in workers and c in concurrencies})
+    repeats = max((int(r.get("repeats", 1)) for r in aggregated), default=1)
+    legend_rows = math.ceil((len(series) + 2) / 3)
+    fig, axes, rect = _grid(plt, len(concurrencies), len(workers), panel_w=4.6, panel_h=3.5,
+                            legend_h=0.3 + 0.22 * legend_rows, sharex=True, sharey=True)
+    colours = plt.get_cmap("tab10" if len(series) <= 10 else "tab20").colors
+    spread = 0.05 * (max(all_n) - min(all_n)) if len(all_n) > 1 else 0.4
+    shown_measured = False
+    for ri, conc in enumerate(concurrencies):
+        for ci, w in enumerate(workers):
+            ax = axes[ri][ci]
+            pts = sorted((n, v) for (mw, n, mc), v in measured.items() if mw == w and mc == conc)
+            k = len(series) + bool(pts)
+            for i, (router, engine) in enumerate(series):
+                rows = sorted((r for r in aggregated if int(r["workers"]) == w and int(r["concurrency"]) == conc
+                               and str(r["router"]) == router and str(r.get("engine")) == engine),
+                              key=lambda r: int(r["prefixes"]))
+                if not rows:
+                    continue
+                xs = [int(r["prefixes"]) + _dodge(i, k, spread) for r in rows]
+                err = [_finite(r.get("request_hit_rate_ci95")) for r in rows]
+                on = f" on {engine}" if several_engines else ""
+                ax.errorbar(xs, [float(r["request_hit_rate"]) for r in rows], yerr=err, marker="osD^v"[i // 10 % 5],
+                            ms=4, color=colours[i % len(colours)], capsize=2.5, lw=1.2, label=f"kvsim {router}{on}")
+            if all_n:
+                _plot_formula(ax, capacity_requests, max(all_n), "k--")
+            if pts:
+                shown_measured = True
+                ax.scatter([n + _dodge(k - 1, k, spread) for n, _ in pts], [v for _, v in pts], marker="x", s=40,
+                           lw=1.5, color="black", zorder=5, label=measured_label)
+            ax.set_title(f"{w} workers, concurrency {conc}", fontsize=10)
+            ax.set_ylim(0, 1.05)
+            ax.grid(alpha=0.3)
+            if ri == len(concurrencies) - 1:
+                ax.set_xlabel("distinct prefixes N")
+            if ci == 0:
+                ax.set_ylabel("request hit rate (fraction)")
+    labels = {}
+    for ax in axes.flat:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            labels.setdefault(lab, h)
+    order = sorted(labels, key=lambda lab: (lab.startswith("formula"), lab == measured_label, lab))
+    fig.legend([labels[lab] for lab in order], order, loc="lower center", ncol=3, fontsize=8, frameon=False)
+    interval = f"mean ± 95% CI (t) over {repeats} runs" if repeats > 1 else "1 run per point: no interval"
+    fig.suptitle(f"{title} ({interval})" + ("" if shown_measured else "; no measurement at these points"),
+                 fontsize=11)
+    return _png(fig, rect=rect)
 
 
-def ttft_cdf_figure(outcomes: Sequence, *, title: str) -> bytes:
-    """TTFT CDFs: a panel per (workers, router, engine) x concurrency, a colour per N, hits solid and misses
-    dashed (repeats pooled)."""
+_TTFT_MEASURED = {
+    "hit": (("ttft_hit_p50", 0.50), ("ttft_hit_p90", 0.90)),
+    "miss": (("ttft_miss_p50", 0.50), ("ttft_miss_p90", 0.90)),
+    "all": (("ttft_p50", 0.50), ("ttft_p99", 0.99)),
+}
+"""Measured TTFT percentiles drawn on the CDFs: the reference metric and its quantile, per curve."""
+_TTFT_STYLE = {"hit": ("-", "o"), "miss": ("--", "s"), "all": (None, "D")}
+"""Per split: the line style of the simulated CDF (none for all requests) and the marker of the measured
+percentiles."""
+_TTFT_MAX_ROWS = 8
+"""More panel rows than this ((router, engine) groups x concurrencies) would make a figure of unreadable height:
+then only one group is drawn."""
+
+
+def ttft_panel_rows(keys: Sequence[tuple[str, str, int]],
+                    measured_group: tuple[str, str] | None) -> tuple[list[tuple[str, str, int]], str]:
+    """The rows of `ttft_cdf_figure` among (router, engine, concurrency) keys, router by router, and the note its
+    title carries: every key when they fit in `_TTFT_MAX_ROWS`, else only `measured_group`'s (or the first
+    group's), with a note saying so."""
+    groups = sorted({k[:2] for k in keys})
+    concurrencies = sorted({k[2] for k in keys})
+    note = ""
+    if len(groups) * len(concurrencies) > _TTFT_MAX_ROWS:
+        keep = measured_group if measured_group in groups else groups[0]
+        note = f" — {keep[0]} only ({len(groups)} routers or engines ran; all are in summary.csv)"
+        groups = [keep]
+    return sorted({k for k in keys if k[:2] in groups}), note
+
+
+def ttft_cdf_figure(outcomes: Sequence, *, title: str,
+                    measured: dict[tuple[int, int, int], dict[str, float]] | None = None,
+                    measured_group: tuple[str, str] | None = None) -> bytes:
+    """TTFT CDFs as small multiples, on the grid of `hit_rate_figure`: a column per worker count, a row per
+    concurrency (and per router and engine when several ran, router by router); in a panel a colour per N, hits
+    solid, misses dashed (repeats pooled), on a logit quantile axis so that p90 and p99 read as well as the median.
+
+    `measured[(workers, N, concurrency)]` holds reference percentiles in ms (`ttft_hit_p50`, ..., `ttft_p99`):
+    drawn as black-edged markers at (ms, quantile) on the panels of `measured_group` (the router and engine the
+    reference ran), beside the simulated curve they belong to; the percentiles of all requests, which have no
+    curve, beside kvsim's as hollow markers. When (router, engine) groups x concurrencies pass `_TTFT_MAX_ROWS`,
+    only `measured_group` (or the first group) is drawn, and the title says so. One legend right of the panels."""
     plt = _pyplot()
+    from matplotlib.lines import Line2D
+
+    measured = measured or {}
     pooled: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: {"hit": [], "miss": []})
     for o in outcomes:
         p = o.point
-        key = ((p.workers, p.router, o.row.get("engine", "")), p.concurrency, p.prefixes)
+        key = ((p.router, str(o.row.get("engine", "")), p.concurrency), p.workers, p.prefixes)
         pooled[key]["hit"] += o.ttft.hit_ms
         pooled[key]["miss"] += o.ttft.miss_ms
-    groups = sorted({k[0] for k in pooled})
-    concurrencies = sorted({k[1] for k in pooled})
+    rows, note = ttft_panel_rows([k[0] for k in pooled], measured_group)
+    groups = sorted({r[:2] for r in rows})
+    workers_list = sorted({k[1] for k in pooled})
     prefixes = sorted({k[2] for k in pooled})
-    several_engines = len({g[2] for g in groups}) > 1
-    colours = {n: plt.cm.viridis(i / max(1, len(prefixes) - 1)) for i, n in enumerate(prefixes)}
-    fig, axes = plt.subplots(len(groups), len(concurrencies), squeeze=False, sharex=True, sharey=True,
-                             figsize=(4.2 * len(concurrencies), 3.2 * len(groups)), dpi=100)
-    for gi, group in enumerate(groups):
-        workers, router, engine = group
-        for ci, conc in enumerate(concurrencies):
-            ax = axes[gi][ci]
+    several_engines = len({g[1] for g in groups}) > 1
+    colours = {n: plt.cm.viridis(0.9 * i / max(1, len(prefixes) - 1)) for i, n in enumerate(prefixes)}
+    fig, axes, rect = _grid(plt, len(rows), len(workers_list), panel_w=4.4, panel_h=3.3, legend_w=2.4,
+                            sharex=True, sharey=True)
+    any_measured = False
+    for ri, (router, engine, conc) in enumerate(rows):
+        for ci, workers in enumerate(workers_list):
+            ax = axes[ri][ci]
             for n in prefixes:
-                samples = pooled.get((group, conc, n))
+                samples = pooled.get(((router, engine, conc), workers, n))
                 if samples is None:
                     continue
-                for split, style in (("hit", "-"), ("miss", "--")):
+                for split in ("hit", "miss"):
                     values = sorted(samples[split])
                     if values:
-                        ys = [(i + 1) / len(values) for i in range(len(values))]
-                        ax.step(values, ys, style, where="post", color=colours[n], lw=1.2,
-                                label=f"N={n} {split}" if gi == 0 and ci == 0 else None)
+                        # NOTE: Hazen plotting positions (i + 0.5) / n keep every point off 0 and 1 on the logit axis.
+                        ys = [(i + 0.5) / len(values) for i in range(len(values))]
+                        ax.step(values, ys, _TTFT_STYLE[split][0], where="post", color=colours[n], lw=1.3)
+                ref = measured.get((workers, n, conc), {}) if (router, engine) == measured_group else {}
+                for split, marks in _TTFT_MEASURED.items():
+                    got = [(ref[m], q) for m, q in marks if m in ref]
+                    if not got:
+                        continue
+                    any_measured = True
+                    ax.scatter([g[0] for g in got], [g[1] for g in got], marker=_TTFT_STYLE[split][1], s=32,
+                               color=colours[n], edgecolors="black", linewidths=0.9, zorder=6)
+                    if split == "all":
+                        # NOTE: all requests have no curve of their own (it would double the lines): kvsim's
+                        # percentiles of them are hollow markers beside the measured ones.
+                        every = np.sort(np.asarray(samples["hit"] + samples["miss"]))
+                        if every.size:
+                            ax.scatter([float(np.percentile(every, 100 * q)) for _, q in got], [q for _, q in got],
+                                       marker=_TTFT_STYLE[split][1], s=60, facecolors="none",
+                                       edgecolors=colours[n], linewidths=1.3, zorder=7)
             ax.set_xscale("log")
-            on = f", {engine}" if several_engines else ""
-            ax.set_title(f"{workers} workers, {router}{on}, C={conc}", fontsize=9)
+            ax.set_yscale("logit")
+            ax.set_ylim(0.005, 0.998)
+            ax.set_yticks([0.01, 0.1, 0.5, 0.9, 0.99])
+            ax.set_yticklabels(["0.01", "0.1", "0.5", "0.9", "0.99"])
+            ax.minorticks_off()
+            ax.yaxis.set_minor_locator(plt.NullLocator())
+            on = f" on {engine}" if several_engines else ""
+            ax.set_title(f"{router}{on}, {workers} workers, concurrency {conc}", fontsize=9)
             ax.grid(alpha=0.3)
-            if gi == len(groups) - 1:
+            if ri == len(rows) - 1:
                 ax.set_xlabel("TTFT (ms)")
             if ci == 0:
-                ax.set_ylabel("fraction of requests")
-    fig.legend(loc="upper right", fontsize=7, ncol=2)
-    fig.suptitle(title)
-    return _png(fig, rect=(0, 0, 0.88, 0.96))
+                ax.set_ylabel("fraction of requests ≤ TTFT")
+    handles = [Line2D([], [], color=colours[n], lw=2, label=f"N = {n} prefixes") for n in prefixes]
+    handles += [Line2D([], [], color="0.3", ls=_TTFT_STYLE[s][0], lw=1.3, label=f"kvsim, {lab}")
+                for s, lab in (("hit", "hits"), ("miss", "misses"))]
+    if any_measured:
+        handles += [Line2D([], [], color="0.7", marker=_TTFT_STYLE[s][1], markeredgecolor="black", lw=0,
+                           label=f"measured {lab}") for s, lab in (("hit", "hits p50, p90"),
+                                                                   ("miss", "misses p50, p90"),
+                                                                   ("all", "all requests p50, p99"))]
+        handles.append(Line2D([], [], color="none", marker=_TTFT_STYLE["all"][1], markeredgecolor="0.3", lw=0,
+                              label="kvsim, all requests p50, p99"))
+    fig.legend(handles=handles, loc="center right", fontsize=8, frameon=False)
+    fig.suptitle(f"{title}{note}", fontsize=11)
+    return _png(fig, rect=rect)
 
 
 def engine_figure(aggregated: Sequence[dict[str, object]], *, capacity_requests: float,
@@ -216,9 +335,12 @@ def engine_figure(aggregated: Sequence[dict[str, object]], *, capacity_requests:
     axes[0][0].set_ylabel("fraction of measured requests")
     handles, labels = axes[0][0].get_legend_handles_labels()
     order = sorted(range(len(labels)), key=lambda i: (labels[i].startswith(("formula", "measured")), labels[i]))
-    fig.legend([handles[i] for i in order], [labels[i] for i in order], loc="center right", fontsize=8)
+    # NOTE: below the panels, never over the data (a legend at the right covered the last panel).
+    fig.legend([handles[i] for i in order], [labels[i] for i in order], loc="lower center", ncol=3, fontsize=8,
+               frameon=False)
     fig.suptitle(title)
-    return _png(fig, rect=(0, 0, 0.78, 0.95))
+    legend_h = 0.25 + 0.2 * math.ceil(len(order) / 3)
+    return _png(fig, rect=(0, legend_h / 4.2, 1, 0.95))
 
 
 def plan_figure(plans: Sequence, *, target_hit_rate: float | None, target_ttft_p99_ms: float | None,
@@ -276,4 +398,268 @@ def replay_figure(stats, *, title: str) -> bytes:
     bottom.grid(alpha=0.3)
     bottom.legend(fontsize=8)
     fig.suptitle(title)
+    return _png(fig)
+
+
+# --- router comparisons (`kvsim compare`) ---------------------------------------------------------------------------
+
+_POINT_KEYS = ("workers", "prefixes", "concurrency")
+_FRONT_COLOUR = "C3"
+_OTHER_COLOUR = "0.35"
+
+
+def _by_point(aggregated: Sequence[dict[str, object]]) -> list[tuple[tuple, list[dict[str, object]]]]:
+    """Aggregated compare rows grouped by (workers, prefixes, concurrency), in their order."""
+    points: dict[tuple, list[dict[str, object]]] = {}
+    for agg in aggregated:
+        points.setdefault(tuple(agg.get(k) for k in _POINT_KEYS), []).append(agg)
+    return list(points.items())
+
+
+def _point_grid(points: Sequence[tuple]) -> tuple[int, int, list[tuple[int, int]]]:
+    """Where each (workers, prefixes, concurrency) point's panel goes: a row per worker count and a column per
+    (prefixes, concurrency) when that makes at most 4 columns (the grid a sweep reads in; with a single column,
+    the worker counts side by side instead), else three panels a row in order. Returns (rows, columns, the (row, column) of each point)."""
+    workers = sorted({p[0] for p in points})
+    columns = sorted({p[1:] for p in points}, key=lambda pc: tuple(-1 if v is None else v for v in pc))
+    if len(columns) == 1 and len(workers) <= 4:  # one (N, concurrency) or a trace: worker counts side by side
+        return 1, len(workers), [(0, workers.index(p[0])) for p in points]
+    if len(columns) <= 4 and len(workers) * len(columns) <= 12:
+        return len(workers), len(columns), [(workers.index(p[0]), columns.index(p[1:])) for p in points]
+    ncols = min(3, len(points))
+    return math.ceil(len(points) / ncols), ncols, [divmod(i, ncols) for i in range(len(points))]
+
+
+def _hide_unused(axes, cells: Sequence[tuple[int, int]]) -> None:
+    used = set(cells)
+    for r, row in enumerate(axes):
+        for c, ax in enumerate(row):
+            if (r, c) not in used:
+                ax.set_visible(False)
+
+
+def _wrapped(title: str, fig) -> str:
+    """`title` broken into lines that fit the figure's width (about 11 characters per inch at 11 points)."""
+    import textwrap
+
+    return "\n".join(textwrap.wrap(title, width=max(40, int(fig.get_figwidth() * 11))))
+
+
+def _point_title(point: tuple) -> str:
+    workers, prefixes, concurrency = point
+    if prefixes is None:
+        return f"{workers} workers"
+    return f"{workers} workers, N = {prefixes} prefixes, concurrency {concurrency}"
+
+
+def _finite(value: object) -> float:
+    """A float, with nan (a single run's interval, a missing value) as 0 for error bars."""
+    v = float(value) if value is not None else math.nan
+    return 0.0 if math.isnan(v) else v
+
+
+def _bound_labels(agg: dict[str, object], capacity_requests: float | None) -> tuple[str, str | None]:
+    """The text of the bound line and of the random expectation line (None for a trace), on two lines each."""
+    if capacity_requests is None:
+        return f"bound: reuse available = {float(agg['bound']):.3f}\n(one infinite cache shared by all)", None
+    w, n, c = agg["workers"], agg["prefixes"], capacity_requests
+    return (f"bound min(1, W·C/N)\n= min(1, {w}·{c:.2f}/{n}) = {float(agg['bound']):.3f}",
+            f"random routing min(1, C/N)\n= min(1, {c:.2f}/{n}) = {float(agg['random_expectation']):.3f}")
+
+
+def _bound_lines(ax, agg: dict[str, object], capacity_requests: float | None, *, horizontal: bool) -> None:
+    """The bound (dashed) and random routing's expectation (dotted) across the axes, labelled in the margin beside
+    the line's end (never over the data): the bound's label above its level, the expectation's below, so that the
+    two never cover each other when they meet (at min(1, ...) = 1)."""
+    bound_text, random_text = _bound_labels(agg, capacity_requests)
+    lines = [(float(agg["bound"]), bound_text, "--", "bottom")]
+    if random_text is not None:
+        lines.append((float(agg["random_expectation"]), random_text, ":", "top"))
+    for value, text, style, side in lines:
+        if math.isnan(value):
+            continue
+        if horizontal:
+            ax.axhline(value, color="black", ls=style, lw=1, zorder=1)
+            ax.annotate(text, (1, value), xycoords=ax.get_yaxis_transform(), xytext=(4, 0),
+                        textcoords="offset points", ha="left", va=side, fontsize=7, annotation_clip=False)
+        else:
+            ax.axvline(value, color="black", ls=style, lw=1, zorder=1)
+            ax.annotate(text, (value, 1), xycoords=ax.get_xaxis_transform(), xytext=(0, 3),
+                        textcoords="offset points", ha="left" if side == "bottom" else "right", va="bottom",
+                        fontsize=7, annotation_clip=False)
+
+
+def _primary_label(capacity_requests: float | None) -> str:
+    return ("prefix reuse (cached / prompt tokens)" if capacity_requests is None
+            else "request hit rate (fraction of requests)")
+
+
+def _overlap(a, b) -> float:
+    """Area (pixels²) of the intersection of two display-space boxes."""
+    w = min(a.x1, b.x1) - max(a.x0, b.x0)
+    h = min(a.y1, b.y1) - max(a.y0, b.y0)
+    return w * h if w > 0 and h > 0 else 0.0
+
+
+def _place_labels(ax, xs: Sequence[float], ys: Sequence[float], labels: Sequence[str], colours: Sequence[str], *,
+                  obstacles: Sequence = (), fontsize: float = 7) -> None:
+    """Label each point next to it, greedily: for each point (in the order given), the nearest of rings of
+    candidate offsets whose text box overlaps the least (weighted: other labels and texts 4, points 3, error bars
+    1) and stays inside the axes. A label moved beyond the first ring gets a thin leader line."""
+    from matplotlib.transforms import Bbox
+
+    fig = ax.figure
+    renderer = fig.canvas.get_renderer()
+    inside = ax.get_window_extent(renderer)
+    centres = ax.transData.transform(list(zip(xs, ys)))
+    weighted = [(t.get_window_extent(renderer), 4.0) for t in obstacles]
+    weighted += [(Bbox.from_bounds(px - 4, py - 4, 8, 8), 3.0) for px, py in centres]
+    for line in ax.lines + [c for c in ax.collections]:
+        try:
+            weighted.append((line.get_window_extent(renderer), 0.02))  # error bars: large thin boxes, weak weight
+        except (AttributeError, RuntimeError):
+            pass
+    angles = (0, 25, -25, 180, 155, -155, 60, -60, 120, -120, 90, -90)
+    rings = (6, 14, 24, 36, 50)
+    for x, y, label, colour in zip(xs, ys, labels, colours):
+        best = None
+        for ring, radius in enumerate(rings):
+            for angle in angles:
+                dx, dy = radius * math.cos(math.radians(angle)), radius * math.sin(math.radians(angle))
+                ha = "left" if dx > 1 else "right" if dx < -1 else "center"
+                va = "bottom" if dy > 1 else "top" if dy < -1 else "center"
+                probe = ax.annotate(label, (x, y), xytext=(dx, dy), textcoords="offset points", ha=ha, va=va,
+                                    fontsize=fontsize)
+                box = probe.get_window_extent(renderer)
+                probe.remove()
+                outside = (box.x0 < inside.x0) or (box.x1 > inside.x1) or (box.y0 < inside.y0) or (box.y1 > inside.y1)
+                # NOTE: each ring further out costs as much as a small overlap, so that a label stays beside its
+                # point unless that covers something.
+                score = (sum(w * _overlap(box, b) for b, w in weighted) + 60.0 * ring
+                         + (1e9 if outside else 0.0))
+                if best is None or score < best[0]:
+                    best = (score, ring, dx, dy, ha, va, box)
+            if best[0] <= 60.0 * ring:
+                break
+        _, ring, dx, dy, ha, va, box = best
+        ax.annotate(label, (x, y), xytext=(dx, dy), textcoords="offset points", ha=ha, va=va, fontsize=fontsize,
+                    color=colour, arrowprops=dict(arrowstyle="-", lw=0.7, color=colour, shrinkA=0, shrinkB=3)
+                    if ring > 0 else None)
+        weighted.append((box, 4.0))
+
+
+def compare_figure(aggregated: Sequence[dict[str, object]], *, capacity_requests: float | None, title: str) -> bytes:
+    """Hit rate against TTFT p99, a panel per (workers, N, concurrency): each router a labelled point with its 95 %
+    intervals in both directions, the Pareto frontier (highest hit rate for a TTFT p99) as a step line through
+    its routers (red), the bound as a dashed line and random routing's expectation min(1, C/N) as a dotted one.
+    For a trace, prefix reuse instead of the hit rate and the reuse available as the bound."""
+    plt = _pyplot()
+    points = _by_point(aggregated)
+    nrows, ncols, cells = _point_grid([p for p, _ in points])
+    width, height = (8.0, 6.0) if len(points) == 1 else (6.6, 5.2)
+    fig, axes = plt.subplots(nrows, ncols, squeeze=False, figsize=(width * ncols, height * nrows + 0.9), dpi=110)
+    _hide_unused(axes, cells)
+    labels = []
+    for cell, (point, block) in zip(cells, points):
+        ax = axes[cell]
+        primary = str(block[0]["primary_metric"])
+        xs = [float(a["ttft_p99_ms"]) for a in block]
+        ys = [float(a[primary]) for a in block]
+        xerr = [_finite(a.get("ttft_p99_ms_ci95")) for a in block]
+        yerr = [_finite(a.get(f"{primary}_ci95")) for a in block]
+        colours = [_FRONT_COLOUR if a["on_front"] else _OTHER_COLOUR for a in block]
+        for x, y, ex, ey, colour, a in zip(xs, ys, xerr, yerr, colours, block):
+            # NOTE: faint bars, solid points: the labels and their leader lines must stay readable across bars.
+            ax.errorbar([x], [y], xerr=[ex], yerr=[ey], fmt="none", ecolor=colour, elinewidth=0.8, capsize=2,
+                        alpha=0.45, zorder=3)
+            ax.plot([x], [y], "o", ms=5.5 if a["on_front"] else 4.5, color=colour, zorder=4)
+        front = sorted((x, y) for x, y, a in zip(xs, ys, block) if a["on_front"])
+        if front:
+            ax.step([p[0] for p in front], [p[1] for p in front], where="post", color=_FRONT_COLOUR, lw=1.2,
+                    alpha=0.6, zorder=2)
+        _bound_lines(ax, block[0], capacity_requests, horizontal=True)
+        finite_x = [x for x in xs if not math.isnan(x)] or [1.0]
+        lo = min(x - e for x, e in zip(xs, xerr) if not math.isnan(x)) if xs else 0
+        hi = max(x + e for x, e in zip(xs, xerr) if not math.isnan(x)) if xs else max(finite_x)
+        span = max(hi - lo, 1e-9)
+        ax.set_xlim(max(0.0, lo - 0.12 * span), hi + 0.25 * span)
+        ax.set_ylim(0, _fraction_top([_finite(block[0]["bound"]), *(_finite(y) + e for y, e in zip(ys, yerr))]))
+        ax.set_xlabel("TTFT p99 (ms)")
+        ax.set_ylabel(_primary_label(capacity_requests))
+        ax.set_title(_point_title(point), fontsize=10)
+        ax.grid(alpha=0.3)
+        order = sorted(range(len(block)), key=lambda i: (not block[i]["on_front"], -_finite(ys[i])))
+        labels.append((ax, [xs[i] for i in order], [ys[i] for i in order], [str(block[i]["router"]) for i in order],
+                       [colours[i] for i in order]))
+    from matplotlib.lines import Line2D
+
+    handles = [
+        Line2D([], [], color=_FRONT_COLOUR, marker="o", lw=1.2, label="Pareto frontier"),
+        Line2D([], [], color=_OTHER_COLOUR, marker="o", lw=0, label="dominated: another router hits more at a "
+                                                                    "lower TTFT p99"),
+        Line2D([], [], color="black", marker="|", lw=0.8, label="bars: 95% CI over repeats"),
+    ]
+    fig.legend(handles=handles, loc="lower center", ncol=3 if ncols > 1 else 1, fontsize=8, frameon=False)
+    fig.suptitle(_wrapped(title, fig), fontsize=11)
+    rect = (0, 0.75 / (height * nrows + 0.9), 1, 0.98)
+    # NOTE: labels are placed in display space, so the layout is fixed first (the labels stay inside the axes and
+    # do not move it again).
+    fig.tight_layout(rect=rect)
+    fig.canvas.draw()
+    for ax, *job in labels:
+        _place_labels(ax, *job)
+    return _png(fig, rect=rect)
+
+
+def _fraction_end(values: Sequence[float]) -> float:
+    """Where a fraction axis's data ends: 1 when the values reach past one half (the whole range reads as a share),
+    else 15 % above the largest (a trace's reuse of a few per cent must not sit flat on the axis)."""
+    top = max([0.0, *values])
+    return 1.0 if top > 0.5 else max(1.15 * top, 0.01)
+
+
+def _fraction_top(values: Sequence[float]) -> float:
+    """The top of a fraction axis: a little headroom above `_fraction_end` on a full 0..1 axis."""
+    end = _fraction_end(values)
+    return 1.08 if end == 1.0 else end
+
+
+def compare_bars_figure(aggregated: Sequence[dict[str, object]], *, capacity_requests: float | None,
+                        title: str) -> bytes:
+    """The hit rate per router, highest at the top, as bars with 95 % intervals, a panel per point; the bound
+    (dashed) and random routing's expectation (dotted); each bar labelled with its fraction of the bound."""
+    plt = _pyplot()
+    points = _by_point(aggregated)
+    nrows, ncols, cells = _point_grid([p for p, _ in points])
+    height = max(2.5, 0.32 * max(len(b) for _, b in points) + 1.4)
+    fig, axes = plt.subplots(nrows, ncols, squeeze=False, figsize=(7.0 * ncols, height * nrows + 0.5), dpi=110)
+    _hide_unused(axes, cells)
+    for cell, (point, block) in zip(cells, points):
+        ax = axes[cell]
+        primary = str(block[0]["primary_metric"])
+        rows = list(reversed(block))  # barh draws bottom up: the best router at the top
+        ys = range(len(rows))
+        values = [_finite(a[primary]) for a in rows]
+        ax.barh(list(ys), values, xerr=[_finite(a.get(f"{primary}_ci95")) for a in rows], height=0.65,
+                color=[_FRONT_COLOUR if a["on_front"] else "0.6" for a in rows], error_kw=dict(lw=0.8, capsize=2))
+        ax.set_yticks(list(ys), [str(a["router"]) for a in rows], fontsize=8)
+        end = _fraction_end([_finite(block[0]["bound"]),
+                             *(v + _finite(a.get(f"{primary}_ci95")) for v, a in zip(values, rows))])
+        # NOTE: the values as a column right of the bars, past the end of the data, where no bar or line reaches.
+        for y, v, a in zip(ys, values, rows):
+            frac = float(a["fraction_of_bound"])
+            half = float(a.get(f"{primary}_ci95", math.nan))
+            ax.text(1.03 * end, y, f"{v:.3f}" + ("" if math.isnan(half) else f" ± {half:.3f}")
+                    + ("" if math.isnan(frac) else f"  {100 * frac:.0f}% of bound"), va="center", fontsize=7)
+        _bound_lines(ax, block[0], capacity_requests, horizontal=False)
+        ax.set_xlim(0, end)
+        ticks = [t for t in ax.get_xticks() if 0 <= t <= end * 1.001]
+        ax.set_xlim(0, 1.8 * end)  # room for the column of values inside the axes
+        ax.set_xticks(ticks)
+        ax.set_ylim(-0.6, len(rows) - 0.4)
+        ax.set_xlabel(_primary_label(capacity_requests))
+        ax.set_title(_point_title(point), fontsize=10, pad=26)
+        ax.grid(axis="x", alpha=0.3)
+    fig.suptitle(_wrapped(title, fig) + "\nred: on the Pareto frontier of hit rate and TTFT p99 (kvsim compare's ★)",
+                 fontsize=10)
     return _png(fig)

@@ -1,0 +1,226 @@
+"""`kvsim compare`: every router (or a list) on one workload, the same request stream, repeats with intervals."""
+
+from __future__ import annotations
+
+import functools
+import math
+from pathlib import Path
+
+import click
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from sim.cli.app import (
+    ENGINE_HELP, console, err_console, fmt, int_list, load_or_exit, main, on_engine, one_engine, router_list,
+    router_names,
+)
+from sim.cli.replaying import trace_base, trace_overrides
+from sim.results.report import (
+    SUMMARY_COLUMNS, compare_bars_figure, compare_figure, csv_bytes, write_atomic,
+)
+from sim.scenario import ScenarioError
+
+NEEDS_A_RECORDING = ("recorded",)
+"""Routers that replay a recorded run's choices: they cannot route a workload of their own."""
+
+OPTIONAL_COLUMNS = (
+    ("goodput_rps", "goodput req/s", ".2f"), ("goodput_fraction", "goodput share", ".3f"),
+    ("imbalance_max_mean", "load max/mean", ".2f"), ("jain_index", "Jain", ".3f"),
+)
+"""Columns shown when the rows have them (the SLO and balance columns of newer summaries)."""
+
+
+def _compare_routers(ctx: click.Context, param: click.Parameter, value: str | None) -> list[str] | None:
+    """`router_list`, refusing first the routers that only replay a recording (whose options it would ask for)."""
+    from sim.routing.spec import split_router_list
+
+    if value is not None:
+        try:
+            names = [label.split(":", 1)[0] for label in split_router_list(value)]
+        except ValueError as err:
+            raise click.BadParameter(str(err)) from None
+        bad = [n for n in names if n in NEEDS_A_RECORDING]
+        if bad:
+            raise click.BadParameter(f"{', '.join(bad)} replays a recorded run's choices (kvsim validate); it "
+                                     "cannot route a workload of its own")
+    return router_list(ctx, param, value)
+
+
+def _pm(agg: dict, metric: str, spec: str) -> str:
+    """`mean ± ci95` of a metric of an aggregated row ('-' when absent, no ± when a single run)."""
+    mean = agg.get(metric)
+    if mean is None or (isinstance(mean, float) and math.isnan(mean)):
+        return "-"
+    half = agg.get(f"{metric}_ci95", math.nan)
+    return format(mean, spec) + ("" if math.isnan(half) else f" ± {format(half, spec)}")
+
+
+@main.command()
+@click.option("--scenario", "scenario_path", type=click.Path(dir_okay=False), default=None,
+              help="Scenario YAML file. Default: the built-in service-baseline scenario (trace-replay with --trace).")
+@click.option("--prefixes", callback=int_list, default=None,
+              help="Distinct shared prefixes N, one or comma-separated (the built-in workload; not with --trace).")
+@click.option("--workers", callback=int_list, default=None, help="Worker counts, one or comma-separated. Default: the scenario's.")
+@click.option("--concurrency", callback=int_list, default=None,
+              help="Requests in flight (closed loop), one or comma-separated. Default: the scenario's. Not with --trace.")
+@click.option("--router", "routers", callback=_compare_routers, default=None,
+              help="Routers, comma-separated: NAME or NAME:key=value,... (a token without = starts the next router; "
+                   "see `kvsim routers`). Default: every router but recorded.")
+@click.option("--engine", callback=one_engine, default=None, help=ENGINE_HELP)
+@click.option("--repeats", type=click.IntRange(min=1), default=5, show_default=True,
+              help="Runs per router and point; repeat r uses seed + r, the same for every router.")
+@click.option("--seed", type=int, default=None, help="Base seed. Default: the scenario's.")
+@click.option("--jobs", type=click.IntRange(min=1), default=None, help="Parallel processes. Default: all cores.")
+@click.option("--trace", "trace_path", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="A Mooncake JSONL trace: the workload is the trace, replayed open loop for each router "
+                   "(as `kvsim replay`).")
+@click.option("--kv-tokens", type=click.IntRange(min=1), default=None,
+              help="With --trace: usable KV capacity per worker in tokens. Default: the scenario's.")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="With --trace: replay only the first N requests.")
+@click.option("--speed", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
+              help="With --trace: arrival times are divided by it.")
+@click.option("--trace-block-size", type=click.IntRange(min=1), default=512, show_default=True,
+              help="With --trace: tokens per hash id in the trace (Mooncake: 512).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Write DIR/compare.csv (a row per router and point), DIR/summary.csv (a row per run), "
+                   "DIR/compare.png (hit rate vs TTFT p99) and DIR/compare_hit_rate.png (hit rate per router).")
+def compare(scenario_path, prefixes, workers, concurrency, routers, engine, repeats, seed, jobs, trace_path,
+            kv_tokens, limit, speed, trace_block_size, out_dir) -> None:
+    """Compare routers on one workload: every router sees the same request stream (repeat r: seed + r).
+
+    Per point (workers, N, concurrency) a table of the routers by request hit rate, highest first: mean ± 95 %
+    t-interval over the repeats of the hit rate, token hit rate, TTFT p50 and p99 and throughput; the fraction of
+    the bound min(1, W·C/N) (C = KV tokens per worker / prompt tokens: the prompts one worker holds) the router
+    reaches; ★ marks the Pareto frontier (no other router has both a higher hit rate and a lower TTFT p99). With
+    --trace the hit rate is the prefix reuse (cached / prompt tokens) and the bound the reuse available (one
+    infinite cache shared by the cluster).
+    """
+    from sim.studies.compare import aggregate_routers, compare_columns
+
+    if trace_path is None:
+        if prefixes is None:
+            raise click.UsageError("give --prefixes (the built-in workload) or --trace FILE")
+        for name, value in (("--kv-tokens", kv_tokens), ("--limit", limit)):
+            if value is not None:
+                raise click.UsageError(f"{name} goes with --trace")
+    else:
+        for name, value in (("--prefixes", prefixes), ("--concurrency", concurrency)):
+            if value is not None:
+                raise click.UsageError(f"{name} does not apply to --trace (the trace fixes the prompts and when "
+                                       "they are sent)")
+    if routers is None:
+        routers = [n for n in router_names() if n not in NEEDS_A_RECORDING]
+
+    if trace_path is None:
+        base, _ = load_or_exit(scenario_path)
+        base = on_engine(base, engine)
+        rows = _run_builtin(base, prefixes, workers, concurrency, routers, repeats, seed, jobs)
+        capacity = base.kv_capacity_requests
+        what = f"{base.name}"
+    else:
+        base = trace_base(scenario_path, engine)
+        overrides, B = trace_overrides(base, block_size=None, kv_tokens=kv_tokens, kv_blocks=None, kv_bytes=None,
+                                       reuse_breakdown=True)
+        try:
+            base = base.with_overrides(**overrides)
+        except ScenarioError as err:
+            raise click.ClickException(str(err)) from None
+        rows = _run_trace(base, trace_path, B, trace_block_size, speed, limit, workers, routers, repeats, seed, jobs)
+        capacity = None
+        what = f"{Path(trace_path).name} ({base.capacity_tokens:,} KV tokens per worker)"
+
+    aggregated = aggregate_routers(rows, capacity_requests=capacity)
+    _print_tables(aggregated, what=what, capacity=capacity, repeats=repeats)
+    if out_dir is not None:
+        out = Path(out_dir)
+        extra = [k for k in dict.fromkeys(k for r in rows for k in r) if k not in SUMMARY_COLUMNS]
+        write_atomic(out / "summary.csv", csv_bytes(rows, [*SUMMARY_COLUMNS, *extra]))
+        write_atomic(out / "compare.csv", csv_bytes(aggregated, compare_columns(aggregated)))
+        intervals = f"mean ± 95% CI over {repeats} runs" if repeats > 1 else "1 run: no interval"
+        write_atomic(out / "compare.png", compare_figure(
+            aggregated, capacity_requests=capacity,
+            title=f"{what}: {'prefix reuse' if capacity is None else 'hit rate'} against TTFT p99 per router ({intervals})"))
+        write_atomic(out / "compare_hit_rate.png", compare_bars_figure(
+            aggregated, capacity_requests=capacity, title=f"{what}: {'prefix reuse' if capacity is None else 'request hit rate'} "
+                                                          f"per router ({intervals})"))
+        written = [out / n for n in ("compare.csv", "summary.csv", "compare.png", "compare_hit_rate.png")]
+        console.print(f"wrote {', '.join(map(str, written))} ({len(aggregated)} routers x points, {len(rows)} runs)")
+
+
+def _progress(total: int, run):
+    with Progress(TextColumn("compare"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err_console, transient=True) as bar:
+        task = bar.add_task("runs", total=total)
+        return run(lambda: bar.advance(task))
+
+
+def _run_builtin(base, prefixes, workers, concurrency, routers, repeats, seed, jobs) -> list[dict]:
+    from sim.studies.sweep import run_sweep, sweep_points
+
+    points = sweep_points(
+        workers=workers or [base.cluster.workers], prefixes=prefixes,
+        concurrency=concurrency or [base.workload.concurrency], routers=routers, repeats=repeats,
+        seed=base.seed if seed is None else seed,
+    )
+    try:
+        outcomes = _progress(len(points), lambda step: run_sweep(base, points, jobs=jobs, progress=step))
+    except ScenarioError as err:
+        raise click.ClickException(str(err)) from None
+    return [o.row for o in outcomes]
+
+
+def _run_trace(base, trace_path, block_size, trace_block_size, speed, limit, workers, routers, repeats, seed,
+               jobs) -> list[dict]:
+    from sim.studies.compare import run_trace, trace_points
+    from sim.workloads.traces import TraceError, read_mooncake
+
+    points = trace_points(workers=workers or [base.cluster.workers], routers=routers, repeats=repeats,
+                          seed=base.seed if seed is None else seed)
+    # NOTE: a partial of a module-level function pickles, so each process opens the trace itself.
+    open_trace = functools.partial(read_mooncake, trace_path, block_size=block_size,
+                                   trace_block_tokens=trace_block_size, speed=speed, limit=limit)
+    try:
+        return _progress(len(points), lambda step: run_trace(base, points, open_trace, jobs=jobs, progress=step))
+    except (ScenarioError, TraceError) as err:
+        raise click.ClickException(str(err)) from None
+
+
+def _print_tables(aggregated: list[dict], *, what: str, capacity: float | None, repeats: int) -> None:
+    from sim.studies.compare import POINT_KEYS
+
+    trace = capacity is None
+    optional = [c for c in OPTIONAL_COLUMNS if any(c[0] in a for a in aggregated)]
+    points: dict[tuple, list[dict]] = {}
+    for agg in aggregated:
+        points.setdefault(tuple(agg[k] for k in POINT_KEYS), []).append(agg)
+    for (workers, n, conc), block in points.items():
+        first = block[0]
+        runs = f"mean ± 95% CI over {repeats} runs" if repeats > 1 else "1 run: no interval"
+        if trace:
+            title = f"{what}, {workers} workers ({runs})"
+            caption = (f"bound: reuse available (one infinite cache shared by the workers) = {fmt(first['bound'])}; "
+                       "of bound = prefix reuse / bound")
+        else:
+            title = f"{what}: {workers} workers, N = {n}, concurrency {conc} ({runs})"
+            caption = (f"bound min(1, W·C/N) = min(1, {workers}·{capacity:.2f}/{n}) = {first['bound']:.3f} "
+                       f"(C: prompts one worker's KV holds); random routing min(1, C/N) = "
+                       f"{first['random_expectation']:.3f}; of bound = hit rate / bound")
+        table = Table(title=title, caption=caption)
+        cols = ["front", "router", "prefix reuse" if trace else "hit rate", "request hit" if trace else "token hit", "of bound", "TTFT p50 ms",
+                "TTFT p99 ms", "req/s", "max share", *(c[1] for c in optional)]
+        for col in cols:
+            table.add_column(col, justify="left" if col in ("router", "front") else "right")
+        for agg in block:
+            table.add_row(
+                "★" if agg["on_front"] else "", str(agg["router"]),
+                _pm(agg, agg["primary_metric"], ".3f"),
+                _pm(agg, "request_hit_rate" if trace else "token_hit_rate", ".3f"),
+                fmt(agg["fraction_of_bound"], ".2f"),
+                _pm(agg, "ttft_p50_ms", ".0f"), _pm(agg, "ttft_p99_ms", ".0f"),
+                _pm(agg, "throughput_rps", ".1f"), fmt(agg.get("max_worker_share", math.nan), ".2f"),
+                *(fmt(agg.get(key, math.nan), spec) for key, _, spec in optional),
+            )
+        console.print(table)
+    primary = "prefix reuse" if capacity is None else "hit rate"
+    console.print(f"★ on the Pareto frontier: no other router has both a higher {primary} and a lower TTFT p99 "
+                  "(at least as good in both, better in one); max share: the busiest worker's share of the requests")

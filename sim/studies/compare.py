@@ -1,0 +1,180 @@
+"""Routers side by side on one workload: every router sees the same request stream, each point repeated.
+
+Two workloads:
+
+* the scenario's own (the built-in shared-prefix workload): points of `sim.studies.sweep` (`SweepPoint`,
+  `run_sweep`), repeat r with seed + r, so repeat r of every router sends the same prefixes in the same order;
+* a trace: replayed open loop (`sim.replay.replay`) once per (workers, router, repeat), repeat r with seed + r too
+  (the trace is the same every time; only routers that draw random numbers differ between repeats).
+
+Per (workers, N, concurrency) and router the repeats are summarised as a mean, a standard deviation and the
+half-width of a 95 % Student-t interval of the mean; routers are then placed against the bound and marked when
+they are on the Pareto frontier of (primary metric up, TTFT p99 down). The primary metric is the request hit rate
+(built-in workload) or the prefix reuse = cached / prompt tokens (traces).
+
+Bounds (C = KV tokens per worker / prompt tokens, `Scenario.kv_capacity_requests`: the prompts one worker holds):
+
+    bound               min(1, W·C/N)   the cluster's W caches hold W·C prompts: with every prefix on one worker
+                                        and no load limits, at most that share of the N prefixes hits
+    random expectation  min(1, C/N)     each worker holds C of the N prefixes whatever the router did (the
+                                        measured experiment's rule, `analytic.formula_hit_rate`)
+
+For a trace the bound is `reuse_available` (what one infinite cache shared by the cluster would hit) and there is no
+random expectation. Pure: this module runs and aggregates; only the CLI prints and writes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from sim.replay import Trace, replay
+from sim.results.intervals import t_interval
+from sim.routing.spec import router_overrides
+from sim.runner import build_router
+from sim.scenario import Scenario
+from sim.studies.analytic import formula_hit_rate
+from sim.studies.sweep import SweepRunner, available_cores
+
+METRICS = (
+    "request_hit_rate", "full_hit_rate", "token_hit_rate", "prefix_reuse", "reuse_available", "reuse_captured",
+    "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "throughput_rps", "max_worker_share", "view_false_hit_rate",
+    "goodput_rps", "goodput_fraction", "imbalance_max_mean", "jain_index", "tpot_p99_ms", "e2e_p99_ms",
+)
+"""Columns summarised over repeats, each where the rows have it (a trace's rows have `prefix_reuse`, the built-in
+workload's `full_hit_rate`; the SLO and balance columns from `goodput_rps` on come with newer `Summary.row()`s)."""
+
+POINT_KEYS = ("workers", "prefixes", "concurrency")
+"""What makes a point (a panel, a table); prefixes and concurrency are None for a trace."""
+
+
+def pareto_front(points: Sequence[tuple[float, float]]) -> list[bool]:
+    """For (value to maximise, value to minimise) pairs — (hit rate, TTFT p99 ms) —, True where no other pair is at
+    least as good in both and better in one. Equal pairs are on the front together; a pair with a nan never is."""
+    ok = [not (math.isnan(y) or math.isnan(x)) for y, x in points]
+    return [
+        ok[i] and not any(
+            ok[j] and yj >= yi and xj <= xi and (yj > yi or xj < xi) for j, (yj, xj) in enumerate(points) if j != i)
+        for i, (yi, xi) in enumerate(points)
+    ]
+
+
+def hit_rate_bound(workers: int, capacity_requests: float, prefixes: int) -> float:
+    """min(1, W·C/N): the share of N equally popular prefixes that W workers of C prompts each can hold at once."""
+    if workers < 1 or prefixes < 1 or capacity_requests <= 0:
+        raise ValueError(f"hit_rate_bound needs workers >= 1, prefixes >= 1, capacity > 0; got {workers}, "
+                         f"{prefixes}, {capacity_requests}")
+    return min(1.0, workers * capacity_requests / prefixes)
+
+
+# --- traces: one replay per (workers, router, repeat) ---------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class TracePoint:
+    workers: int
+    router: str
+    """Router spec label: NAME or NAME:key=value,... (`sim.routing.spec`)."""
+    repeat: int
+    seed: int
+
+    def scenario(self, base: Scenario) -> Scenario:
+        return base.with_overrides(**{
+            "cluster.workers": self.workers,
+            **router_overrides(self.router, base.router.name, base.router.options),
+            "seed": self.seed,
+        })
+
+
+def trace_points(*, workers: Iterable[int], routers: Iterable[str], repeats: int, seed: int) -> list[TracePoint]:
+    """Every (workers, router, repeat); repeat r with seed + r, as `sim.studies.sweep.sweep_points`."""
+    return [TracePoint(w, r, k, seed + k) for w in workers for r in routers for k in range(repeats)]
+
+
+def run_trace_point(base: Scenario, point: TracePoint, open_trace: Callable[[], Trace]) -> dict[str, object]:
+    """One replay of the trace (opened anew by `open_trace`) as a row: the point's keys and `ReplayResult.row()`."""
+    scenario = point.scenario(base)
+    result = replay(scenario, open_trace)
+    stats = result.stats
+    return {
+        "workers": point.workers, "prefixes": None, "concurrency": None, "router": point.router,
+        "engine": scenario.engine.kind, "repeat": point.repeat, "seed": point.seed,
+        **result.row(),
+        # NOTE: the reuse the real caches delivered is the prefix reuse (the names of `summary.csv`).
+        "reuse_delivered": stats.prefix_reuse,
+        "max_worker_share": max(stats.requests_per_worker) / stats.requests if stats.requests else math.nan,
+    }
+
+
+def _trace_star(args: tuple[Scenario, TracePoint, Callable[[], Trace]]) -> dict[str, object]:
+    return run_trace_point(*args)
+
+
+def run_trace(base: Scenario, points: list[TracePoint], open_trace: Callable[[], Trace], *, jobs: int | None = None,
+              progress: Callable[[], None] | None = None) -> list[dict[str, object]]:
+    """A row per point, in order, the replays spread over `jobs` processes (`open_trace` must be picklable, e.g. a
+    `functools.partial` of `read_mooncake`)."""
+    for point in points:
+        build_router(point.scenario(base))  # every point's router checked before any runs
+    with SweepRunner(min(jobs or available_cores(), len(points))) as runner:
+        return runner.map(_trace_star, [(base, p, open_trace) for p in points], progress)
+
+
+# --- the summary over repeats ---------------------------------------------------------------------------------------
+
+def aggregate_routers(rows: Sequence[dict[str, object]], *, capacity_requests: float | None) -> list[dict[str, object]]:
+    """Per point and router: every metric of `METRICS` the rows have as `m`, `m_sd`, `m_ci95` (mean, sd, 95 %
+    t-interval half-width over repeats); `primary_metric`; `bound`, `random_expectation`, `fraction_of_bound`
+    (primary / bound, and `_ci95`); `on_front` (Pareto: primary up, TTFT p99 down, among the point's routers).
+
+    With `capacity_requests` C (the built-in workload) the primary metric is the request hit rate, the bound
+    min(1, W·C/N) and the random expectation min(1, C/N); without (a trace) the primary metric is the prefix
+    reuse, the bound the reuse available and there is no random expectation. Points in ascending order, routers
+    within a point by the primary metric, highest first.
+    """
+    primary = "request_hit_rate" if capacity_requests is not None else "prefix_reuse"
+    present = [m for m in METRICS if any(m in row for row in rows)]
+    groups: dict[tuple, dict[tuple, list[dict[str, object]]]] = defaultdict(lambda: defaultdict(list))
+    for row in rows:
+        point = tuple(row.get(k) for k in POINT_KEYS)
+        groups[point][(row["router"], row.get("engine"))].append(row)
+    out: list[dict[str, object]] = []
+    for point in sorted(groups, key=lambda p: tuple(-1 if v is None else v for v in p)):
+        workers, prefixes, _conc = point
+        block = []
+        for (router, engine), members in groups[point].items():
+            agg: dict[str, object] = {**dict(zip(POINT_KEYS, point)), "router": router, "engine": engine,
+                                      "repeats": len(members), "primary_metric": primary}
+            for m in present:
+                iv = t_interval(float(r[m]) if r.get(m) is not None else math.nan for r in members)
+                agg[m], agg[f"{m}_sd"], agg[f"{m}_ci95"] = iv.mean, iv.sd, iv.half_width
+            if capacity_requests is not None:
+                agg["bound"] = hit_rate_bound(int(workers), capacity_requests, int(prefixes))
+                agg["random_expectation"] = formula_hit_rate(capacity_requests, int(prefixes))
+            else:
+                agg["bound"] = agg.get("reuse_available", math.nan)
+                agg["random_expectation"] = math.nan
+            bound = float(agg["bound"])
+            ok = bound > 0 and not math.isnan(bound)
+            agg["fraction_of_bound"] = float(agg[primary]) / bound if ok else math.nan
+            agg["fraction_of_bound_ci95"] = float(agg[f"{primary}_ci95"]) / bound if ok else math.nan
+            block.append(agg)
+        front = pareto_front([(float(a[primary]), float(a["ttft_p99_ms"])) for a in block])
+        for agg, on in zip(block, front):
+            agg["on_front"] = on
+        block.sort(key=lambda a: (-_or(float(a[primary]), -math.inf), str(a["router"])))
+        out.extend(block)
+    return out
+
+
+def _or(value: float, default: float) -> float:
+    return default if math.isnan(value) else value
+
+
+def compare_columns(aggregated: Sequence[dict[str, object]]) -> list[str]:
+    """compare.csv's columns: the point, the router, the bound and the front, then mean, sd, ci95 per metric."""
+    head = [*POINT_KEYS, "router", "engine", "repeats", "primary_metric", "bound", "random_expectation",
+            "fraction_of_bound", "fraction_of_bound_ci95", "on_front"]
+    present = [m for m in METRICS if any(m in a for a in aggregated)]
+    return head + [f"{m}{s}" for m in present for s in ("", "_sd", "_ci95")]
