@@ -98,11 +98,18 @@ class SweepRunner:
         if self._pool is not None:
             self._pool.shutdown()
 
-    def map(self, fn: Callable, items: list) -> list:
-        """`fn` over `items` (picklable), in the worker processes, results in order."""
+    def map(self, fn: Callable, items: list, progress: Callable[[], None] | None = None) -> list:
+        """`fn` over `items` (picklable), in the worker processes, results in order; `progress` after each."""
         if self._pool is None or len(items) <= 1:
-            return [fn(i) for i in items]
-        return list(self._pool.map(fn, items, chunksize=max(1, len(items) // (self.jobs * 8))))
+            results = map(fn, items)
+        else:
+            results = self._pool.map(fn, items, chunksize=max(1, len(items) // (self.jobs * 8)))
+        out = []
+        for result in results:
+            out.append(result)
+            if progress:
+                progress()
+        return out
 
     def run(self, base: Scenario, points: list[SweepPoint],
             progress: Callable[[], None] | None = None) -> list[PointOutcome]:
