@@ -56,7 +56,7 @@ class FloatKnob:
         if not (math.isfinite(self.low) and math.isfinite(self.high) and self.low < self.high):
             raise ValueError(f"{self.key}: need LOW < HIGH, got {self.low:g}:{self.high:g} ({SYNTAX})")
         if self.log and self.low <= 0:
-            raise ValueError(f"{self.key}: a log range needs LOW > 0, got {self.low:g}")
+            raise ValueError(f"{self.key}: a log range needs LOW > 0, got {self.low:g} ({SYNTAX})")
 
     @property
     def extremes(self) -> tuple[float, ...]:
@@ -82,7 +82,7 @@ class IntKnob:
         if self.low >= self.high:
             raise ValueError(f"{self.key}: need LOW < HIGH, got {self.low}..{self.high} ({SYNTAX})")
         if self.log and self.low < 1:
-            raise ValueError(f"{self.key}: a log range needs LOW >= 1, got {self.low}")
+            raise ValueError(f"{self.key}: a log range needs LOW >= 1, got {self.low} ({SYNTAX})")
 
     @property
     def extremes(self) -> tuple[int, ...]:
@@ -201,7 +201,10 @@ def check_space(space: Sequence[Knob], *, router: str, option_names: Sequence[st
             try:
                 parse_options({**fixed_options, knob.key: value})
             except ValueError as err:
-                raise ValueError(f"{knob.key}={format_value(value)} is not allowed for {router}: {err}") from None
+                # parse_options says "key: why (options of NAME: ...)"; the key is known to be an option here.
+                why = str(err).removeprefix(f"{knob.key}: ").split(" (options of ")[0]
+                shown = f"{value:g}" if isinstance(value, float) else format_value(value)
+                raise ValueError(f"{knob.key}={shown} is not allowed for {router}: {why}") from None
 
 
 def cluster_overrides(base_engine, params: Mapping[str, Any]) -> dict[str, Any]:

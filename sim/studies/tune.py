@@ -45,7 +45,8 @@ from sim.routing.spec import router_label, split_router_spec
 from sim.runner import build_router, router_class
 from sim.scenario import Scenario
 from sim.studies.search_space import (
-    CLUSTER_KNOBS, GIB, FloatKnob, IntKnob, Knob, check_space, cluster_overrides, format_value, round_significant,
+    CLUSTER_KNOBS, GIB, FloatKnob, IntKnob, Knob, check_space, cluster_overrides, format_value, parse_space,
+    round_significant,
 )
 from sim.studies.sweep import SweepPoint, SweepRunner, run_point
 
@@ -441,12 +442,12 @@ def _sampler(kind: str, seed: int, trials: int, constraints_func):
     raise ValueError(f"sampler: give tpe, nsga2 or random, got {kind!r}")
 
 
-def tune(base: Scenario, router: str, space: Sequence[Knob] | None = None, *,
+def tune(base: Scenario, router: str, space: Sequence[Knob] | str | None = None, *,
          objective: Objective | str = DEFAULT_OBJECTIVE, constraints: Sequence[Constraint | str] = (),
          pareto: tuple[Metric, Metric] | str | None = None, budget_simulations: int = 120, repeats: int = 3,
          seed: int | None = None, jobs: int | None = None, batch: int = BATCH_TRIALS, sampler: str = "tpe",
          progress: Callable[[int, int, str], None] | None = None) -> TuneResult:
-    """Search `space` (default: the router's `search_space`) for `router` (NAME or NAME:key=value,... with fixed
+    """Search `space` (knobs or their text; default: the router's `search_space`) for `router` (NAME or NAME:key=value,... with fixed
     options) on `base`, with `budget_simulations // repeats` trials; pure (writes nothing).
 
     `progress(simulations_done, simulations_total, note)` is called after each simulation. A ValueError (an
@@ -463,7 +464,7 @@ def tune(base: Scenario, router: str, space: Sequence[Knob] | None = None, *,
     cls = router_class(name)
     if not fixed and name == base.router.name:
         fixed = dict(base.router.options)  # a bare name keeps the scenario's options, as `sweep` does
-    space = tuple(cls.search_space if space is None else space)
+    space = cls.search_space if space is None else parse_space(space) if isinstance(space, str) else tuple(space)
     check_space(space, router=name, option_names=list(cls.Options.model_fields), parse_options=cls.parse_options,
                 fixed_options=fixed)
     keys = [k.key for k in space]
