@@ -306,3 +306,38 @@ def test_tuning_kv_aware_recovers_the_hit_rate_its_default_cost_gives_away(base)
     held_out = statistics.fmean(o.row["request_hit_rate"] for o in run_sweep(hard, points, jobs=2))
     print(f"best {best.router}: {best.means['request_hit_rate']:.3f} (search), {held_out:.3f} (seeds 100..102)")
     assert held_out >= 0.75
+
+
+# ------------------------------------------------------------------ kvsim plan --choose-router
+def test_plan_chooses_the_router_whose_tuned_setting_meets_the_constraint(tmp_path):
+    # Random routing's TTFT p99 here is ~640 ms (README's router table): only kv-aware can meet 250 ms.
+    res = invoke("plan", "--prefixes", "24", "--workers", "6", "--concurrency", "8", "--choose-router",
+                 "random,kv-aware", "--constraint", "ttft_p99_ms<=250", "--budget", "8", "--repeats", "2",
+                 "--seed", "0", "--out", str(tmp_path))
+    assert res.exit_code == 0, res.output
+    assert "answer: kv-aware" in res.output and "paste: --router kv-aware" in res.output
+    rows = {r["router"]: r for r in csv.DictReader((tmp_path / "plan.csv").open())}
+    assert rows["random"]["feasible"] == "false" and rows["random"]["trials"] == "1"  # no knobs: its defaults
+    assert rows["kv-aware"]["feasible"] == "true" and rows["kv-aware"]["trials"] == "4"
+    assert rows["kv-aware"]["answer"].startswith("kv-aware") and rows["kv-aware"]["metric"] == "request_hit_rate"
+    assert (tmp_path / "plan.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plan_says_when_no_router_meets_the_target():
+    res = invoke("plan", "--prefixes", "24", "--choose-router", "random,round-robin", "--target-ttft-p99-ms", "50",
+                 "--budget", "2", "--repeats", "2")
+    assert res.exit_code == 0, res.output
+    assert "no router meets ttft_p99_ms<=50; the closest is round-robin" in res.output
+
+
+@pytest.mark.parametrize("args, names", [
+    (["--vary", "workers", "--choose-router", "random"], "not both"),
+    ([], "give --vary workers|kv-gib or --choose-router"),
+    (["--choose-router", "random", "--horizon", "100"], "--horizon does not apply to --choose-router"),
+    (["--vary", "workers", "--constraint", "ttft_p99_ms<=1"], "--constraint, --budget do not apply to --vary"),
+    (["--choose-router", "random", "--objective", "min-workers"], "needs maximize:COLUMN or minimize:COLUMN"),
+])
+def test_plan_choose_router_bad_input(args, names):
+    res = invoke("plan", "--prefixes", "7", "--target-hit-rate", "0.5", "--budget", "2", *args)
+    assert res.exit_code == 2, res.output
+    assert names in res.output and "Traceback" not in res.output

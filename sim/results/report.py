@@ -339,3 +339,46 @@ def tune_figure(result, *, title: str) -> bytes:
     ax.set_title(title + (f"\nalso constrained: {', '.join(others)}" if others else ""), fontsize=10)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     return _png(fig)
+
+
+def choose_router_figure(choice, *, title: str) -> bytes:
+    """`kvsim plan --choose-router`: every router's trials in the plane of the two Pareto metrics, a colour per
+    router (its trials faint, its default a diamond, its answer a large marker with 95 % intervals), the
+    constraints on either metric as lines."""
+    from sim.studies.search_space import format_value
+
+    plt = _pyplot()
+    mx, my = choice.results[0].pareto
+    nan = float("nan")
+    fig, ax = plt.subplots(figsize=(10, 6), dpi=100)
+
+    def xy(t):
+        return t.means.get(mx.column, nan), t.means.get(my.column, nan)
+
+    for i, result in enumerate(choice.results):
+        colour = f"C{i % 10}"
+        pts = [xy(t) for t in result.trials]
+        ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=10, color=colour, alpha=0.3)
+        ax.scatter(*xy(result.baseline), s=50, marker="D", color=colour, alpha=0.7, edgecolor="black", lw=0.5)
+        t = result.answer
+        x, y = xy(t)
+        ci = [0.0 if v != v else v for v in (t.ci95.get(mx.column, nan), t.ci95.get(my.column, nan))]
+        mark = " (answer)" if i == choice.best else "" if t.feasible else " (infeasible)"
+        settings = "".join(f"\n  {k}={format_value(v)}" for k, v in t.params.items()) if not t.is_baseline else (
+            "\n  defaults" if t.params else "")
+        ax.errorbar([x], [y], xerr=[ci[0]], yerr=[ci[1]], fmt="*" if i == choice.best else "o",
+                    ms=16 if i == choice.best else 9, color=colour, mec="black", capsize=3, zorder=5,
+                    label=f"{result.router}{mark}{settings}")
+    ax.scatter([], [], s=50, marker="D", color="white", edgecolor="black", label="each router's default")
+    ax.scatter([], [], s=10, color="0.5", alpha=0.4, label="each router's trials")
+    for c in choice.results[0].constraints:
+        if c.column == mx.column:
+            ax.axvline(c.bound, color="black", ls="--", lw=1, label=f"constraint {c.text()}")
+        elif c.column == my.column:
+            ax.axhline(c.bound, color="black", ls="--", lw=1, label=f"constraint {c.text()}")
+    ax.set_xlabel(column_label(mx.column) + (", higher is better" if mx.maximize else ", lower is better"))
+    ax.set_ylabel(column_label(my.column) + (", higher is better" if my.maximize else ", lower is better"))
+    ax.grid(alpha=0.3)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    return _png(fig)
