@@ -121,7 +121,8 @@ def best_yaml(result, trial) -> bytes:
 @main.command()
 @click.option("--scenario", "scenario_path", type=click.Path(dir_okay=False), default=None,
               help="Scenario YAML file. Default: the built-in service-baseline scenario.")
-@click.option("--prefixes", type=click.IntRange(min=1), default=None, help="Distinct shared prefixes N. Default: the scenario's.")
+@click.option("--prefixes", type=click.IntRange(min=1), default=None,
+              help="Distinct shared prefixes N. Default: the scenario's.")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Workers (the default trial's when workers is in --space). Default: the scenario's.")
 @click.option("--concurrency", type=click.IntRange(min=1), default=None, help="Requests in flight. Default: the scenario's.")
@@ -165,7 +166,7 @@ def tune(scenario_path, prefixes, workers, concurrency, engine, router, space_op
     spec = router[0] if router else base.router.name
     started = time.perf_counter()
     result = run_tune(base, spec, space_option, label="tune", objective=objective, constraints=constraints,
-                      pareto=pareto, budget_simulations=budget, repeats=repeats, seed=seed, jobs=jobs, batch=batch,
+                      pareto=pareto, budget_simulations=budget, repeats=repeats, seed=seed, jobs=jobs, batch_trials=batch,
                       sampler=sampler)
     wall_s = time.perf_counter() - started
     show_result(result, base, top=top, wall_s=wall_s)
@@ -220,5 +221,6 @@ def show_result(result, base: Scenario, *, top: int, wall_s: float) -> None:
     else:
         gain = answer.means.get(column, math.nan) - baseline.means.get(column, math.nan)
         console.print(f"default (trial 0): {before}", highlight=False)
-        console.print(f"best (trial {answer.number}): {summary}; {column} {gain:+.4g} vs the default", highlight=False)
+        versus = "" if math.isnan(gain) else f"; {column} {gain:+.4g} vs the default"
+        console.print(f"best (trial {answer.number}): {summary}{versus}", highlight=False)
     console.print(f"paste: {paste_text(result, answer)}", highlight=False)

@@ -318,7 +318,7 @@ def tune_figure(result, *, title: str) -> bytes:
         # NOTE: the staircase bounds what the front dominates: with x to maximise, a front point covers the x
         # below it (where="pre"); with x to minimise, the x above it (where="post").
         ax.step(xs, ys, where="pre" if mx.maximize else "post", color="C2", lw=1.5, label=f"Pareto front ({len(front)})")
-        err = [[0.0 if t.ci95.get(c, nan) != t.ci95.get(c, nan) else t.ci95[c] for t in front] for c in (mx.column, my.column)]
+        err = [[0.0 if math.isnan(t.ci95.get(c, nan)) else t.ci95[c] for t in front] for c in (mx.column, my.column)]
         ax.errorbar(xs, ys, xerr=err[0], yerr=err[1], fmt="o", color="C2", ms=5, capsize=2, lw=1)
     base = result.baseline
     ax.scatter(*xy([base]), s=90, marker="D", color="C1", edgecolor="black", zorder=5,
@@ -362,7 +362,7 @@ def choose_router_figure(choice, *, title: str) -> bytes:
         ax.scatter(*xy(result.baseline), s=50, marker="D", color=colour, alpha=0.7, edgecolor="black", lw=0.5)
         t = result.answer
         x, y = xy(t)
-        ci = [0.0 if v != v else v for v in (t.ci95.get(mx.column, nan), t.ci95.get(my.column, nan))]
+        ci = [0.0 if math.isnan(v) else v for v in (t.ci95.get(mx.column, nan), t.ci95.get(my.column, nan))]
         mark = " (answer)" if i == choice.best else "" if t.feasible else " (infeasible)"
         settings = "".join(f"\n  {k}={format_value(v)}" for k, v in t.params.items()) if not t.is_baseline else (
             "\n  defaults" if t.params else "")

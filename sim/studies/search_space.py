@@ -151,7 +151,8 @@ def parse_knob(item: str) -> Knob:
         parts = body.split(":")
         if len(parts) != 2:
             raise ValueError(f"{key}: {value!r} is not LOW:HIGH or LOW:HIGH:log ({SYNTAX})")
-        return FloatKnob(key, float(_number(key, parts[0].strip(), float)), float(_number(key, parts[1].strip(), float)), log)
+        low, high = (float(_number(key, p.strip(), float)) for p in parts)
+        return FloatKnob(key, low, high, log)
     raise ValueError(f"{key}: {value!r} is a single value, not a range or choices; fix a router option in "
                      f"--router NAME:{key}={value} instead ({SYNTAX})")
 

@@ -9,13 +9,13 @@ kvsim: trials are asked in batches, simulated in parallel by `SweepRunner`, and 
 
 Determinism. Every trial runs the same seeds, seed + 0 .. seed + repeats - 1 (common random numbers: every
 candidate sees the same request streams, so differences between trials are the knobs', not the streams'). A batch
-holds `batch` trials whatever the number of processes (`jobs` only decides how many simulations run at once), and
+holds `batch_trials` trials whatever the number of processes (`jobs` only decides how many simulations run at once), and
 trials are told in order, so a seed gives the same trials, values and answer with 1 process or 8.
 
 The search, for a budget of S simulations and R repeats: T = S // R trials.
 1. Trial 0 is the router's defaults (and the scenario's cluster), run alone: the baseline every answer is compared
    with. It is told to the sampler when its values lie in the space.
-2. Then batches of `batch` trials asked from the sampler; float values are rounded to 4 significant digits before
+2. Then batches of `batch_trials` trials asked from the sampler; float values are rounded to 4 significant digits before
    they run, so that the printed spec is exactly what ran. A configuration seen before is not simulated again
    (the same seeds give the same result) but still counts as a trial.
 3. A trial's metrics are the means over its R runs of every numeric column of the summary row
@@ -445,10 +445,11 @@ def _sampler(kind: str, seed: int, trials: int, constraints_func):
 def tune(base: Scenario, router: str, space: Sequence[Knob] | str | None = None, *,
          objective: Objective | str = DEFAULT_OBJECTIVE, constraints: Sequence[Constraint | str] = (),
          pareto: tuple[Metric, Metric] | str | None = None, budget_simulations: int = 120, repeats: int = 3,
-         seed: int | None = None, jobs: int | None = None, batch: int = BATCH_TRIALS, sampler: str = "tpe",
+         seed: int | None = None, jobs: int | None = None, batch_trials: int = BATCH_TRIALS, sampler: str = "tpe",
          progress: Callable[[int, int, str], None] | None = None) -> TuneResult:
-    """Search `space` (knobs or their text; default: the router's `search_space`) for `router` (NAME or NAME:key=value,... with fixed
-    options) on `base`, with `budget_simulations // repeats` trials; pure (writes nothing).
+    """Search `space` (knobs or their text; default: the router's `search_space`) for `router` (NAME, or
+    NAME:key=value,... with fixed options) on `base`, with `budget_simulations // repeats` trials; pure (writes
+    nothing).
 
     `progress(simulations_done, simulations_total, note)` is called after each simulation. A ValueError (an
     `UnknownColumn` for a column the summary lacks) names what is wrong; a ScenarioError a bad router option."""
@@ -470,8 +471,8 @@ def tune(base: Scenario, router: str, space: Sequence[Knob] | str | None = None,
     keys = [k.key for k in space]
     if objective.kind == "min-workers" and "workers" not in keys:
         raise ValueError("objective min-workers needs workers in the space, e.g. --space ...,workers=1..16")
-    if repeats < 1 or batch < 1:
-        raise ValueError(f"repeats and batch must be >= 1, got {repeats} and {batch}")
+    if repeats < 1 or batch_trials < 1:
+        raise ValueError(f"repeats and batch_trials must be >= 1, got {repeats} and {batch_trials}")
     if budget_simulations < repeats:
         raise ValueError(f"budget of {budget_simulations} simulations is less than one trial ({repeats} repeats)")
     seed = base.seed if seed is None else seed
@@ -570,7 +571,7 @@ def tune(base: Scenario, router: str, space: Sequence[Knob] | str | None = None,
                         study.enqueue_trial(dict(baseline_params))
                         tell(study.ask(distributions), baseline)
                     while len(trials) < n_trials:
-                        asked = [study.ask(distributions) for _ in range(min(batch, n_trials - len(trials)))]
+                        asked = [study.ask(distributions) for _ in range(min(batch_trials, n_trials - len(trials)))]
                         params = [_runnable(space, a.params) for a in asked]
                         configs = [search.config(p) for p in params]
                         results = search.evaluate(configs, tick)
