@@ -19,6 +19,7 @@ from pydantic import Field
 
 from policies.base import LoadOptions, PrefixStateOptions, RouterBase
 from sim.cluster.router import ClusterView, PrefixStateSpec
+from sim.studies.search_space import FloatKnob, IntKnob
 from sim.workloads.request import Request
 
 CHARS_PER_TOKEN = 4
@@ -81,6 +82,7 @@ class AibrixPrefixCacheRouter(RouterBase):
     name = "aibrix-prefix-cache"
     summary = "AIBrix prefix-cache: imbalance filter, prefix match %, std-bounded load gate, least-running fallback"
     Options = AibrixPrefixCacheOptions
+    search_space = (IntKnob("imbalance_abs_count", 0, 32), FloatKnob("standard_deviation_factor", 0, 4))
     needs_cache_state = True
 
     def prefix_state_spec(self) -> PrefixStateSpec:

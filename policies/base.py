@@ -10,6 +10,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sim.cluster.router import ClusterView, PrefixState, PrefixStateSpec
+from sim.studies.search_space import Knob
 from sim.workloads.request import Request
 
 
@@ -49,6 +50,9 @@ class RouterBase:
     name: ClassVar[str] = ""
     summary: ClassVar[str] = ""
     Options: ClassVar[type[RouterOptions]] = RouterOptions
+    search_space: ClassVar[tuple[Knob, ...]] = ()
+    """The options `kvsim tune` searches by default (`sim.studies.search_space`): the numeric knobs that trade
+    cache affinity against load, with ranges a user would try. Empty: nothing worth tuning (defaults only)."""
     needs_cache_state: ClassVar[bool] = False
     """True if `route` peeks into the workers' caches (so it cannot drive real servers without KV events)."""
     ignores_cluster_state: bool = False

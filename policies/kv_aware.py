@@ -62,6 +62,7 @@ from pydantic import Field, model_validator
 from policies.active_blocks import ActiveBlocks
 from policies.base import PrefixStateOptions, RouterBase
 from sim.cluster.router import ClusterView, PrefixStateSpec
+from sim.studies.search_space import FloatKnob
 from sim.workloads.request import Request
 
 
@@ -123,6 +124,9 @@ class KvAwareRouter(RouterBase):
     name = "kv-aware"
     summary = "Dynamo KV router: prefill blocks after overlap credit + active blocks (or lmetric)"
     Options = KvAwareOptions
+    # NOTE: overlap_score_weight is left out: it only aliases prefill_load_scale (and credit 0 at 0).
+    search_space = (FloatKnob("prefill_load_scale", 0, 16), FloatKnob("overlap_score_credit", 0, 1),
+                    FloatKnob("temperature", 0, 1))
     needs_cache_state = True
 
     def __init__(self, **kwargs) -> None:

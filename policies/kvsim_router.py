@@ -57,6 +57,7 @@ from pydantic import Field
 from policies.active_blocks import ActiveBlocks
 from policies.base import PrefixStateOptions, RouterBase
 from sim.cluster.router import ClusterView
+from sim.studies.search_space import FloatKnob, IntKnob
 from sim.workloads.request import Request
 
 
@@ -79,6 +80,8 @@ class KvsimRouter(RouterBase):
     name = "kvsim"
     summary = "kvsim's policy: longest cached prefix within a bounded load, new prefixes placed by cache room"
     Options = KvsimOptions
+    search_space = (FloatKnob("load_factor", 1.25, 8), IntKnob("prefill_slack_tokens", 0, 16384),
+                    FloatKnob("kv_fit", 0.6, 1.2))
     needs_cache_state = True
 
     def __init__(self, **kwargs) -> None:

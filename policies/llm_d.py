@@ -122,6 +122,7 @@ from pydantic import Field, model_validator
 from policies.base import LoadOptions, RouterBase
 from sim.cluster.router import ClusterView, PrefixState, PrefixStateSpec
 from sim.routing.routing_history import RoutingHistory
+from sim.studies.search_space import FloatKnob
 from sim.workloads.request import Request
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -256,6 +257,9 @@ class LlmdRouter(RouterBase):
     name = "llm-d"
     summary = "llm-d EPP: filter -> weighted scorers (prefix, queue, KV usage, load...) -> max-score pick; presets"
     Options = LlmdOptions
+    # The default profile's three scorers (only their ratios matter: the picker takes the max of the weighted sum).
+    search_space = (FloatKnob("prefix_cache_weight", 0, 5), FloatKnob("queue_weight", 0, 5),
+                    FloatKnob("kv_cache_utilization_weight", 0, 5))
     needs_cache_state = True
 
     def __init__(self, **kwargs) -> None:

@@ -16,6 +16,7 @@ from pydantic import Field
 
 from policies.base import RouterBase, RouterOptions
 from sim.cluster.router import ClusterView
+from sim.studies.search_space import ChoiceKnob, FloatKnob, IntKnob
 from sim.workloads.request import Request
 
 
@@ -125,6 +126,8 @@ class PrebleRouter(RouterBase):
     name = "preble"
     summary = "Preble E2: token tree + 3-min window; exploit (missed < cached) else explore by load cost; rebalancing"
     Options = PrebleOptions
+    search_space = (FloatKnob("high_load_threshold", 1.1, 4), IntKnob("rebalancing_chain_length", 1, 6),
+                    ChoiceKnob("rebalancing", (True, False)))
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)

@@ -19,6 +19,7 @@ from pydantic import Field
 from policies.base import RouterBase, RouterOptions
 from sim.workloads.request import Request
 from sim.cluster.router import ClusterView
+from sim.studies.search_space import FloatKnob, IntKnob
 
 
 def stable_hash64(value: object) -> int:
@@ -36,6 +37,7 @@ class PrefixHashRouter(RouterBase):
     name = "prefix-hash"
     summary = "consistent hash of the first K blocks, optional bounded load (CHWBL)"
     Options = PrefixHashOptions
+    search_space = (IntKnob("prefix_blocks", 1, 64, log=True), FloatKnob("load_factor", 1.05, 4))
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)

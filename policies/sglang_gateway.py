@@ -18,6 +18,7 @@ from pydantic import Field
 from policies.base import LoadOptions, PrefixStateOptions, RouterBase
 from policies.prefix_hash import stable_hash64
 from sim.cluster.router import ClusterView, PrefixStateSpec
+from sim.studies.search_space import ChoiceKnob, FloatKnob, IntKnob
 from sim.workloads.request import Request
 
 CHARS_PER_TOKEN = 4
@@ -98,6 +99,8 @@ class SglangCacheAwareRouter(RouterBase):
     name = "sglang-cache-aware"
     summary = "SGLang gateway cache_aware: imbalance switch, else approximate-tree match > 0.3 or least in-flight"
     Options = SglangCacheAwareOptions
+    search_space = (FloatKnob("cache_threshold", 0, 1), IntKnob("balance_abs_threshold", 0, 64),
+                    FloatKnob("balance_rel_threshold", 1, 4), ChoiceKnob("min_load_tie", ("first", "fewest_processed")))
     needs_cache_state = True
 
     def __init__(self, **kwargs) -> None:

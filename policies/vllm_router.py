@@ -18,6 +18,7 @@ from pydantic import Field
 
 from policies.base import PrefixStateOptions, RouterBase, RouterOptions
 from sim.cluster.router import ClusterView, PrefixStateSpec
+from sim.studies.search_space import FloatKnob, IntKnob
 from sim.workloads.request import Request
 
 CHARS_PER_TOKEN = 4
@@ -143,6 +144,8 @@ class VllmRouterPrefixAware(_ProductionStackRouter):
     name = "vllm-router-prefix-aware"
     summary = "vLLM production-stack prefixaware: 128-char chunk trie, random among longest-match holders"
     Options = PrefixAwareOptions
+    # Characters; 0 = always follow the longest match (the reference prompt is ~9,500 characters).
+    search_space = (IntKnob("prefix_min_match_length", 0, 8192),)
     needs_cache_state = True
 
     def prefix_state_spec(self) -> PrefixStateSpec:
@@ -193,6 +196,7 @@ class VllmRouterLoadAware(_ProductionStackRouter):
     name = "vllm-router-loadaware"
     summary = "vLLM production-stack loadaware: cached fraction - beta x relative in-flight load, argmax"
     Options = LoadAwareOptions
+    search_space = (FloatKnob("loadaware_beta", 0, 4),)
     needs_cache_state = True
 
     def __init__(self, **kwargs) -> None:

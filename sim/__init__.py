@@ -19,6 +19,7 @@ _EXPORTS = {
     "make_grid": "sim.studies.plan", "plan": "sim.studies.plan", "transient_requests": "sim.studies.plan",
     "load_reference": "sim.studies.reference", "measured": "sim.studies.reference",
     "run_sweep": "sim.studies.sweep", "sweep_points": "sim.studies.sweep",
+    "parse_space": "sim.studies.search_space", "tune": "sim.studies.tune", "TuneResult": "sim.studies.tune",
     "shared_prefix_stream": "sim.workloads.shared_prefix", "read_mooncake": "sim.workloads.traces",
 }
 

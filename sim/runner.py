@@ -17,13 +17,20 @@ from sim.scenario import Scenario, ScenarioError
 from sim.workloads.shared_prefix import RequestStream, rng_for, shared_prefix_stream
 
 
+def router_class(name: str):
+    """The registered router class `name` (its `Options`, `parse_options` and `search_space`), for studies that
+    must read a router's options without importing `policies`; a ScenarioError names the allowed routers."""
+    factory = ROUTERS.get(name)
+    if factory is None:
+        raise ScenarioError(f"router.name: unknown router {name!r}; allowed: {', '.join(sorted(ROUTERS))}")
+    return factory
+
+
 def build_router(scenario: Scenario) -> Router:
     """The scenario's router; with option `replicas: R` > 1, R of them behind a random spread
     (`sim.routing.replicas.ReplicatedRouter`), replica r drawing from its own random stream."""
     spec = scenario.router
-    factory = ROUTERS.get(spec.name)
-    if factory is None:
-        raise ScenarioError(f"router.name: unknown router {spec.name!r}; allowed: {', '.join(sorted(ROUTERS))}")
+    factory = router_class(spec.name)
 
     def build(replica: int) -> Router:
         return factory(

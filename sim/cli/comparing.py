@@ -11,7 +11,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from sim.cli.app import (
-    ENGINE_HELP, console, err_console, fmt, int_list, load_or_exit, main, on_engine, one_engine, router_list,
+    ENGINE_HELP, SLO_HELP, console, err_console, fmt, int_list, load_or_exit, main, on_engine, one_engine, router_list,
+    slo_option, with_slo,
     router_names,
 )
 from sim.cli.replaying import trace_base, trace_overrides
@@ -81,11 +82,12 @@ def _pm(agg: dict, metric: str, spec: str) -> str:
               help="With --trace: arrival times are divided by it.")
 @click.option("--trace-block-size", type=click.IntRange(min=1), default=512, show_default=True,
               help="With --trace: tokens per hash id in the trace (Mooncake: 512).")
+@click.option("--slo", callback=slo_option, default=None, help=SLO_HELP)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Write DIR/compare.csv (a row per router and point), DIR/summary.csv (a row per run), "
                    "DIR/compare.png (hit rate vs TTFT p99) and DIR/compare_hit_rate.png (hit rate per router).")
 def compare(scenario_path, prefixes, workers, concurrency, routers, engine, repeats, seed, jobs, trace_path,
-            kv_tokens, limit, speed, trace_block_size, out_dir) -> None:
+            kv_tokens, limit, speed, trace_block_size, slo, out_dir) -> None:
     """Compare routers on one workload: every router sees the same request stream (repeat r: seed + r).
 
     Per point (workers, N, concurrency) a table of the routers by request hit rate, highest first: mean ± 95 %
@@ -113,12 +115,12 @@ def compare(scenario_path, prefixes, workers, concurrency, routers, engine, repe
 
     if trace_path is None:
         base, _ = load_or_exit(scenario_path)
-        base = on_engine(base, engine)
+        base = with_slo(on_engine(base, engine), slo)
         rows = _run_builtin(base, prefixes, workers, concurrency, routers, repeats, seed, jobs)
         capacity = base.kv_capacity_requests
         what = f"{base.name}"
     else:
-        base = trace_base(scenario_path, engine)
+        base = with_slo(trace_base(scenario_path, engine), slo)
         overrides, B = trace_overrides(base, block_size=None, kv_tokens=kv_tokens, kv_blocks=None, kv_bytes=None,
                                        reuse_breakdown=True)
         try:

@@ -1,16 +1,24 @@
-"""`kvsim plan`: the cheapest worker count or KV size per worker that reaches a hit-rate or TTFT target."""
+"""`kvsim plan`: the cheapest worker count or KV size per worker that reaches a hit-rate or TTFT target, or which
+router and settings meet constraints best (`--choose-router`, by `kvsim tune` per router)."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 from rich.progress import Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from sim.cli.app import ENGINE_HELP, console, err_console, load_or_exit, main, on_engine, one_engine, router_list
-from sim.results.report import csv_bytes, plan_figure, write_atomic
-from sim.scenario import ScenarioError
+from sim.cli.app import (
+    ENGINE_HELP, SLO_HELP, console, err_console, load_or_exit, main, on_engine, one_engine, router_list, slo_option,
+    with_slo,
+)
+from sim.cli.tuning import CONSTRAINT_HELP, paste_text, parse_constraints, parse_objective, value_text
+from sim.results.report import choose_router_figure, csv_bytes, plan_figure, write_atomic
+from sim.scenario import Scenario, ScenarioError
+from sim.studies.tune import DEFAULT_OBJECTIVE, Constraint
 
 
 @main.command()
@@ -22,12 +30,25 @@ from sim.scenario import ScenarioError
 @click.option("--target-hit-rate", type=click.FloatRange(0, 1), default=None, help="Request hit rate to reach.")
 @click.option("--target-ttft-p99-ms", type=click.FloatRange(min=0), default=None,
               help="TTFT p99 (ms) not to exceed (needs a calibrated scenario).")
-@click.option("--vary", type=click.Choice(sorted(["workers", "kv-gib"])), required=True,
-              help="What may change: the worker count, or the KV cache per worker in GiB.")
+@click.option("--vary", type=click.Choice(sorted(["workers", "kv-gib"])), default=None,
+              help="What may change: the worker count, or the KV cache per worker in GiB (or give --choose-router).")
+@click.option("--choose-router", "choose", callback=router_list, default=None,
+              help="Instead of --vary: which of these routers (comma-separated NAME or NAME:key=value,...) and "
+                   "settings meet the targets and --constraint best; each is tuned over its default search space "
+                   "(`kvsim tune`) on the scenario's workload as it is, with the same --budget and seeds.")
+@click.option("--constraint", "constraints", multiple=True, callback=parse_constraints,
+              help=f"--choose-router: {CONSTRAINT_HELP} The targets are constraints too.")
+@click.option("--objective", callback=parse_objective, default=DEFAULT_OBJECTIVE, show_default=True,
+              help="--choose-router: maximize:COLUMN or minimize:COLUMN among the settings that meet the constraints.")
+@click.option("--budget", type=click.IntRange(min=1), default=60, show_default=True,
+              help="--choose-router: simulations per router (trials x repeats).")
+@click.option("--seed", type=int, default=None, help="--choose-router: base seed. Default: the scenario's.")
+@click.option("--concurrency", type=click.IntRange(min=1), default=None, help="Requests in flight. Default: the scenario's.")
 @click.option("--min", "low", type=float, default=None, help="Smallest value to try. Default: 1 worker / 1 GiB.")
 @click.option("--max", "high", type=float, default=None, help="Largest value to try. Default: 64 workers / 32 GiB.")
 @click.option("--step", type=click.FloatRange(min=0.01), default=0.25, show_default=True, help="Resolution of kv-gib.")
-@click.option("--workers", type=click.IntRange(min=1), default=None, help="Workers while varying kv-gib. Default: the scenario's.")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Workers while varying kv-gib or choosing a router. Default: the scenario's.")
 @click.option("--router", "routers", callback=router_list, default=None,
               help="Routers to plan for: NAME or NAME:key=value,..., comma-separated (see `kvsim routers`). "
                    "Default: the scenario's.")
@@ -37,20 +58,22 @@ from sim.scenario import ScenarioError
               help="Measured requests per simulated run, after a discarded transient that lets every reachable "
                    "(worker, prefix) pair be visited (steady state).")
 @click.option("--jobs", type=click.IntRange(min=1), default=None, help="Parallel processes. Default: all cores.")
+@click.option("--slo", callback=slo_option, default=None, help="--choose-router: " + SLO_HELP)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Write DIR/plan.csv (a row per router) and DIR/plan.png.")
-def plan(scenario_path, prefixes, zipf, target_hit_rate, target_ttft_p99_ms, vary, low, high, step, workers, routers,
-         engine, repeats, horizon, jobs, out_dir) -> None:
-    """Find, per router, the cheapest setting that meets a target: how many workers, or how much KV per worker.
+def plan(scenario_path, prefixes, zipf, target_hit_rate, target_ttft_p99_ms, vary, choose, constraints, objective,
+         budget, seed, concurrency, low, high, step, workers, routers, engine, repeats, horizon, jobs, slo, out_dir) -> None:
+    """Find, per router, the cheapest setting that meets a target: how many workers, or how much KV per worker;
+    or, with --choose-router, which router and settings meet the targets and constraints best.
 
-    The analytic block model screens the range; simulation confirms by bisection with repeats (steady state),
-    and the table reports the simulated mean at the answer with its 95 % interval beside the analytic answer.
+    --vary: the analytic block model screens the range; simulation confirms by bisection with repeats (steady
+    state), and the table reports the simulated mean at the answer with its 95 % interval beside the analytic answer.
     """
     from sim.studies.plan import VARY_UNITS, PlanSpec, PlanTarget, make_grid
     from sim.studies.plan import plan as run_plan
 
     base, _ = load_or_exit(scenario_path)
-    base = on_engine(base, engine)
+    base = with_slo(on_engine(base, engine), slo)
     overrides: dict[str, object] = {}
     if prefixes is not None:
         overrides["workload.prefixes"] = prefixes
@@ -58,8 +81,29 @@ def plan(scenario_path, prefixes, zipf, target_hit_rate, target_ttft_p99_ms, var
         overrides.update({"workload.popularity": "zipf" if zipf > 0 else "uniform", "workload.zipf_exponent": zipf})
     if workers is not None:
         overrides["cluster.workers"] = workers
+    if concurrency is not None:
+        overrides["workload.concurrency"] = concurrency
+    if (vary is None) == (choose is None):
+        raise click.UsageError("give --vary (how much of one thing) or --choose-router (which router), not both"
+                               if vary else "give --vary workers|kv-gib or --choose-router ROUTERS")
+    ctx = click.get_current_context()
+    only = ("low", "high", "step", "horizon", "routers") if choose else ("constraints", "budget", "seed", "objective", "slo")
+    given = [p.opts[0] for p in ctx.command.params
+             if p.name in only and ctx.get_parameter_source(p.name) == ParameterSource.COMMANDLINE]
+    if given:
+        raise click.UsageError(f"{', '.join(given)} {'does' if len(given) == 1 else 'do'} not apply to "
+                               f"{'--choose-router' if choose else '--vary'}")
     try:
         base = base.with_overrides(**overrides) if overrides else base
+    except ScenarioError as err:
+        raise click.ClickException(str(err)) from None
+    if choose:
+        targets = ([Constraint("request_hit_rate", ">=", target_hit_rate)] if target_hit_rate is not None else []) + (
+            [Constraint("ttft_p99_ms", "<=", target_ttft_p99_ms)] if target_ttft_p99_ms is not None else [])
+        choose_router(base, choose, objective=objective, constraints=(*targets, *constraints), budget=budget,
+                      repeats=repeats, seed=seed, jobs=jobs, out_dir=out_dir)
+        return
+    try:
         target = PlanTarget(target_hit_rate, target_ttft_p99_ms)
         low = (1.0 if vary == "workers" else 1.0) if low is None else low
         high = (64.0 if vary == "workers" else 32.0) if high is None else high
@@ -116,4 +160,67 @@ def plan(scenario_path, prefixes, zipf, target_hit_rate, target_ttft_p99_ms, var
         write_atomic(out / "plan.png", plan_figure(plans, target_hit_rate=target_hit_rate,
                                                    target_ttft_p99_ms=target_ttft_p99_ms, unit=unit,
                                                    title=f"{base.name}: {what}"))
+        console.print(f"wrote {out / 'plan.csv'} and {out / 'plan.png'}")
+
+
+def choose_router(base: Scenario, routers: list[str], *, objective, constraints, budget: int, repeats: int,
+                  seed: int | None, jobs: int | None, out_dir: str | None) -> None:
+    """`kvsim plan --choose-router`: tune each router, print the table and the answer, write plan.csv / plan.png."""
+    from sim.studies.plan import choose_router as run_choice
+
+    with Progress(TextColumn("plan: {task.description}"), TimeElapsedColumn(), console=err_console,
+                  transient=True, disable=not err_console.is_terminal) as bar:
+        task = bar.add_task("tuning", total=None)
+
+        def progress(router: str, done: int, total: int, note: str) -> None:
+            bar.update(task, description=f"{router} {done}/{total} simulations, {note}")
+
+        try:
+            choice = run_choice(base, routers, objective=objective, constraints=constraints,
+                                budget_simulations=budget, repeats=repeats, seed=seed, jobs=jobs, progress=progress)
+        except ScenarioError as err:
+            raise click.ClickException(str(err)) from None
+        except ValueError as err:  # the message names the column, knob or option at fault
+            raise click.UsageError(str(err)) from None
+    first = choice.results[0]
+    named = first.named_columns
+    column = objective.metric.column
+    what = ", ".join(c.text() for c in first.constraints) or "no constraints"
+    table = Table(title=f"{base.name} on {base.engine.kind}, {base.cluster.workers} workers, N={base.workload.prefixes}, "
+                        f"C={base.workload.concurrency}: which router for {objective.text()} with {what}")
+    for col in ("router", "best setting", *named, "meets", f"default's {column}", "runs"):
+        table.add_column(col, justify="left" if col in ("router", "best setting", "meets") else "right")
+    rows = []
+    for i, result in enumerate(choice.results):
+        t = result.answer
+        table.add_row(result.router + (" <- answer" if i == choice.best else ""), t.router,
+                      *(value_text(t, c) for c in named), "yes" if t.feasible else "no",
+                      value_text(result.baseline, column), str(len(result.trials) * result.repeats))
+        rows.append({"router": result.router, "vary": "router", "answer": t.router, "unit": "",
+                     "predicted": t.means.get(column, math.nan), "target": what, "analytic_answer": "",
+                     "metric": column, "predicted_ci95": t.ci95.get(column, math.nan),
+                     "feasible": str(t.feasible).lower(), "trials": len(result.trials),
+                     **{f"mean_{c}": t.means.get(c, math.nan) for c in named},
+                     f"default_{column}": result.baseline.means.get(column, math.nan)})
+    console.print(table)
+    console.print(f"each router tuned over its default search space (`kvsim routers`) with {budget // repeats} "
+                  f"trials x {repeats} runs on the same seeds; means ± 95 % over runs", highlight=False)
+    answer = choice.answer
+    if choice.best is None:
+        misses = "; ".join(f"{c.text()}: {value_text(answer.answer, c.column)}" for c in answer.constraints
+                           if not c.met(answer.answer.means.get(c.column, math.nan)))
+        console.print(f"no router meets {what}; the closest is {answer.answer.router} ({misses})", highlight=False)
+    else:
+        console.print(f"answer: {answer.answer.router}, {column} {value_text(answer.answer, column)} "
+                      f"(its default: {value_text(answer.baseline, column)})", highlight=False)
+    console.print(f"paste: {paste_text(answer, answer.answer)}", highlight=False)
+    if out_dir:
+        out = Path(out_dir)
+        columns = ["router", "vary", "answer", "unit", "predicted", "target", "analytic_answer", "metric",
+                   "predicted_ci95", "feasible", "trials", *(f"mean_{c}" for c in named), f"default_{column}"]
+        write_atomic(out / "plan.csv", csv_bytes(rows, columns))
+        write_atomic(out / "plan.png", choose_router_figure(choice, title=(
+            f"{base.name}: which router for {objective.text()} with {what}\n{base.cluster.workers} workers, "
+            f"N={base.workload.prefixes}, C={base.workload.concurrency}; each tuned with {budget // repeats} trials "
+            f"x {repeats} runs")))
         console.print(f"wrote {out / 'plan.csv'} and {out / 'plan.png'}")

@@ -222,6 +222,7 @@ def routers() -> None:
     """List the routers and their options (give them as --router NAME:key=value,key=value)."""
     from policies import ROUTERS
     from policies.base import RouterOptions
+    from sim.studies.search_space import space_text
 
     def show(fields: dict) -> None:
         for field, info in fields.items():
@@ -235,3 +236,5 @@ def routers() -> None:
         cls = ROUTERS[name]
         console.print(f"[bold]{name}[/bold]: {cls.summary}")
         show({k: v for k, v in cls.Options.model_fields.items() if k not in common})
+        if cls.search_space:
+            console.print(f"    kvsim tune searches by default: {space_text(cls.search_space)}", highlight=False)

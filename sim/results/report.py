@@ -663,3 +663,112 @@ def compare_bars_figure(aggregated: Sequence[dict[str, object]], *, capacity_req
     fig.suptitle(_wrapped(title, fig) + "\nred: on the Pareto frontier of hit rate and TTFT p99 (kvsim compare's ★)",
                  fontsize=10)
     return _png(fig)
+
+
+def column_label(column: str) -> str:
+    """An axis label for a summary column, with its unit (`ttft_p99_ms` -> "TTFT p99 (ms)")."""
+    known = {"request_hit_rate": "request hit rate (fraction of requests)",
+             "full_hit_rate": "full-hit rate (fraction of requests)",
+             "token_hit_rate": "token hit rate (fraction of prompt tokens)",
+             "throughput_rps": "throughput (requests/s)", "workers": "workers", "kv-gib": "KV cache per worker (GiB)"}
+    if column in known:
+        return known[column]
+    if column.startswith("ttft_") and column.endswith("_ms"):
+        return "TTFT " + column.removeprefix("ttft_").removesuffix("_ms").replace("_", " ") + " (ms)"
+    for suffix, unit in (("_ms", "ms"), ("_rps", "requests/s"), ("_s", "s"), ("_rate", "fraction"),
+                         ("_fraction", "fraction"), ("_share", "fraction")):
+        if column.endswith(suffix):
+            return f"{column} ({unit})"
+    return column
+
+
+def tune_figure(result, *, title: str) -> bytes:
+    """`kvsim tune`'s trials in the plane of its two Pareto metrics: every trial (feasible filled, infeasible
+    crosses), the front as a staircase with 95 % intervals, the default and the best marked, and the constraints
+    on either metric as lines. One question: what does each setting cost in the other metric?"""
+    from sim.studies.search_space import format_value
+
+    plt = _pyplot()
+    mx, my = result.pareto
+    nan = float("nan")
+
+    def xy(trials):
+        return ([t.means.get(mx.column, nan) for t in trials], [t.means.get(my.column, nan) for t in trials])
+
+    fig, ax = plt.subplots(figsize=(9, 5), dpi=100)
+    feasible = [t for t in result.trials if t.feasible]
+    infeasible = [t for t in result.trials if not t.feasible]
+    if feasible:
+        ax.scatter(*xy(feasible), s=22, color="C0", alpha=0.6, label=f"feasible trial ({len(feasible)})")
+    if infeasible:
+        ax.scatter(*xy(infeasible), s=22, marker="x", color="0.55", label=f"infeasible trial ({len(infeasible)})")
+    front = sorted(result.front, key=lambda t: t.means[mx.column])
+    if front:
+        xs, ys = xy(front)
+        # NOTE: the staircase bounds what the front dominates: with x to maximise, a front point covers the x
+        # below it (where="pre"); with x to minimise, the x above it (where="post").
+        ax.step(xs, ys, where="pre" if mx.maximize else "post", color="C2", lw=1.5, label=f"Pareto front ({len(front)})")
+        err = [[0.0 if math.isnan(t.ci95.get(c, nan)) else t.ci95[c] for t in front] for c in (mx.column, my.column)]
+        ax.errorbar(xs, ys, xerr=err[0], yerr=err[1], fmt="o", color="C2", ms=5, capsize=2, lw=1)
+    base = result.baseline
+    ax.scatter(*xy([base]), s=90, marker="D", color="C1", edgecolor="black", zorder=5,
+               label=f"default (trial 0): {base.router}")
+    answer = result.answer
+    ax.scatter(*xy([answer]), s=260, marker="*", color="C3", edgecolor="black", zorder=6,
+               label=f"{'best' if result.best is not None else 'closest (infeasible)'} (trial {answer.number})\n"
+                     + "\n".join(f"  {k}={format_value(v)}" for k, v in answer.params.items()))
+    for c in result.constraints:
+        if c.column == mx.column:
+            ax.axvline(c.bound, color="black", ls="--", lw=1, label=f"constraint {c.text()}")
+        elif c.column == my.column:
+            ax.axhline(c.bound, color="black", ls="--", lw=1, label=f"constraint {c.text()}")
+    others = [c.text() for c in result.constraints if c.column not in (mx.column, my.column)]
+    ax.set_xlabel(column_label(mx.column) + (", higher is better" if mx.maximize else ", lower is better"))
+    ax.set_ylabel(column_label(my.column) + (", higher is better" if my.maximize else ", lower is better"))
+    ax.grid(alpha=0.3)
+    ax.set_title(title + (f"\nalso constrained: {', '.join(others)}" if others else ""), fontsize=10)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    return _png(fig)
+
+
+def choose_router_figure(choice, *, title: str) -> bytes:
+    """`kvsim plan --choose-router`: every router's trials in the plane of the two Pareto metrics, a colour per
+    router (its trials faint, its default a diamond, its answer a large marker with 95 % intervals), the
+    constraints on either metric as lines."""
+    from sim.studies.search_space import format_value
+
+    plt = _pyplot()
+    mx, my = choice.results[0].pareto
+    nan = float("nan")
+    fig, ax = plt.subplots(figsize=(10, 6), dpi=100)
+
+    def xy(t):
+        return t.means.get(mx.column, nan), t.means.get(my.column, nan)
+
+    for i, result in enumerate(choice.results):
+        colour = f"C{i % 10}"
+        pts = [xy(t) for t in result.trials]
+        ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=10, color=colour, alpha=0.3)
+        ax.scatter(*xy(result.baseline), s=50, marker="D", color=colour, alpha=0.7, edgecolor="black", lw=0.5)
+        t = result.answer
+        x, y = xy(t)
+        ci = [0.0 if math.isnan(v) else v for v in (t.ci95.get(mx.column, nan), t.ci95.get(my.column, nan))]
+        mark = " (answer)" if i == choice.best else "" if t.feasible else " (infeasible)"
+        settings = "".join(f"\n  {k}={format_value(v)}" for k, v in t.params.items()) if not t.is_baseline else (
+            "\n  defaults" if t.params else "")
+        ax.errorbar([x], [y], xerr=[ci[0]], yerr=[ci[1]], fmt="*" if i == choice.best else "o",
+                    ms=16 if i == choice.best else 9, color=colour, mec="black", capsize=3, zorder=5,
+                    label=f"{result.router}{mark}{settings}")
+    ax.scatter([], [], s=50, marker="D", color="white", edgecolor="black", label="each router's default")
+    ax.scatter([], [], s=10, color="0.5", alpha=0.4, label="each router's trials")
+    for c in choice.results[0].constraints:
+        if c.column == mx.column:
+            ax.axvline(c.bound, color="black", ls="--", lw=1, label=f"constraint {c.text()}")
+        elif c.column == my.column:
+            ax.axhline(c.bound, color="black", ls="--", lw=1, label=f"constraint {c.text()}")
+    ax.set_xlabel(column_label(mx.column) + (", higher is better" if mx.maximize else ", lower is better"))
+    ax.set_ylabel(column_label(my.column) + (", higher is better" if my.maximize else ", lower is better"))
+    ax.grid(alpha=0.3)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    return _png(fig)

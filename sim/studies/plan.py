@@ -8,13 +8,17 @@ a run first sends enough requests for every (worker, prefix) pair the router can
 times (coupon collector: 2 x pairs x ln(pairs), pairs = W x N for routers that spread every prefix, N for routers
 that keep a prefix on one worker), discards them, then measures `horizon_requests`. The answer is the smallest simulated value whose mean meets the
 target; the 95 % confidence interval of that mean is reported with it.
+
+Which router and settings (`choose_router`): each candidate router is tuned (`sim.studies.tune`, its default search
+space, the same budget, seeds and constraints for every router) on the scenario's workload as it is, and the answer is
+the router whose best setting meets the constraints with the best objective (or, if none does, the closest).
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,6 +29,7 @@ from sim.runner import run
 from sim.scenario import Scenario, length_mean
 from sim.results.summary import summarize
 from sim.studies.sweep import SweepRunner
+from sim.studies.tune import Objective, TuneResult, tune
 
 GIB = 1 << 30
 VARY_UNITS = {"workers": "workers", "kv-gib": "GiB"}
@@ -223,3 +228,48 @@ def plan(base: Scenario, spec: PlanSpec, *, jobs: int | None = None,
             configure(base, spec, router, value)
     with SweepRunner(jobs) as runner:
         return [plan_router(base, spec, router, runner, progress) for router in spec.routers]
+
+
+@dataclass(frozen=True, slots=True)
+class RouterChoice:
+    """One tuning per candidate router, in the order given, and which one answers."""
+
+    results: tuple[TuneResult, ...]
+    best: int | None
+    """Index of the router whose best setting meets the constraints with the best objective (None: none meets)."""
+    closest: int
+    """`best`, or when no router meets the constraints the one whose closest setting violates them least."""
+
+    @property
+    def answer(self):
+        return self.results[self.closest]
+
+
+def choose_router(base: Scenario, routers: Sequence[str], *, objective, constraints: Sequence, budget_simulations: int,
+                  repeats: int, seed: int | None = None, jobs: int | None = None,
+                  progress: Callable[[str, int, int, str], None] | None = None) -> RouterChoice:
+    """Tune each of `routers` (NAME or NAME:key=value with fixed options) over its default search space with the
+    same budget, seeds and constraints, and pick the best; `progress(router, done, total, note)` per simulation."""
+    objective = Objective.parse(objective) if isinstance(objective, str) else objective
+    if objective.kind in ("min-workers", "pareto"):
+        raise ValueError(f"choosing a router needs maximize:COLUMN or minimize:COLUMN, got {objective.text()}")
+    results = []
+    for router in routers:
+        def tick(done: int, total: int, note: str, router: str = router) -> None:
+            if progress:
+                progress(router, done, total, note)
+
+        results.append(tune(base, router, objective=objective, constraints=constraints,
+                            budget_simulations=budget_simulations, repeats=repeats, seed=seed, jobs=jobs,
+                            progress=tick))
+    metric = objective.metric
+
+    def key(i: int) -> tuple:
+        answer = results[i].answer
+        value = answer.means.get(metric.column, math.nan)
+        score = math.inf if math.isnan(value) else (-value if metric.maximize else value)
+        return (not answer.feasible, answer.violation, score, i)
+
+    order = sorted(range(len(results)), key=key)
+    best = order[0] if results[order[0]].best is not None else None
+    return RouterChoice(results=tuple(results), best=best, closest=order[0])

@@ -1,0 +1,230 @@
+"""`kvsim tune`: search a router's options (and optionally workers or KV per worker) for an objective."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import click
+import yaml
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from sim.cli.app import (
+    ENGINE_HELP, SLO_HELP, console, err_console, fmt, load_or_exit, main, on_engine, one_engine, router_list, slo_option,
+    with_slo,
+)
+from sim.results.report import csv_bytes, tune_figure, write_atomic
+from sim.scenario import Scenario, ScenarioError
+from sim.studies.search_space import GIB, SYNTAX, format_value, parse_space, space_text
+from sim.studies.tune import BATCH_TRIALS, DEFAULT_OBJECTIVE, Constraint, Objective, parse_pareto
+
+OBJECTIVE_HELP = ("maximize:COLUMN or minimize:COLUMN (any numeric column of summary.csv, e.g. request_hit_rate, "
+                  "ttft_p99_ms, throughput_rps), min-workers (fewest workers that meet the constraints; needs workers "
+                  "in --space) or pareto (both --pareto metrics).")
+CONSTRAINT_HELP = "COLUMN<=NUMBER or COLUMN>=NUMBER on the mean over repeats, e.g. ttft_p99_ms<=200; repeatable."
+
+
+def parse_objective(ctx: click.Context, param: click.Parameter, value: str | None) -> Objective | None:
+    try:
+        return None if value is None else Objective.parse(value)
+    except ValueError as err:
+        raise click.BadParameter(str(err)) from None
+
+
+def parse_constraints(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[Constraint, ...]:
+    try:
+        return tuple(Constraint.parse(v) for v in value)
+    except ValueError as err:
+        raise click.BadParameter(str(err)) from None
+
+
+def parse_pareto_option(ctx: click.Context, param: click.Parameter, value: str | None):
+    try:
+        return None if value is None else parse_pareto(value)
+    except ValueError as err:
+        raise click.BadParameter(str(err)) from None
+
+
+def tuning_base(scenario_path, prefixes, workers, concurrency, engine, slo=None) -> Scenario:
+    """The scenario with the command's what-ifs applied, or a one-line error."""
+    base, _ = load_or_exit(scenario_path)
+    base = with_slo(on_engine(base, engine), slo)
+    overrides = {k: v for k, v in {"workload.prefixes": prefixes, "cluster.workers": workers,
+                                   "workload.concurrency": concurrency}.items() if v is not None}
+    try:
+        return base.with_overrides(**overrides) if overrides else base
+    except ScenarioError as err:
+        raise click.ClickException(str(err)) from None
+
+
+def run_tune(base: Scenario, router: str, space_option: str | None, *, label: str, **kwargs):
+    """`sim.studies.tune.tune` behind a progress bar (quiet off a terminal); bad input as one-line click errors."""
+    from sim.studies.tune import tune
+
+    try:
+        space = None if space_option is None else parse_space(space_option)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--space") from None
+    with Progress(TextColumn(f"{label}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
+                  TimeElapsedColumn(), console=err_console, transient=True,
+                  disable=not err_console.is_terminal) as bar:
+        task = bar.add_task("", total=None)
+
+        def progress(done: int, total: int, note: str) -> None:
+            bar.update(task, completed=done, total=total, description=note)
+
+        try:
+            return tune(base, router, space, progress=progress, **kwargs)
+        except ScenarioError as err:
+            raise click.ClickException(str(err)) from None
+        except ValueError as err:  # the messages name the knob, column or option at fault
+            raise click.UsageError(str(err)) from None
+
+
+def value_text(trial, column: str) -> str:
+    mean, half = trial.means.get(column, math.nan), trial.ci95.get(column, math.nan)
+    spec = ".0f" if column.endswith("_ms") or abs(mean) >= 100 else ".3f"
+    return fmt(mean, spec) + ("" if math.isnan(half) else f" ± {fmt(half, spec)}")
+
+
+def paste_text(result, trial) -> str:
+    """The answer as command-line text: --router SPEC and the cluster knobs' options."""
+    parts = [f"--router {trial.router}"]
+    if "workers" in trial.params:
+        parts.append(f"--workers {trial.params['workers']}")
+    if "kv-gib" in trial.params:
+        parts.append(f"(KV per worker {format_value(trial.params['kv-gib'])} GiB: engine.kv_cache_bytes "
+                     f"{int(round(float(trial.params['kv-gib']) * GIB))})")
+    return " ".join(parts)
+
+
+def best_yaml(result, trial) -> bytes:
+    """A scenario fragment for the answer (router, and cluster/engine when searched) and its metrics."""
+    from sim.routing.spec import split_router_spec
+
+    name, options = split_router_spec(trial.router)
+    doc: dict[str, object] = {"router": {"name": name, "options": options}}
+    if "workers" in trial.params:
+        doc["cluster"] = {"workers": int(trial.params["workers"])}
+    if "kv-gib" in trial.params:
+        doc["engine"] = {"kv_cache_bytes": int(round(float(trial.params["kv-gib"]) * GIB))}
+    doc["tune"] = {
+        "spec": trial.router, "trial": trial.number, "feasible": trial.feasible,
+        "objective": result.objective.text(), "constraints": [c.text() for c in result.constraints],
+        "repeats": result.repeats, "seeds": f"{result.seed}..{result.seed + result.repeats - 1}",
+        "metrics": {c: {"mean": trial.means.get(c), "ci95": None if math.isnan(trial.ci95.get(c, math.nan))
+                        else trial.ci95[c]} for c in result.named_columns},
+        "default": {c: result.baseline.means.get(c) for c in result.named_columns},
+    }
+    return yaml.safe_dump(doc, sort_keys=False).encode()
+
+
+@main.command()
+@click.option("--scenario", "scenario_path", type=click.Path(dir_okay=False), default=None,
+              help="Scenario YAML file. Default: the built-in service-baseline scenario.")
+@click.option("--prefixes", type=click.IntRange(min=1), default=None,
+              help="Distinct shared prefixes N. Default: the scenario's.")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Workers (the default trial's when workers is in --space). Default: the scenario's.")
+@click.option("--concurrency", type=click.IntRange(min=1), default=None, help="Requests in flight. Default: the scenario's.")
+@click.option("--engine", callback=one_engine, default=None, help=ENGINE_HELP)
+@click.option("--router", callback=router_list, default=None,
+              help="The router to tune: NAME, or NAME:key=value,... with options held fixed (see `kvsim routers`). "
+                   "Default: the scenario's.")
+@click.option("--space", "space_option", default=None,
+              help=f"Knobs to search: {SYNTAX}. Keys: the router's options, and workers / kv-gib (KV cache GiB per "
+                   "worker). Default: the router's search space (`kvsim routers`).")
+@click.option("--objective", callback=parse_objective, default=DEFAULT_OBJECTIVE, show_default=True, help=OBJECTIVE_HELP)
+@click.option("--constraint", "constraints", multiple=True, callback=parse_constraints, help=CONSTRAINT_HELP)
+@click.option("--pareto", callback=parse_pareto_option, default=None,
+              help="The front's two metrics COL1,COL2 (each optionally max: or min:; latencies are minimised by "
+                   "default). Default: the objective's column and ttft_p99_ms.")
+@click.option("--budget", type=click.IntRange(min=1), default=120, show_default=True,
+              help="Simulations in all (trials x repeats), the default trial included.")
+@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Runs per trial, on seeds seed .. seed + repeats - 1 for every trial.")
+@click.option("--seed", type=int, default=None, help="Base seed (of the runs and of the sampler). Default: the scenario's.")
+@click.option("--jobs", type=click.IntRange(min=1), default=None, help="Parallel processes. Default: all cores.")
+@click.option("--batch", type=click.IntRange(min=1), default=BATCH_TRIALS, show_default=True,
+              help="Trials asked from the sampler at once; the answer depends on it, not on --jobs.")
+@click.option("--sampler", type=click.Choice(["tpe", "nsga2", "random"]), default="tpe", show_default=True,
+              help="optuna sampler: TPE (with constraints), NSGA-II, or random search.")
+@click.option("--top", type=click.IntRange(min=1), default=10, show_default=True, help="Trials shown in the table.")
+@click.option("--slo", callback=slo_option, default=None, help=SLO_HELP)
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Write DIR/tune.csv (a row per trial), DIR/tune.png (the trials on the two Pareto metrics) and "
+                   "DIR/best.yaml (the answer as a scenario fragment).")
+def tune(scenario_path, prefixes, workers, concurrency, engine, router, space_option, objective, constraints, pareto,
+         budget, repeats, seed, jobs, batch, sampler, top, slo, out_dir) -> None:
+    """Search a router's options for the setting that best meets an objective under constraints.
+
+    Trial 0 is the router's defaults; then optuna's sampler proposes settings in batches, each simulated --repeats
+    times on the same seeds (common random numbers). Prints the best trials, the front of the two --pareto metrics
+    and the best setting as --router text to paste.
+    """
+    base = tuning_base(scenario_path, prefixes, workers, concurrency, engine, slo)
+    if router is not None and len(router) != 1:
+        raise click.BadParameter("give one router (tune searches one router's options)", param_hint="--router")
+    spec = router[0] if router else base.router.name
+    started = time.perf_counter()
+    result = run_tune(base, spec, space_option, label="tune", objective=objective, constraints=constraints,
+                      pareto=pareto, budget_simulations=budget, repeats=repeats, seed=seed, jobs=jobs, batch_trials=batch,
+                      sampler=sampler)
+    wall_s = time.perf_counter() - started
+    show_result(result, base, top=top, wall_s=wall_s)
+    if out_dir:
+        out = Path(out_dir)
+        rows, columns = result.rows()
+        write_atomic(out / "tune.csv", csv_bytes(rows, columns))
+        what = result.objective.text() + "".join(f", {c.text()}" for c in result.constraints)
+        write_atomic(out / "tune.png", tune_figure(result, title=(
+            f"{base.name}: tuning {result.router}, {base.cluster.workers} workers, N={base.workload.prefixes}, "
+            f"C={base.workload.concurrency}\n{what}; {len(result.trials)} trials x {result.repeats} runs "
+            f"(means, 95 % intervals on the front)")))
+        write_atomic(out / "best.yaml", best_yaml(result, result.answer))
+        console.print(f"wrote {out / 'tune.csv'} ({len(rows)} trials), {out / 'tune.png'} and {out / 'best.yaml'}")
+
+
+def show_result(result, base: Scenario, *, top: int, wall_s: float) -> None:
+    named = result.named_columns
+    knobs = [k.key for k in result.space]
+    table = Table(title=f"{base.name}: tuning {result.router} on {base.engine.kind}, {base.cluster.workers} workers, "
+                        f"N={base.workload.prefixes}, C={base.workload.concurrency}: "
+                        f"{result.objective.text()}" + "".join(f", {c.text()}" for c in result.constraints)
+                        + f" (mean ± 95 % over {result.repeats} runs)")
+    for col in ("trial", *knobs, *named, "feasible", "front", ""):
+        table.add_column(col, justify="left" if col in ("", "feasible", "front") else "right")
+    shown, seen = [], set()
+    for t in result.ranked():
+        key = (t.router, tuple(sorted((k, str(v)) for k, v in t.params.items())))
+        if key not in seen:
+            seen.add(key)
+            shown.append(t)
+    shown = shown[:top] + ([result.baseline] if result.baseline not in shown[:top] else [])
+    for t in shown:
+        role = ("default " if t.is_baseline else "") + (
+            ("best" if result.best is not None else "closest") if t.number == result.closest else "")
+        table.add_row(str(t.number), *(format_value(t.params[k]) for k in knobs), *(value_text(t, c) for c in named),
+                      "yes" if t.feasible else "no", "*" if t.on_front else "", role.strip())
+    console.print(table)
+    sims = len(result.trials) * result.repeats
+    console.print(f"{len(result.trials)} trials x {result.repeats} runs = {sims} simulations (seeds {result.seed}.."
+                  f"{result.seed + result.repeats - 1} for every trial) in {wall_s:.0f} s; space "
+                  f"{space_text(result.space) or '(empty: the defaults only)'}", highlight=False)
+    baseline, answer = result.baseline, result.answer
+    column = (result.objective.metric or result.pareto[0]).column
+    summary = ", ".join(f"{c} {value_text(answer, c)}" for c in named)
+    before = ", ".join(f"{c} {value_text(baseline, c)}" for c in named)
+    if result.best is None:
+        misses = "; ".join(f"{c.text()}: {value_text(answer, c.column)}" for c in result.constraints
+                           if not c.met(answer.means.get(c.column, math.nan)))
+        console.print(f"no trial meets {', '.join(c.text() for c in result.constraints)}; the closest is trial "
+                      f"{answer.number} ({misses})", highlight=False)
+    else:
+        gain = answer.means.get(column, math.nan) - baseline.means.get(column, math.nan)
+        console.print(f"default (trial 0): {before}", highlight=False)
+        versus = "" if math.isnan(gain) else f"; {column} {gain:+.4g} vs the default"
+        console.print(f"best (trial {answer.number}): {summary}{versus}", highlight=False)
+    console.print(f"paste: {paste_text(result, answer)}", highlight=False)

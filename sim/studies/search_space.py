@@ -1,0 +1,226 @@
+"""What `kvsim tune` may change: a search space of knobs, each a float range, an integer range or a choice.
+
+A knob names a router option (checked against the router's `parse_options`) or one of the cluster knobs
+`workers` (the worker count) and `kv-gib` (KV cache per worker, GiB). The CLI text is a comma-separated list:
+
+    key=LOW:HIGH          a float in [LOW, HIGH]           prefill_load_scale=0:16
+    key=LOW:HIGH:log      the same, sampled on a log scale  scrape_interval_s=0.01:1:log   (LOW > 0)
+    key=LOW..HIGH         an integer in LOW..HIGH inclusive balance_abs_threshold=0..64, workers=2..12
+    key=LOW..HIGH:log     the same on a log scale           prefix_blocks=1..64:log        (LOW >= 1)
+    key=a|b|c             one of the values (YAML scalars)  min_load_tie=first|fewest_processed, rebalancing=true|false
+
+Routers declare their default space as `search_space` (a tuple of knobs, `policies.base.RouterBase`); this module
+holds only the types, so that `policies` may import them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+SYNTAX = "key=LOW:HIGH[:log] (float), key=LOW..HIGH[:log] (integer), key=a|b|c (choice), comma-separated"
+
+GIB = 1 << 30
+CLUSTER_KNOBS = {"workers": "workers", "kv-gib": "GiB"}
+"""Knobs that change the cluster rather than the router, with their units."""
+
+
+def _scalar(text: str) -> Any:
+    """A YAML scalar as the router spec reads option values (`0.5`, `true`, `null`, `first`)."""
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    return text if isinstance(value, (dict, list)) else value
+
+
+def format_value(value: Any) -> str:
+    """As `sim.routing.spec.router_label` writes an option value."""
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+@dataclass(frozen=True, slots=True)
+class FloatKnob:
+    """A float option in [low, high] (log: sampled uniformly in log space, low > 0)."""
+
+    key: str
+    low: float
+    high: float
+    log: bool = False
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.low) and math.isfinite(self.high) and self.low < self.high):
+            raise ValueError(f"{self.key}: need LOW < HIGH, got {self.low:g}:{self.high:g} ({SYNTAX})")
+        if self.log and self.low <= 0:
+            raise ValueError(f"{self.key}: a log range needs LOW > 0, got {self.low:g} ({SYNTAX})")
+
+    @property
+    def extremes(self) -> tuple[float, ...]:
+        return (self.low, self.high)
+
+    def contains(self, value: Any) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and self.low <= value <= self.high
+
+    def text(self) -> str:
+        return f"{self.key}={self.low:g}:{self.high:g}" + (":log" if self.log else "")
+
+
+@dataclass(frozen=True, slots=True)
+class IntKnob:
+    """An integer option in low..high, both included (log: sampled in log space, low >= 1)."""
+
+    key: str
+    low: int
+    high: int
+    log: bool = False
+
+    def __post_init__(self) -> None:
+        if self.low >= self.high:
+            raise ValueError(f"{self.key}: need LOW < HIGH, got {self.low}..{self.high} ({SYNTAX})")
+        if self.log and self.low < 1:
+            raise ValueError(f"{self.key}: a log range needs LOW >= 1, got {self.low} ({SYNTAX})")
+
+    @property
+    def extremes(self) -> tuple[int, ...]:
+        return (self.low, self.high)
+
+    def contains(self, value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and self.low <= value <= self.high
+
+    def text(self) -> str:
+        return f"{self.key}={self.low}..{self.high}" + (":log" if self.log else "")
+
+
+@dataclass(frozen=True, slots=True)
+class ChoiceKnob:
+    """One of `choices` (distinct YAML scalars: str, int, float, bool or None), in the order given."""
+
+    key: str
+    choices: tuple[Any, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.choices) < 2 or len(set(map(repr, self.choices))) != len(self.choices):
+            raise ValueError(f"{self.key}: give two or more distinct choices a|b|..., got "
+                             f"{'|'.join(map(format_value, self.choices))} ({SYNTAX})")
+
+    @property
+    def extremes(self) -> tuple[Any, ...]:
+        return self.choices
+
+    def contains(self, value: Any) -> bool:
+        return any(type(value) is type(c) and value == c for c in self.choices)
+
+    def text(self) -> str:
+        return f"{self.key}=" + "|".join(map(format_value, self.choices))
+
+
+Knob = FloatKnob | IntKnob | ChoiceKnob
+SearchSpace = tuple[Knob, ...]
+
+
+def _number(key: str, text: str, kind: type) -> float | int:
+    try:
+        return kind(text)
+    except ValueError:
+        what = "a whole number" if kind is int else "a number"
+        raise ValueError(f"{key}: {text!r} is not {what} ({SYNTAX})") from None
+
+
+def parse_knob(item: str) -> Knob:
+    """One `key=...` item (see the module docstring), or a one-line ValueError naming the key and the syntax."""
+    key, eq, value = (s.strip() for s in item.partition("="))
+    if not eq or not key or not value:
+        raise ValueError(f"{item!r} is not key=range or key=choices ({SYNTAX})")
+    log = value.endswith(":log")
+    body = value.removesuffix(":log") if log else value
+    if "|" in body:
+        if log:
+            raise ValueError(f"{key}: a choice has no log scale ({SYNTAX})")
+        texts = [v.strip() for v in body.split("|")]
+        if not all(texts):
+            raise ValueError(f"{key}: an empty choice in {value!r} ({SYNTAX})")
+        return ChoiceKnob(key, tuple(map(_scalar, texts)))
+    if ".." in body:
+        low, _, high = body.partition("..")
+        return IntKnob(key, int(_number(key, low.strip(), int)), int(_number(key, high.strip(), int)), log)
+    if ":" in body:
+        parts = body.split(":")
+        if len(parts) != 2:
+            raise ValueError(f"{key}: {value!r} is not LOW:HIGH or LOW:HIGH:log ({SYNTAX})")
+        low, high = (float(_number(key, p.strip(), float)) for p in parts)
+        return FloatKnob(key, low, high, log)
+    raise ValueError(f"{key}: {value!r} is a single value, not a range or choices; fix a router option in "
+                     f"--router NAME:{key}={value} instead ({SYNTAX})")
+
+
+def parse_space(text: str) -> SearchSpace:
+    """`key=...,key=...` -> knobs in the order given; every key once."""
+    knobs = [parse_knob(item) for item in (t.strip() for t in text.split(",")) if item]
+    if not knobs:
+        raise ValueError(f"{text!r}: no knob given ({SYNTAX})")
+    seen: set[str] = set()
+    for knob in knobs:
+        if knob.key in seen:
+            raise ValueError(f"{knob.key}: given twice in the space")
+        seen.add(knob.key)
+    return tuple(knobs)
+
+
+def space_text(space: Sequence[Knob]) -> str:
+    """The CLI text of `space` (round-trips through `parse_space`)."""
+    return ",".join(k.text() for k in space)
+
+
+def router_knobs(space: Sequence[Knob]) -> tuple[Knob, ...]:
+    return tuple(k for k in space if k.key not in CLUSTER_KNOBS)
+
+
+def check_space(space: Sequence[Knob], *, router: str, option_names: Sequence[str],
+                parse_options: Callable[[dict[str, Any]], object], fixed_options: Mapping[str, Any]) -> None:
+    """Every knob is a cluster knob or an option of the router, not also fixed, and every extreme (each choice) is
+    a value the router accepts beside the fixed options; a one-line ValueError names the key otherwise."""
+    for knob in space:
+        if knob.key == "workers":
+            if not isinstance(knob, (IntKnob, ChoiceKnob)) or not all(
+                    isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in knob.extremes):
+                raise ValueError("workers: give whole numbers >= 1, e.g. workers=2..12 or workers=4|6|8")
+            continue
+        if knob.key == "kv-gib":
+            if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in knob.extremes):
+                raise ValueError("kv-gib: give GiB per worker > 0, e.g. kv-gib=0.5:8 or kv-gib=1|2|4")
+            continue
+        if knob.key not in option_names:
+            raise ValueError(f"{knob.key}: not an option of {router} (options: {', '.join(option_names)}; "
+                             f"cluster knobs: {', '.join(CLUSTER_KNOBS)})")
+        if knob.key in fixed_options:
+            raise ValueError(f"{knob.key}: fixed in the router spec and searched in the space; give it in one place")
+        for value in knob.extremes:
+            try:
+                parse_options({**fixed_options, knob.key: value})
+            except ValueError as err:
+                # parse_options says "key: why (options of NAME: ...)"; the key is known to be an option here.
+                why = str(err).removeprefix(f"{knob.key}: ").split(" (options of ")[0]
+                shown = f"{value:g}" if isinstance(value, float) else format_value(value)
+                raise ValueError(f"{knob.key}={shown} is not allowed for {router}: {why}") from None
+
+
+def cluster_overrides(base_engine, params: Mapping[str, Any]) -> dict[str, Any]:
+    """Scenario overrides for the cluster knobs in `params` (`kv-gib` through the engine's own capacity rule, so a
+    block-count override in the scenario is replaced, not silently kept)."""
+    overrides: dict[str, Any] = {}
+    if "workers" in params:
+        overrides["cluster.workers"] = int(params["workers"])
+    if "kv-gib" in params:
+        overrides.update(base_engine.capacity_overrides(kv_bytes=int(round(float(params["kv-gib"]) * GIB))))
+    return overrides
+
+
+def round_significant(value: float, digits: int = 4) -> float:
+    """`value` to `digits` significant digits (0 stays 0)."""
+    if value == 0 or not math.isfinite(value):
+        return value
+    return round(value, digits - 1 - math.floor(math.log10(abs(value))))
