@@ -18,6 +18,7 @@ import simpy
 
 from sim.cluster.cluster import Cluster
 from sim.results.records import WorkerCounters
+from sim.results.summary import slo_columns
 from sim.runner import build_router
 from sim.scenario import Scenario
 from sim.results.streaming_stats import StreamingStats
@@ -53,6 +54,18 @@ class ReplayResult:
             "ttft_p99_ms": st.ttft_ms.percentile(99), "e2e_p50_ms": st.e2e_ms.percentile(50),
             "throughput_rps": st.throughput_rps, "preemptions": sum(w.preemptions for w in self.workers),
             "evicted_blocks": sum(w.evicted_blocks for w in self.workers), "simulated_s": self.simulated_s,
+            **self.slo_row(),
+        }
+
+    def slo_row(self) -> dict[str, float | int]:
+        """The SLO, goodput, TPOT / E2E tail and load-balance columns, as `Summary.row()` names them."""
+        st = self.stats
+        return {
+            **slo_columns(st.slo), "slo_met_requests": st.slo_met_requests, "goodput_rps": st.goodput_rps,
+            "goodput_fraction": st.goodput_fraction, "tpot_p50_ms": st.tpot_ms.percentile(50),
+            "tpot_p99_ms": st.tpot_ms.percentile(99), "e2e_p99_ms": st.e2e_ms.percentile(99),
+            "imbalance_max_mean": st.imbalance_max_mean, "jain_index": st.jain_index,
+            "ttft_slo_met": st.ttft_slo_met, "tpot_slo_met": st.tpot_slo_met, "e2e_slo_met": st.e2e_slo_met,
         }
 
 

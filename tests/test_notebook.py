@@ -1,4 +1,4 @@
-"""The planning notebook runs top to bottom (so it cannot rot) and is stored without outputs."""
+"""The notebooks run top to bottom (so they cannot rot) and are stored without outputs."""
 
 from __future__ import annotations
 
@@ -6,21 +6,35 @@ import json
 from pathlib import Path
 
 import nbformat
+import pytest
 from nbclient import NotebookClient
 
-NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "capacity_planning.ipynb"
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+# What each notebook must print once executed: a line of each of its analyses.
+EXPECTED = {
+    "capacity_planning.ipynb": ("GiB per worker", "block model"),
+    "router_study.ipynb": ("bound min(1, W·C/N)", "live", "mocker kv_router", "processing_s=0.01"),
+}
 
 
-def test_notebook_is_stored_without_outputs():
-    nb = json.loads(NOTEBOOK.read_text())
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_notebook_is_stored_without_outputs(name):
+    nb = json.loads((NOTEBOOKS / name).read_text())
     for cell in nb["cells"]:
         if cell["cell_type"] == "code":
             assert cell.get("outputs") == [] and cell.get("execution_count") is None
 
 
-def test_notebook_runs_top_to_bottom():
-    nb = nbformat.read(NOTEBOOK, as_version=4)
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_notebook_runs_top_to_bottom(name):
+    path = NOTEBOOKS / name
+    nb = nbformat.read(path, as_version=4)
     NotebookClient(nb, timeout=600, kernel_name="python3",
-                   resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
+                   resources={"metadata": {"path": str(path.parent)}}).execute()
     text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
-    assert "GiB per worker" in text and "block model" in text
+    for expected in EXPECTED[name]:
+        assert expected in text, expected
+
+
+def test_every_notebook_is_tested():
+    assert {p.name for p in NOTEBOOKS.glob("*.ipynb")} == set(EXPECTED)

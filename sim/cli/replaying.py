@@ -11,7 +11,6 @@ from sim.cli.app import (
     ENGINE_HELP, SLO_HELP, console, fmt, load_or_exit, main, on_engine, one_engine, router_list, slo_option, with_slo,
 )
 from sim.results.report import csv_bytes, replay_figure, write_atomic
-from sim.results.summary import slo_columns
 from sim.scenario import Scenario, ScenarioError
 from sim.routing.spec import router_label, router_overrides
 
@@ -116,11 +115,6 @@ def replay(trace, workers, kv_tokens, kv_blocks, kv_bytes, router, engine, scena
         "wall_s": wall_s, "jobs": result.jobs, "workers": workers, "kv_blocks_per_worker": scenario.num_blocks, "block_size": B,
         "router": router_label(scenario.router.name, scenario.router.options), "engine": scenario.engine.kind,
         "kv_tokens_per_worker": scenario.capacity_tokens,
-        **slo_columns(st.slo), "slo_met_requests": st.slo_met_requests, "goodput_rps": st.goodput_rps,
-        "goodput_fraction": st.goodput_fraction, "tpot_p50_ms": st.tpot_ms.percentile(50),
-        "tpot_p99_ms": st.tpot_ms.percentile(99), "e2e_p99_ms": st.e2e_ms.percentile(99),
-        "imbalance_max_mean": st.imbalance_max_mean, "jain_index": st.jain_index,
-        "ttft_slo_met": st.ttft_slo_met, "tpot_slo_met": st.tpot_slo_met, "e2e_slo_met": st.e2e_slo_met,
     }
     table = Table(title=f"replay of {Path(trace).name}: {workers} workers x {scenario.capacity_tokens:,} KV tokens "
                         f"(blocks of {B}), {scenario.router.name}, {scenario.engine.kind}")
