@@ -113,7 +113,7 @@ def main() -> None:
     # mocker has none of them; its KV router is the bar: "as fast as Dynamo's mocker with its KV router").
     cases += [("conversation", 8, 3_000_000, r, "kv_router", "vllm") for r in (
         "kv-aware:state=events", "kv-aware:state=approximate", "least-loaded", "p2c", "llm-d", "sglang-cache-aware",
-        "aibrix-prefix-cache", "aibrix-least-kv-cache", "vllm-router-loadaware", "preble")]
+        "aibrix-prefix-cache", "aibrix-least-kv-cache", "vllm-router-loadaware", "preble", "kvsim")]
     mocker_runs: dict[tuple, dict] = {}
     have_mocker = args.mocker_python.exists()
     job_counts = [1] + ([args.jobs] if args.jobs > 1 else [])

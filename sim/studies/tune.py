@@ -24,8 +24,7 @@ The search, for a budget of S simulations and R repeats: T = S // R trials.
 
 Objectives: `maximize:COLUMN`, `minimize:COLUMN`, `min-workers` (fewest workers meeting the constraints; `workers`
 must be in the space; ties go to the better of the other Pareto metric), or `pareto` (both Pareto metrics at once;
-the answer is the front's best in the first). Default: maximize goodput_rps where the summary has that column,
-else request_hit_rate (`DEFAULT_OBJECTIVE`).
+the answer is the front's best in the first). Default: maximize goodput_rps (`DEFAULT_OBJECTIVE`).
 
 The Pareto front is read off the trials: the feasible trials that no other feasible trial dominates in the two
 Pareto metrics (default: the objective's column and ttft_p99_ms).
@@ -40,7 +39,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from sim.results.report import SUMMARY_COLUMNS
 from sim.routing.spec import router_label, split_router_spec
 from sim.runner import build_router, router_class
 from sim.scenario import Scenario
@@ -50,8 +48,8 @@ from sim.studies.search_space import (
 )
 from sim.studies.sweep import SweepPoint, SweepRunner, run_point
 
-DEFAULT_OBJECTIVE = "maximize:goodput_rps" if "goodput_rps" in SUMMARY_COLUMNS else "maximize:request_hit_rate"
-"""Goodput when kvsim's summary has it (requests meeting the SLO per second), else the request hit rate."""
+DEFAULT_OBJECTIVE = "maximize:goodput_rps"
+"""Requests per second meeting the scenario's SLO (`--slo`); with no SLO set every request meets it (throughput)."""
 
 LOWER_IS_BETTER = frozenset({
     "workers", "kv-gib", "max_worker_share", "imbalance_max_mean", "preemptions", "evicted_blocks", "evicted_tokens",
