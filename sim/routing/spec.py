@@ -12,7 +12,8 @@ from typing import Any
 import yaml
 
 
-def _value(text: str) -> Any:
+def option_value(text: str) -> Any:
+    """An option value as written in a spec: a YAML scalar (`0.5`, `true`, `null`, `first`); text otherwise."""
     try:
         value = yaml.safe_load(text)
     except yaml.YAMLError:
@@ -33,7 +34,7 @@ def split_router_spec(spec: str) -> tuple[str, dict[str, Any]]:
             raise ValueError(f"{spec!r}: option {item!r} is not key=value")
         if key.strip() in options:
             raise ValueError(f"{spec!r}: option {key.strip()!r} given twice")
-        options[key.strip()] = _value(value.strip())
+        options[key.strip()] = option_value(value.strip())
     if colon and not options:
         raise ValueError(f"{spec!r}: nothing after ':' (give key=value options or drop the ':')")
     return name, options

@@ -20,22 +20,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
+from sim.routing.spec import option_value
 
 SYNTAX = "key=LOW:HIGH[:log] (float), key=LOW..HIGH[:log] (integer), key=a|b|c (choice), comma-separated"
 
 GIB = 1 << 30
 CLUSTER_KNOBS = {"workers": "workers", "kv-gib": "GiB"}
 """Knobs that change the cluster rather than the router, with their units."""
-
-
-def _scalar(text: str) -> Any:
-    """A YAML scalar as the router spec reads option values (`0.5`, `true`, `null`, `first`)."""
-    try:
-        value = yaml.safe_load(text)
-    except yaml.YAMLError:
-        return text
-    return text if isinstance(value, (dict, list)) else value
 
 
 def format_value(value: Any) -> str:
@@ -143,7 +134,7 @@ def parse_knob(item: str) -> Knob:
         texts = [v.strip() for v in body.split("|")]
         if not all(texts):
             raise ValueError(f"{key}: an empty choice in {value!r} ({SYNTAX})")
-        return ChoiceKnob(key, tuple(map(_scalar, texts)))
+        return ChoiceKnob(key, tuple(map(option_value, texts)))
     if ".." in body:
         low, _, high = body.partition("..")
         return IntKnob(key, int(_number(key, low.strip(), int)), int(_number(key, high.strip(), int)), log)
