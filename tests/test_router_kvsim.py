@@ -103,6 +103,23 @@ def test_a_request_that_would_not_fit_in_kv_goes_where_it_fits():
     assert r.route(prompt(2, 7), view) == 0
 
 
+def test_the_kv_bound_is_in_tokens_whatever_the_engine_counts_its_cache_in():
+    # An SGLang-like engine reports 4,640 pages of 1 token (= 290 blocks of 16): the same request does not fit
+    # (297 blocks x 16 = 4,752 tokens > 4,640), and fits at 4,800 pages.
+    class PagedView(FakeView):
+        def cache_block_size(self):
+            return 1
+
+    view = PagedView(2, cached={0: {("p", p, i) for p in (7, 8) for i in range(PREFIX_BLOCKS)}, 1: set()})
+    view.num_blocks = 290 * 16
+    r = build(KvsimRouter, n=2, view=view)
+    r.on_dispatch(prompt(50, 8), 0)
+    r._prefill_tokens[0] = 0
+    assert r.route(prompt(1, 7), view) == 1
+    view.num_blocks = 300 * 16
+    assert r.route(prompt(2, 7), view) == 0
+
+
 def test_homes_expire_after_their_ttl_and_release_their_claim():
     view = FakeView(2)
     r = build(KvsimRouter, n=2, view=view, home_ttl_s=10.0)
