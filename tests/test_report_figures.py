@@ -7,7 +7,8 @@ from types import SimpleNamespace
 import pytest
 
 from sim.results.intervals import t_interval
-from sim.results.report import AGGREGATED_COLUMNS, aggregate, hit_rate_figure, ttft_cdf_figure, ttft_panel_rows
+from sim.results.figures import hit_rate_figure, ttft_cdf_figure, ttft_panel_rows
+from sim.results.report import AGGREGATED_COLUMNS, aggregate
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

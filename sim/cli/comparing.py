@@ -16,9 +16,8 @@ from sim.cli.app import (
     router_names,
 )
 from sim.cli.replaying import trace_base, trace_overrides
-from sim.results.report import (
-    SUMMARY_COLUMNS, compare_bars_figure, compare_figure, csv_bytes, write_atomic,
-)
+from sim.results.report import SUMMARY_COLUMNS, csv_bytes, write_atomic
+from sim.results.study_figures import compare_bars_figure, compare_figure
 from sim.scenario import ScenarioError
 
 NEEDS_A_RECORDING = ("recorded",)

@@ -16,7 +16,9 @@ from sim.cli.app import (
     with_slo,
 )
 from sim.cli.tuning import CONSTRAINT_HELP, paste_text, parse_constraints, parse_objective, value_text
-from sim.results.report import choose_router_figure, csv_bytes, plan_figure, write_atomic
+from sim.results.figures import plan_figure
+from sim.results.report import csv_bytes, write_atomic
+from sim.results.study_figures import choose_router_figure
 from sim.scenario import Scenario, ScenarioError
 from sim.studies.tune import DEFAULT_OBJECTIVE, Constraint
 

@@ -10,7 +10,8 @@ from rich.table import Table
 from sim.cli.app import (
     ENGINE_HELP, SLO_HELP, console, fmt, load_or_exit, main, on_engine, one_engine, router_list, slo_option, with_slo,
 )
-from sim.results.report import csv_bytes, replay_figure, write_atomic
+from sim.results.figures import replay_figure
+from sim.results.report import csv_bytes, write_atomic
 from sim.scenario import Scenario, ScenarioError
 from sim.routing.spec import router_label, router_overrides
 

@@ -16,9 +16,8 @@ from sim.cli.app import (
     ENGINE_HELP, SLO_HELP, console, engine_list, err_console, fmt, int_list, load_or_exit, main, on_engine, one_engine,
     reference_measurements, router_list, slo_option, with_slo,
 )
-from sim.results.report import (
-    SUMMARY_COLUMNS, aggregate, csv_bytes, engine_figure, hit_rate_figure, ttft_cdf_figure, write_atomic,
-)
+from sim.results.figures import engine_figure, hit_rate_figure, ttft_cdf_figure
+from sim.results.report import SUMMARY_COLUMNS, aggregate, csv_bytes, write_atomic
 from sim.scenario import ScenarioError
 from sim.studies.reference import measured
 from sim.routing.spec import router_label, router_overrides

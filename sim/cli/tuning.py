@@ -15,7 +15,8 @@ from sim.cli.app import (
     ENGINE_HELP, SLO_HELP, console, err_console, fmt, load_or_exit, main, on_engine, one_engine, router_list, slo_option,
     with_slo,
 )
-from sim.results.report import csv_bytes, tune_figure, write_atomic
+from sim.results.report import csv_bytes, write_atomic
+from sim.results.study_figures import tune_figure
 from sim.scenario import Scenario, ScenarioError
 from sim.studies.search_space import GIB, SYNTAX, format_value, parse_space, space_text
 from sim.studies.tune import BATCH_TRIALS, DEFAULT_OBJECTIVE, Constraint, Objective, parse_pareto
