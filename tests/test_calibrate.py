@@ -106,6 +106,7 @@ def test_calibrate_command_writes_a_loadable_scenario_and_the_residuals(tmp_path
                                     "--jobs", "1", "--out", str(out), "--report", str(report)])
     assert res.exit_code == 0, res.output
     fitted, _ = load_scenario(out)
+    assert "slo:" not in out.read_text()  # no SLO set: no block of nulls
     assert fitted.time_model.prefill_token_s == pytest.approx(6e-5, rel=0.1)
     assert fitted.calibration.fitted_on and fitted.calibration.held_out
     assert fitted.calibration.fit_rms_log_error is not None

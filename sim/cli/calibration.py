@@ -140,7 +140,10 @@ def calibrate(scenario_path, measured_path, run_paths, ttft_source, fit_params, 
     sources = ([ref_path.name] if ref_path else []) + [Path(p).name for p in run_paths]
     header = (f"# Calibrated by `kvsim calibrate` from {path.name} against {', '.join(sources)}.\n"
               f"# Fitted: {', '.join(f'{k} = {v:.4g}' for k, v in result.parameters.items())}.\n")
-    write_atomic(out, (header + yaml.safe_dump(fitted.model_dump(mode="json"), sort_keys=False)).encode())
+    data = fitted.model_dump(mode="json")
+    if not fitted.slo.to_slo().is_set:
+        del data["slo"]  # an unset SLO is the default: no block of nulls in the written file
+    write_atomic(out, (header + yaml.safe_dump(data, sort_keys=False)).encode())
     if report_path:
         rows = [{"point": r.target.case, "metric": r.target.metric,
                  "measured": r.target.measured, "predicted": r.predicted, "error": r.error,
