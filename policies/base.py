@@ -17,7 +17,7 @@ from sim.workloads.request import Request
 class RouterOptions(BaseModel):
     """Options every router has."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     replicas: int = Field(1, ge=1, description="Router replicas; each request goes to a random one, each keeps its own state (index, load counts).")
     processing_s: float = Field(0.0, ge=0, description="The router's own time per request (parse, tokenise, match, score), added to the hop.")

@@ -1,4 +1,5 @@
-"""The base of every configuration model (scenario sections, engine specs): unknown keys are errors, values frozen."""
+"""The base of every configuration model (scenario sections, engine specs): unknown keys are errors, values frozen,
+and no infinite or NaN number gets in (it would reach the event loop: an infinite step time never ends)."""
 
 from __future__ import annotations
 
@@ -6,4 +7,4 @@ from pydantic import BaseModel, ConfigDict
 
 
 class ConfigModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)

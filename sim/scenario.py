@@ -62,6 +62,10 @@ class LengthSpec(ConfigModel):
 Length = int | LengthSpec
 
 
+def length_min(length: Length) -> int:
+    return length if isinstance(length, int) else length.low
+
+
 def length_mean(length: Length) -> float:
     if isinstance(length, int):
         return float(length)
@@ -110,6 +114,11 @@ class WorkloadSpec(ConfigModel):
 
     @model_validator(mode="after")
     def _check(self) -> WorkloadSpec:
+        for name, least in (("prefix_tokens", 0), ("tail_tokens", 0), ("output_tokens", 1)):
+            if length_min(getattr(self, name)) < least:
+                raise ValueError(f"{name} must be >= {least} tokens, got {getattr(self, name)}")
+        if length_min(self.prefix_tokens) + length_min(self.tail_tokens) < 1:
+            raise ValueError("a prompt needs at least one token: prefix_tokens + tail_tokens must be >= 1")
         if self.popularity == "weights":
             if self.weights is None or len(self.weights) != self.prefixes:
                 raise ValueError(f"popularity 'weights' needs one weight per prefix ({self.prefixes})")
@@ -386,15 +395,34 @@ def builtin_scenario_path(name: str = BUILTIN_SCENARIO) -> Path:
     return path
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a mapping that gives one key twice (PyYAML keeps the last silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: set = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_scenario(path: str | Path | None = None) -> tuple[Scenario, Path]:
     """Load a scenario file (the built-in one when `path` is None); returns it with its resolved path."""
     file = builtin_scenario_path() if path is None else Path(path)
     if not file.is_file():
         raise ScenarioError(f"scenario file {str(file)!r} does not exist")
     try:
-        data = yaml.safe_load(file.read_text())
+        data = yaml.load(file.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
+    except UnicodeDecodeError as err:
+        raise ScenarioError(f"{file}: not a UTF-8 text file (byte {err.start}: {err.reason})") from None
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ScenarioError(f"{file}: not valid YAML: {err.problem}{where}") from None
     except yaml.YAMLError as err:
-        raise ScenarioError(f"{file}: not valid YAML ({str(err).splitlines()[0]})") from None
+        raise ScenarioError(f"{file}: not valid YAML ({' '.join(str(err).split())})") from None
     if not isinstance(data, dict):
         raise ScenarioError(f"{file}: a scenario is a YAML mapping, got {type(data).__name__}")
     return validate_scenario(data, source=str(file)), file.resolve()

@@ -217,6 +217,17 @@ def engines() -> None:
 
 
 @main.command()
+def schema() -> None:
+    """Print the scenario file's JSON Schema (for editor completion and validation, e.g. a YAML language server's
+    `# yaml-language-server: $schema=...`)."""
+    import json
+
+    from sim.scenario import Scenario
+
+    click.echo(json.dumps(Scenario.model_json_schema(), indent=2))
+
+
+@main.command()
 def routers() -> None:
     """List the routers and their options (give them as --router NAME:key=value,key=value)."""
     from policies import ROUTERS

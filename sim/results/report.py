@@ -41,12 +41,21 @@ AGGREGATED_COLUMNS = (
 GROUP_KEYS = ("workers", "prefixes", "concurrency", "router", "engine")
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def write_atomic(path: Path, data: bytes) -> None:
+    """`data` into `path` through a temporary file renamed into place, with the mode a plain `open` would give it
+    (0666 less the umask; `mkstemp` alone would leave 0600)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+            os.fchmod(f.fileno(), 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
