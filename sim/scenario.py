@@ -17,6 +17,21 @@ from sim.results.records import Slo
 BUILTIN_SCENARIO = "service-baseline"
 
 
+MAX_MEMORY_BYTES = 8 * 2**30
+"""The most memory a single run may need by `Scenario.memory_estimate_bytes`; bigger scenarios are refused."""
+# NOTE: rough sizes of the Python objects a run holds, measured on CPython 3.11 and rounded up.
+_WORKER_BYTES = 64 * 1024  # a worker, its engine, scheduler and device process
+_BLOCK_BYTES = 160  # a vLLM block: its hash slot, reference count and free-queue entry
+_PREFIX_BYTES = 1024
+_REQUEST_BYTES = 2048  # a request, its record and summary entries
+_HASH_BYTES = 64  # one block hash of a request (the tuple and its entries)
+_CLIENT_BYTES = 4096  # a closed-loop client (a SimPy process)
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.3g} GiB"
+
+
 class ScenarioError(ValueError):
     """A scenario (file or override) that cannot be run; the message names the field and what is allowed."""
 
@@ -334,6 +349,38 @@ class Scenario(ConfigModel):
     def _fits(self) -> Scenario:
         self.engine.check_fits(self.workload.max_request_tokens, self.model.kv_bytes_per_token)
         return self
+
+    @model_validator(mode="after")
+    def _size(self) -> Scenario:
+        self.check_size()
+        return self
+
+    def memory_estimate_bytes(self) -> dict[str, int]:
+        """A rough upper estimate of the memory a run of this scenario needs, by what needs it (the biggest
+        Python objects: the engines' per-block state, the requests with their block hashes, the clients)."""
+        w = self.workload
+        blocks = self.num_blocks if self.engine.kind == "vllm" else 0
+        requests = w.num_requests + w.warmup_per_prefix * w.prefixes
+        hashes_per_request = w.max_request_tokens // getattr(self.engine, "block_size", 1)
+        return {
+            f"cluster.workers={self.cluster.workers}": self.cluster.workers * _WORKER_BYTES,
+            f"{blocks} KV blocks per worker (engine.kv_cache_bytes) x {self.cluster.workers} workers":
+                self.cluster.workers * blocks * _BLOCK_BYTES,
+            f"workload.prefixes={w.prefixes}": w.prefixes * _PREFIX_BYTES,
+            f"{requests} requests (workload.min_requests, requests_per_prefix x prefixes)":
+                requests * (_REQUEST_BYTES + hashes_per_request * _HASH_BYTES),
+            f"workload.concurrency={w.concurrency}": w.concurrency * _CLIENT_BYTES,
+        }
+
+    def check_size(self) -> None:
+        """Refuse, before anything runs, a scenario whose run would need more than MAX_MEMORY_BYTES (so that an
+        absurd size is a one-line error within a second, not a MemoryError or a machine swapping for hours)."""
+        parts = self.memory_estimate_bytes()
+        total = sum(parts.values())
+        if total > MAX_MEMORY_BYTES:
+            culprit = max(parts, key=parts.__getitem__)
+            raise ValueError(f"too big to simulate: {culprit} needs about {_gib(parts[culprit])} of memory "
+                             f"({_gib(total)} in all; kvsim's limit is {_gib(MAX_MEMORY_BYTES)})")
 
     def with_engine(self, kind: str) -> Scenario:
         """The same scenario on another engine: the options both engines have (KV bytes, block size, model length)

@@ -46,6 +46,18 @@ def _registered_names(value: str, what: str, allowed: list[str]) -> list[str]:
     return names
 
 
+NEEDS_A_RECORDING = ("recorded",)
+"""Routers that replay a recorded run's choices: they cannot route a workload of their own (only `kvsim validate
+--routing recorded` uses them, through the scenario it builds)."""
+
+
+def finite_float(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    """A float option that must be a finite number (click's float type takes nan and inf)."""
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"{value}: give a finite number")
+    return value
+
+
 def router_list(ctx: click.Context, param: click.Parameter, value: str | None) -> list[str] | None:
     """Comma-separated router specs `NAME` or `NAME:key=value,...` (`sim.routing.spec`), each name registered and
     each option one its router has, as their labels."""
@@ -62,6 +74,10 @@ def router_list(ctx: click.Context, param: click.Parameter, value: str | None) -
         name, options = split_router_spec(label)
         if name not in ROUTERS:
             raise click.BadParameter(f"unknown router {name}; allowed: {', '.join(router_names())}")
+        if name in NEEDS_A_RECORDING:
+            raise click.BadParameter(f"{name} replays a recorded run's choices (kvsim validate); it cannot route a "
+                                     f"workload of its own; allowed: "
+                                     f"{', '.join(n for n in router_names() if n not in NEEDS_A_RECORDING)}")
         try:
             ROUTERS[name].parse_options(options)
         except ValueError as err:

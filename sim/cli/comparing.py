@@ -13,37 +13,18 @@ from rich.table import Table
 from sim.cli.app import (
     ENGINE_HELP, SLO_HELP, console, err_console, fmt, int_list, load_or_exit, main, on_engine, one_engine, router_list,
     slo_option, with_slo,
-    router_names,
+    router_names, NEEDS_A_RECORDING,
 )
 from sim.cli.replaying import trace_base, trace_overrides
 from sim.results.report import SUMMARY_COLUMNS, csv_bytes, write_atomic
 from sim.results.study_figures import compare_bars_figure, compare_figure
 from sim.scenario import ScenarioError
 
-NEEDS_A_RECORDING = ("recorded",)
-"""Routers that replay a recorded run's choices: they cannot route a workload of their own."""
-
 OPTIONAL_COLUMNS = (
     ("goodput_rps", "goodput req/s", ".2f"), ("goodput_fraction", "goodput share", ".3f"),
     ("imbalance_max_mean", "load max/mean", ".2f"), ("jain_index", "Jain", ".3f"),
 )
 """Columns shown when the rows have them (the SLO and balance columns of newer summaries)."""
-
-
-def _compare_routers(ctx: click.Context, param: click.Parameter, value: str | None) -> list[str] | None:
-    """`router_list`, refusing first the routers that only replay a recording (whose options it would ask for)."""
-    from sim.routing.spec import split_router_list
-
-    if value is not None:
-        try:
-            names = [label.split(":", 1)[0] for label in split_router_list(value)]
-        except ValueError as err:
-            raise click.BadParameter(str(err)) from None
-        bad = [n for n in names if n in NEEDS_A_RECORDING]
-        if bad:
-            raise click.BadParameter(f"{', '.join(bad)} replays a recorded run's choices (kvsim validate); it "
-                                     "cannot route a workload of its own")
-    return router_list(ctx, param, value)
 
 
 def _pm(agg: dict, metric: str, spec: str) -> str:
@@ -63,7 +44,7 @@ def _pm(agg: dict, metric: str, spec: str) -> str:
 @click.option("--workers", callback=int_list, default=None, help="Worker counts, one or comma-separated. Default: the scenario's.")
 @click.option("--concurrency", callback=int_list, default=None,
               help="Requests in flight (closed loop), one or comma-separated. Default: the scenario's. Not with --trace.")
-@click.option("--router", "routers", callback=_compare_routers, default=None,
+@click.option("--router", "routers", callback=router_list, default=None,
               help="Routers, comma-separated: NAME or NAME:key=value,... (a token without = starts the next router; "
                    "see `kvsim routers`). Default: every router but recorded.")
 @click.option("--engine", callback=one_engine, default=None, help=ENGINE_HELP)

@@ -12,7 +12,7 @@ from rich.progress import Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from sim.cli.app import (
-    ENGINE_HELP, SLO_HELP, console, err_console, load_or_exit, main, on_engine, one_engine, router_list, slo_option,
+    ENGINE_HELP, SLO_HELP, console, finite_float, err_console, load_or_exit, main, on_engine, one_engine, router_list, slo_option,
     with_slo,
 )
 from sim.cli.tuning import CONSTRAINT_HELP, paste_text, parse_constraints, parse_objective, value_text
@@ -46,8 +46,8 @@ from sim.studies.tune import DEFAULT_OBJECTIVE, Constraint
               help="--choose-router: simulations per router (trials x repeats).")
 @click.option("--seed", type=int, default=None, help="--choose-router: base seed. Default: the scenario's.")
 @click.option("--concurrency", type=click.IntRange(min=1), default=None, help="Requests in flight. Default: the scenario's.")
-@click.option("--min", "low", type=float, default=None, help="Smallest value to try. Default: 1 worker / 1 GiB.")
-@click.option("--max", "high", type=float, default=None, help="Largest value to try. Default: 64 workers / 32 GiB.")
+@click.option("--min", "low", type=float, callback=finite_float, default=None, help="Smallest value to try. Default: 1 worker / 1 GiB.")
+@click.option("--max", "high", type=float, callback=finite_float, default=None, help="Largest value to try. Default: 64 workers / 32 GiB.")
 @click.option("--step", type=click.FloatRange(min=0.01), default=0.25, show_default=True, help="Resolution of kv-gib.")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Workers while varying kv-gib or choosing a router. Default: the scenario's.")
@@ -109,6 +109,14 @@ def plan(scenario_path, prefixes, zipf, target_hit_rate, target_ttft_p99_ms, var
         target = PlanTarget(target_hit_rate, target_ttft_p99_ms)
         low = (1.0 if vary == "workers" else 1.0) if low is None else low
         high = (64.0 if vary == "workers" else 32.0) if high is None else high
+        for hint, value in (("--min", low), ("--max", high)):
+            if vary == "workers" and (value != int(value) or value < 1):
+                raise click.BadParameter(f"{value:g}: --vary workers takes whole numbers of workers >= 1",
+                                         param_hint=hint)
+            if vary == "kv-gib" and value <= 0:
+                raise click.BadParameter(f"{value:g}: --vary kv-gib takes GiB of KV cache > 0", param_hint=hint)
+        if low > high:
+            raise click.BadParameter(f"--min {low:g} is above --max {high:g}", param_hint="--min")
         spec = PlanSpec(vary=vary, grid=make_grid(vary, low, high, step), target=target, repeats=repeats,
                         horizon_requests=horizon, routers=tuple(routers or [base.router.name]))
     except (ScenarioError, ValueError) as err:

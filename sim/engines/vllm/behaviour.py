@@ -8,6 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DEFAULT_VLLM_VERSION = "0.31.0"
+OLDEST_VLLM_VERSION = (0, 10, 0)
+NEWEST_VLLM_VERSION = (0, 33, 0)
+"""The releases whose rules kvsim knows (engine-semantics.md §1); a version outside them is refused."""
 
 
 def parse_version(version: str) -> tuple[int, int, int]:
@@ -20,7 +23,15 @@ def parse_version(version: str) -> tuple[int, int, int]:
         raise ValueError(f"vllm_version must look like '0.31.0', got {version!r}") from None
     while len(nums) < 3:
         nums.append(0)
-    return nums[0], nums[1], nums[2]
+    v = (nums[0], nums[1], nums[2])
+    if not (OLDEST_VLLM_VERSION <= v and v[:2] <= NEWEST_VLLM_VERSION[:2]):  # 0.33.x patch releases too
+        raise ValueError(f"vllm_version {version!r} is outside the releases kvsim reproduces: "
+                         f"{_text(OLDEST_VLLM_VERSION)} to {_text(NEWEST_VLLM_VERSION[:2])}.x")
+    return v
+
+
+def _text(v: tuple[int, ...]) -> str:
+    return ".".join(map(str, v))
 
 
 @dataclass(frozen=True, slots=True)
