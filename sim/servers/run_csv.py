@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sim.csv_fields import finite_float, read_text, whole_number
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 REQUIRED_COLUMNS = ("request_id", "warmup", "prefix_id", "worker", "prompt_tokens", "cached_tokens", "ttft_ms",
@@ -176,8 +177,32 @@ def _bool(value: str) -> bool:
     raise ValueError(f"{value!r} is not a boolean (true/false/1/0)")
 
 
-_PARSERS = {"request_id": int, "warmup": _bool, "prefix_id": int, "worker": int, "prompt_tokens": int,
-            "cached_tokens": int, "ttft_ms": float, "e2e_ms": float, "start_s": float, "end_s": float}
+def _at_least(parse, least):
+    return lambda text: parse(text, least=least)
+
+
+# NOTE: times are finite and non-negative (start_s from the run's start); the cross-column rules are in _check_row.
+_PARSERS = {"request_id": _at_least(whole_number, 0), "warmup": _bool, "prefix_id": _at_least(whole_number, 0),
+            "worker": _at_least(whole_number, 0), "prompt_tokens": _at_least(whole_number, 1),
+            "cached_tokens": _at_least(whole_number, 0), "ttft_ms": _at_least(finite_float, 0),
+            "e2e_ms": _at_least(finite_float, 0), "start_s": _at_least(finite_float, 0),
+            "end_s": _at_least(finite_float, 0)}
+
+
+def _check_row(row: RunRow, setup: RunSetup) -> str | None:
+    """What makes a row impossible for its run (None if nothing): the message names the column(s)."""
+    if row.cached_tokens > row.prompt_tokens:
+        return f"column cached_tokens: {row.cached_tokens} > prompt_tokens {row.prompt_tokens}"
+    if row.prefix_id >= setup.prefixes:
+        return f"column prefix_id: {row.prefix_id} is not one of the run's {setup.prefixes} prefixes (0..{setup.prefixes - 1})"
+    if row.worker >= setup.workers:
+        return f"column worker: {row.worker} is not one of the run's {setup.workers} workers (0..{setup.workers - 1})"
+    if row.end_s < row.start_s:
+        return f"column end_s: {row.end_s} is before start_s {row.start_s}"
+    if setup.max_model_len is not None and row.prompt_tokens + setup.output_tokens > setup.max_model_len:
+        return (f"column prompt_tokens: {row.prompt_tokens} + {setup.output_tokens} output tokens exceeds the "
+                f"sidecar's max_model_len {setup.max_model_len}")
+    return None
 
 
 def read_run(csv_path: str | Path) -> Run:
@@ -189,39 +214,53 @@ def read_run(csv_path: str | Path) -> Run:
     if not side.is_file():
         raise RunFileError(f"{path}: missing sidecar {side.name} (the run's setup, JSON)")
     try:
-        setup = RunSetup.model_validate(json.loads(side.read_text()))
+        setup = RunSetup.model_validate(json.loads(read_text(side)))
     except json.JSONDecodeError as err:
         raise RunFileError(f"{side}: not valid JSON ({err})") from None
     except ValidationError as err:
         first = err.errors()[0]
         field = ".".join(str(p) for p in first["loc"]) or "(top level)"
         raise RunFileError(f"{side}: {field}: {first['msg'].removeprefix('Value error, ')}") from None
-    with path.open(newline="") as f:
-        reader = csv.DictReader(f)
-        columns = reader.fieldnames or []
-        missing = [c for c in REQUIRED_COLUMNS if c not in columns]
-        if missing:
-            raise RunFileError(f"{path}: missing required column {missing[0]!r} "
-                               f"(required: {', '.join(REQUIRED_COLUMNS)})")
-        rows = []
-        for line, raw in enumerate(reader, start=2):
-            values: dict[str, Any] = {}
-            for col, parse in _PARSERS.items():
-                text = raw.get(col)
-                try:
-                    if text is None:
-                        raise ValueError("missing value")
-                    values[col] = parse(text)
-                except ValueError as err:
-                    raise RunFileError(f"{path}:{line}: column {col}: {err}") from None
-            values["error"] = (raw.get("error") or "").strip()
-            for col in ("server_ttft_ms", "server_queue_ms"):
-                text = (raw.get(col) or "").strip()
-                try:
-                    values[col] = float(text) if text else None
-                except ValueError as err:
-                    raise RunFileError(f"{path}:{line}: column {col}: {err}") from None
-            rows.append(RunRow(**values))
+    except ValueError as err:  # not UTF-8
+        raise RunFileError(str(err)) from None
+    try:
+        text = read_text(path)
+    except ValueError as err:
+        raise RunFileError(str(err)) from None
+    seen: dict[int, int] = {}
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    columns = reader.fieldnames or []
+    missing = [c for c in REQUIRED_COLUMNS if c not in columns]
+    if missing:
+        raise RunFileError(f"{path}: missing required column {missing[0]!r} "
+                           f"(required: {', '.join(REQUIRED_COLUMNS)})")
+    rows = []
+    for line, raw in enumerate(reader, start=2):
+        values: dict[str, Any] = {}
+        for col, parse in _PARSERS.items():
+            text = raw.get(col)
+            try:
+                if text is None:
+                    raise ValueError("missing value")
+                values[col] = parse(text)
+            except ValueError as err:
+                raise RunFileError(f"{path}:{line}: column {col}: {err}") from None
+        values["error"] = (raw.get("error") or "").strip()
+        for col in ("server_ttft_ms", "server_queue_ms"):
+            text = (raw.get(col) or "").strip()
+            try:
+                values[col] = finite_float(text, least=0) if text else None
+            except ValueError as err:
+                raise RunFileError(f"{path}:{line}: column {col}: {err}") from None
+        row = RunRow(**values)
+        problem = _check_row(row, setup)
+        if problem:
+            raise RunFileError(f"{path}:{line}: {problem}")
+        if row.request_id in seen:
+            raise RunFileError(f"{path}:{line}: column request_id: {row.request_id} is already on line "
+                               f"{seen[row.request_id]}")
+        seen[row.request_id] = line
+        rows.append(row)
     if not rows:
         raise RunFileError(f"{path}: no rows")
     return Run(path.stem, path, setup, tuple(rows))

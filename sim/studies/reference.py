@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import csv
+import io
 from dataclasses import dataclass
 from pathlib import Path
 
+from sim.csv_fields import finite_float, read_text, whole_number
+
 REQUIRED_COLUMNS = ("workers", "prefixes", "concurrency", "metric", "value")
+METRICS = ("request_hit_rate", "token_hit_rate", "hit_requests", "miss_requests", "throughput_rps",
+           *(f"ttft{kind}_p{q}" for kind in ("", "_hit", "_miss") for q in (50, 90, 99)))
+"""The metrics a measured CSV may hold (rates as fractions, counts, TTFTs in ms, throughput in requests/s)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,21 +29,32 @@ class Measurement:
 def load_reference(path: str | Path) -> list[Measurement]:
     """Read a tidy measurement file: one row per (workers, prefixes, concurrency, metric)."""
     path = Path(path)
-    with path.open(newline="") as f:
-        reader = csv.DictReader(f)
-        missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
-        if missing:
-            raise ValueError(f"{path}: missing column(s) {', '.join(missing)}; required: {', '.join(REQUIRED_COLUMNS)}")
-        out = []
-        for line, row in enumerate(reader, start=2):
+    reader = csv.DictReader(io.StringIO(read_text(path), newline=""))
+    missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
+    if missing:
+        raise ValueError(f"{path}: missing column(s) {', '.join(missing)}; required: {', '.join(REQUIRED_COLUMNS)}")
+    out = []
+    seen: dict[tuple[int, int, int, str, str], int] = {}
+    for line, row in enumerate(reader, start=2):
+        values = {}
+        for col, parse in (("workers", whole_number), ("prefixes", whole_number), ("concurrency", whole_number),
+                           ("value", finite_float)):
             try:
-                out.append(Measurement(
-                    workers=int(row["workers"]), prefixes=int(row["prefixes"]),
-                    concurrency=int(row["concurrency"]), metric=row["metric"], value=float(row["value"]),
-                    unit=row.get("unit", ""), aggregation=row.get("aggregation", ""),
-                ))
-            except (TypeError, ValueError) as err:
-                raise ValueError(f"{path}:{line}: {err}") from None
+                values[col] = parse(row[col], least=1 if parse is whole_number else 0)
+            except ValueError as err:
+                raise ValueError(f"{path}:{line}: column {col}: {err}") from None
+        metric = (row["metric"] or "").strip()
+        if metric not in METRICS:
+            raise ValueError(f"{path}:{line}: column metric: unknown metric {metric!r}; allowed: {', '.join(METRICS)}")
+        aggregation = row.get("aggregation") or ""
+        key = (values["workers"], values["prefixes"], values["concurrency"], metric, aggregation)
+        if key in seen:
+            raise ValueError(f"{path}:{line}: duplicate row: workers={key[0]}, prefixes={key[1]}, "
+                             f"concurrency={key[2]}, metric {metric} is already on line {seen[key]}")
+        seen[key] = line
+        out.append(Measurement(metric=metric, unit=row.get("unit") or "", aggregation=aggregation, **values))
+    if not out:
+        raise ValueError(f"{path}: no rows")
     return out
 
 
