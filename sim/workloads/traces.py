@@ -10,6 +10,7 @@ tokens contributes floor(r / B) hashed sub-blocks and its remainder is the reque
 from __future__ import annotations
 
 import json
+import math
 from itertools import chain, repeat
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -47,7 +48,10 @@ def read_mooncake(path: str | Path, *, block_size: int, trace_block_tokens: int 
                   speed: float = 1.0, limit: int | None = None, first_request_id: int = 0) -> Iterator[TraceRequest]:
     """Yield the trace's requests in file order with arrival times `timestamp / 1000 / speed` (seconds).
 
-    Lazy: one line in memory at a time. Raises TraceError (file:line: field) on the first malformed line.
+    Lazy: one line in memory at a time. Raises TraceError (file:line: field) on the first malformed line: not
+    UTF-8, not a JSON object, a missing field, a timestamp that is not a finite number >= 0 or goes backwards
+    (Mooncake traces are sorted by arrival, and the replay relies on it), a negative output_length (0 is read as 1),
+    hash_ids that are not ceil(input_length / trace block) non-negative integers; and on a trace with no request.
     """
     path = Path(path)
     if trace_block_tokens % block_size:
@@ -57,19 +61,22 @@ def read_mooncake(path: str | Path, *, block_size: int, trace_block_tokens: int 
     per_block = trace_block_tokens // block_size
     last_ts = None
     try:
-        handle = path.open()
+        handle = path.open(encoding="utf-8")
     except OSError as err:
         raise TraceError(f"{path}: cannot open ({err.strerror})") from None
     with handle:
         rid = first_request_id
-        for line_no, text in enumerate(handle, start=1):
+        line_no = 0
+        for line_no, text in enumerate(_lines(handle, path), start=1):
             if limit is not None and rid - first_request_id >= limit:
                 return
             text = text.strip()
             if not text:
                 continue
             try:
-                obj = json.loads(text)
+                obj = json.loads(text, parse_constant=_no_constant)
+            except TraceError as err:  # NaN, Infinity
+                raise TraceError(f"{path}:{line_no}: {err}") from None
             except json.JSONDecodeError as err:
                 raise TraceError(f"{path}:{line_no}: not valid JSON ({err.msg})") from None
             if not isinstance(obj, dict):
@@ -83,6 +90,10 @@ def read_mooncake(path: str | Path, *, block_size: int, trace_block_tokens: int 
                 raise TraceError(f"{path}:{line_no}: field 'hash_ids' must hold non-negative integers")
             if n_in < 1:
                 raise TraceError(f"{path}:{line_no}: field 'input_length' must be >= 1, got {n_in}")
+            if not math.isfinite(ts) or ts < 0:
+                raise TraceError(f"{path}:{line_no}: field 'timestamp' must be a finite number of ms >= 0, got {ts}")
+            if n_out < 0:
+                raise TraceError(f"{path}:{line_no}: field 'output_length' must be >= 0, got {n_out}")
             if n_out < 1:
                 n_out = 1  # a request always samples at least one token
             if len(ids) != -(-n_in // trace_block_tokens):
@@ -109,3 +120,23 @@ def read_mooncake(path: str | Path, *, block_size: int, trace_block_tokens: int 
                 num_shareable_tokens=0, prefix_id=ids[0] if ids else None, token_runs=runs,
             ))
             rid += 1
+        if rid == first_request_id:
+            raise TraceError(f"{path}: no requests (an empty trace; {line_no} line(s))")
+
+
+def _no_constant(name: str):
+    raise TraceError(f"{name} is not a number a trace may hold")
+
+
+def _lines(handle, path: Path) -> Iterator[str]:
+    """The file's lines, or TraceError naming the line that is not UTF-8."""
+    line_no = 0
+    while True:
+        line_no += 1
+        try:
+            text = handle.readline()
+        except UnicodeDecodeError as err:
+            raise TraceError(f"{path}:{line_no}: not UTF-8 text (byte {err.start} of the chunk read)") from None
+        if not text:
+            return
+        yield text
