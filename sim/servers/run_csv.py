@@ -189,6 +189,9 @@ _PARSERS = {"request_id": _at_least(whole_number, 0), "warmup": _bool, "prefix_i
             "end_s": _at_least(finite_float, 0)}
 
 
+_FAILED_MAY_LACK = ("ttft_ms", "e2e_ms", "end_s")
+
+
 def _check_row(row: RunRow, setup: RunSetup) -> str | None:
     """What makes a row impossible for its run (None if nothing): the message names the column(s)."""
     if row.cached_tokens > row.prompt_tokens:
@@ -237,12 +240,14 @@ def read_run(csv_path: str | Path) -> Run:
     rows = []
     for line, raw in enumerate(reader, start=2):
         values: dict[str, Any] = {}
+        failed = bool((raw.get("error") or "").strip())
         for col, parse in _PARSERS.items():
             text = raw.get(col)
             try:
                 if text is None:
                     raise ValueError("missing value")
-                values[col] = parse(text)
+                # NOTE: a failed request (an error given) has no TTFT or end: `kvsim measure` writes nan there.
+                values[col] = float(text) if failed and col in _FAILED_MAY_LACK else parse(text)
             except ValueError as err:
                 raise RunFileError(f"{path}:{line}: column {col}: {err}") from None
         values["error"] = (raw.get("error") or "").strip()

@@ -83,8 +83,8 @@ def scenario_for_run(base: Scenario, run: Run, *, routing: str = "recorded") -> 
         scenario = base.with_overrides(**overrides).with_overrides(**router)
     except ScenarioError as err:
         raise ScenarioError(f"{run.csv_path}: the run's setup does not make a valid scenario: {err}") from None
-    longest = max(run.rows, key=lambda r: r.prompt_tokens)
-    if longest.prompt_tokens + s.output_tokens > scenario.max_request_tokens:
+    longest = max(run.rows, key=lambda r: r.prompt_tokens, default=None)
+    if longest is not None and longest.prompt_tokens + s.output_tokens > scenario.max_request_tokens:
         raise ScenarioError(f"{run.csv_path}: request {longest.request_id}: prompt_tokens {longest.prompt_tokens} + "
                             f"{s.output_tokens} output tokens exceeds the {scenario.max_request_tokens} tokens a "
                             f"worker of the scenario accepts (engine.max_model_len, KV capacity)")
