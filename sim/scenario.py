@@ -19,7 +19,7 @@ BUILTIN_SCENARIO = "service-baseline"
 
 MAX_MEMORY_BYTES = 8 * 2**30
 """The most memory a single run may need by `Scenario.memory_estimate_bytes`; bigger scenarios are refused."""
-# NOTE: rough sizes of the Python objects a run holds, measured on CPython 3.11 and rounded up.
+# NOTE: rough, generous guesses at the sizes of the Python objects a run holds (not measured; refine with tracemalloc).
 _WORKER_BYTES = 64 * 1024  # a worker, its engine, scheduler and device process
 _BLOCK_BYTES = 160  # a vLLM block: its hash slot, reference count and free-queue entry
 _PREFIX_BYTES = 1024
