@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
@@ -17,7 +18,21 @@ from sim.results.records import Slo
 BUILTIN_SCENARIO = "service-baseline"
 
 
-MAX_MEMORY_BYTES = 8 * 2**30
+def _memory_limit_bytes() -> int:
+    """8 GiB, or `KVSIM_MAX_MEMORY_GIB` (a number > 0) for machines that can hold bigger runs."""
+    text = os.environ.get("KVSIM_MAX_MEMORY_GIB")
+    if text is None:
+        return 8 * 2**30
+    try:
+        gib = float(text)
+    except ValueError:
+        gib = float("nan")
+    if not (math.isfinite(gib) and gib > 0):
+        raise SystemExit(f"Error: KVSIM_MAX_MEMORY_GIB={text!r}: give a number of GiB > 0")
+    return int(gib * 2**30)
+
+
+MAX_MEMORY_BYTES = _memory_limit_bytes()
 """The most memory a single run may need by `Scenario.memory_estimate_bytes`; bigger scenarios are refused."""
 # NOTE: rough, generous guesses at the sizes of the Python objects a run holds (not measured; refine with tracemalloc).
 _WORKER_BYTES = 64 * 1024  # a worker, its engine, scheduler and device process

@@ -294,3 +294,13 @@ def test_absurd_sizes_and_unknown_versions_are_one_line_errors(tmp_path, case, m
     path = tmp_path / "bad.yaml"
     path.write_text(mutate(BASE))
     _one_line_error(CliRunner().invoke(main, ["run", str(path)]), expected)
+
+
+def test_a_bad_memory_limit_in_the_environment_is_a_one_line_error():
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "sim.cli", "run", "--prefixes", "2"], capture_output=True, text=True,
+                          env={**os.environ, "KVSIM_MAX_MEMORY_GIB": "lots"}, timeout=60)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == "Error: KVSIM_MAX_MEMORY_GIB='lots': give a number of GiB > 0"
