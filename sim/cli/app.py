@@ -194,7 +194,8 @@ def open_executor_or_exit(kind: str, jobs: int | None, dask_scheduler: str | Non
 @contextmanager
 def progress_bar(label: str, total: int | None = None) -> Iterator[Callable[..., None]]:
     """A progress bar on stderr (bar, done/total, rate, elapsed and ETA; with no total a spinner), drawn only when
-    stderr is a terminal. Yields `step(advance=1, note=None)`: advance by `advance` runs, show `note` beside it."""
+    stderr is a terminal. Yields `step(advance=1, note=None, completed=None, total=None)`: advance by `advance` (or
+    set `completed`, and `total` when a study learns it), show `note` beside the bar."""
     columns = ([TextColumn(label), BarColumn(), MofNCompleteColumn(), TaskProgressColumn(),
                 TextColumn("{task.fields[rate]}"),
                 TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.description}")]
@@ -203,11 +204,13 @@ def progress_bar(label: str, total: int | None = None) -> Iterator[Callable[...,
     with Progress(*columns, console=err_console, transient=True, disable=not err_console.is_terminal) as bar:
         task = bar.add_task("", total=total, rate="")
 
-        def step(advance: int = 1, note: str | None = None) -> None:
-            bar.advance(task, advance)
+        def step(advance: int = 1, note: str | None = None, completed: int | None = None,
+                 total: int | None = None) -> None:
+            if completed is None:
+                bar.advance(task, advance)
             speed = bar.tasks[0].speed
-            bar.update(task, rate=f"{speed:.2f}/s" if speed else "",
-                       **({"description": note} if note is not None else {}))
+            update = {"description": note, "completed": completed, "total": total}
+            bar.update(task, rate=f"{speed:.2f}/s" if speed else "", **{k: v for k, v in update.items() if v is not None})
 
         yield step
 

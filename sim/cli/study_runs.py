@@ -50,29 +50,31 @@ def stoppable(saved: Callable[[], str]) -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def fingerprint(base: Scenario) -> str:
-    """What a journal must have been written for to be resumed: the base scenario, every field."""
-    return hashlib.sha256(base.model_dump_json().encode()).hexdigest()
+def fingerprint(base: Scenario, inputs: str = "") -> str:
+    """What a journal must have been written for to be resumed: the base scenario (every field) and the study's
+    other inputs (a trace's path and reading options)."""
+    return hashlib.sha256((base.model_dump_json() + "\n" + inputs).encode()).hexdigest()
 
 
-def open_journal(out: Path | None, study: str, base: Scenario, resume: bool) -> RunJournal | None:
+def open_journal(out: Path | None, study: str, base: Scenario, resume: bool, inputs: str = "") -> RunJournal | None:
     if out is None:
         if resume:
             raise UsageExit("--resume needs --out DIR (the directory whose runs.jsonl to continue)")
         return None
     try:
-        return RunJournal(out / JOURNAL_NAME, study=study, fingerprint=fingerprint(base), resume=resume)
+        return RunJournal(out / JOURNAL_NAME, study=study, fingerprint=fingerprint(base, inputs), resume=resume)
     except JournalError as err:
         raise UsageExit(str(err)) from None
 
 
 def run_journaled(study: str, base: Scenario, points: Sequence, *, run: Callable, to_json: Callable[[Any], Any],
                   from_json: Callable[[Any, Any], Any], out: Path | None, resume: bool, executor_kind: str,
-                  jobs: int | None, dask_scheduler: str | None, command: str) -> list:
+                  jobs: int | None, dask_scheduler: str | None, command: str, inputs: str = "") -> list:
     """`run(executor, todo_points, progress, on_result)` over the points not yet in the journal, each result
     journaled (`to_json`) as it finishes; the results of every point in order, journaled ones rebuilt with
-    `from_json(point, run)`. `command` is the line to resume with."""
-    journal = open_journal(out, study, base, resume)
+    `from_json(point, run)`. `command` is the line to resume with; `inputs` what besides `base` the results depend
+    on (part of the journal's fingerprint)."""
+    journal = open_journal(out, study, base, resume, inputs)
     keys = [astuple(p) for p in points]
     todo = [i for i, k in enumerate(keys) if journal is None or k not in journal]
     results: list = [None] * len(points)
