@@ -44,7 +44,7 @@ def stoppable(saved: Callable[[], str]) -> Iterator[None]:
         # NOTE: a second signal during the clean-up would print a traceback: ignore them from here on.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        err_console.print(f"stopped by {'SIGTERM' if terminated else 'SIGINT'}: {saved()}", highlight=False)
+        err_console.print(f"stopped by {'SIGTERM' if terminated else 'SIGINT'}: {saved()}", highlight=False, soft_wrap=True)
         raise click.exceptions.Exit(143 if terminated else 130) from None
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -82,7 +82,7 @@ def run_journaled(study: str, base: Scenario, points: Sequence, *, run: Callable
     def saved() -> str:
         if journal is None:
             return "no runs saved (without --out nothing is journaled)"
-        kept = sum(k in journal for k in keys)
+        kept = journal.saved(keys)
         return (f"{kept} of {len(points)} runs saved in {journal.path}; resume with: {command} --resume")
 
     def on_result(j: int, result: Any) -> None:

@@ -95,6 +95,18 @@ class RunJournal:
         os.fsync(self._file.fileno())
         self.done[_key(key)] = run
 
+    def saved(self, keys: Sequence[Sequence[Any]]) -> int:
+        """How many of `keys` the file on disk records. NOTE: read back rather than counted in `done`: a signal can
+        land between a line's write and its count (any thread may take it, so masking it here would not help)."""
+        wanted = {_key(k) for k in keys}
+        found = set()
+        for line in self.path.read_text(encoding="utf-8").split("\n")[1:]:
+            try:
+                found.add(_key(json.loads(line)["key"]))
+            except (json.JSONDecodeError, KeyError, TypeError):
+                continue
+        return len(wanted & found)
+
     def close(self) -> None:
         self._file.close()
 

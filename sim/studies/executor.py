@@ -58,6 +58,15 @@ def _deliver(results: list, i: int, result: Any, progress, on_result) -> None:
         progress()
 
 
+def _worker_signals() -> None:
+    """In each worker process: SIGINT ignored (a terminal's Ctrl-C reaches the whole process group; the parent
+    decides), SIGTERM back to the default (die at once, whatever handler the parent had installed when it forked)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 class LocalExecutor:
     """`jobs` worker processes on this machine (default: every available core), kept between calls of `map`; with
     one job, calls run in this process. An exception or interrupt (KeyboardInterrupt, SIGTERM raised as one) inside
@@ -65,7 +74,8 @@ class LocalExecutor:
 
     def __init__(self, jobs: int | None = None) -> None:
         self.jobs = max(1, jobs or available_cores())
-        self._pool = ProcessPoolExecutor(max_workers=self.jobs) if self.jobs > 1 else None
+        self._pool = (ProcessPoolExecutor(max_workers=self.jobs, initializer=_worker_signals) if self.jobs > 1
+                      else None)
 
     def __enter__(self) -> LocalExecutor:
         return self
@@ -88,6 +98,7 @@ class LocalExecutor:
         # NOTE: shutdown(cancel_futures=True) alone waits for running calls; the processes are killed explicitly,
         # read before shutdown forgets them.
         processes = list((getattr(self._pool, "_processes", None) or {}).values())
+        manager = getattr(self._pool, "_executor_manager_thread", None)
         self._pool.shutdown(wait=False, cancel_futures=True)
         for p in processes:
             if p.is_alive():
@@ -96,6 +107,10 @@ class LocalExecutor:
             p.join(timeout=5)
             if p.is_alive():
                 p.kill()
+        # NOTE: the pool's manager thread notices the dead workers and closes its wake-up pipe; waiting for it here
+        # keeps the interpreter's exit hook from writing to that pipe while it closes (a stray OSError traceback).
+        if manager is not None:
+            manager.join(timeout=5)
         self._pool = None
 
     def map(self, fn: Callable, items: Sequence, progress: Callable[[], None] | None = None,
