@@ -1,15 +1,21 @@
-"""The `kvsim` command group and what its commands share: the consoles, option parsers, scenario loading and number
-formatting."""
+"""The `kvsim` command group and what its commands share: the consoles, option parsers, scenario loading, number
+formatting, the executor options, progress bars and the output directory check."""
 
 from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
 from pydantic import ValidationError
 from rich.console import Console
+from rich.progress import (
+    BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TaskProgressColumn, TextColumn, TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 from sim.studies.reference import Measurement, load_reference
 from sim.scenario import Scenario, ScenarioError, SloSpec, load_scenario
@@ -166,6 +172,77 @@ def reference_measurements(scenario: Scenario, scenario_path: Path) -> list[Meas
         return load_reference(ref_path)
     except (OSError, ValueError) as err:
         raise click.ClickException(f"reference: cannot read {ref_path}: {err}") from None
+
+
+class UsageExit(click.ClickException):
+    """A usage error printed as one line (`Error: ...`, no usage block), exit status 2."""
+
+    exit_code = 2
+
+
+def executor_options(command: Callable) -> Callable:
+    """`--executor local|dask` and `--dask-scheduler ADDR`, for every command that runs many simulations (with its own
+    `--jobs`): parameters `executor_kind` and `dask_scheduler`; `open_executor_or_exit` turns them into one."""
+    from sim.studies.executor import EXECUTORS
+
+    command = click.option(
+        "--dask-scheduler", "dask_scheduler", default=None, metavar="ADDR",
+        help="With --executor dask: the scheduler of a running Dask cluster (`dask scheduler` prints it, e.g. "
+             "tcp://HOST:8786). Default: a local cluster of --jobs single-threaded worker processes.")(command)
+    return click.option(
+        "--executor", "executor_kind", type=click.Choice(EXECUTORS), default="local", show_default=True,
+        help="Where the simulations run: local processes (--jobs of them) or a Dask cluster. A seed gives the same "
+             "results on either.")(command)
+
+
+def open_executor_or_exit(kind: str, jobs: int | None, dask_scheduler: str | None):
+    """The executor of `--executor`/`--dask-scheduler`/`--jobs`, or a one-line usage error (exit 2)."""
+    from sim.studies.executor import open_executor
+
+    if dask_scheduler is not None and kind != "dask":
+        raise UsageExit("--dask-scheduler goes with --executor dask")
+    try:
+        return open_executor(kind, jobs=jobs, address=dask_scheduler)
+    except (OSError, TimeoutError) as err:
+        raise click.ClickException(f"--dask-scheduler {dask_scheduler}: cannot connect ({err})") from None
+
+
+@contextmanager
+def progress_bar(label: str, total: int | None = None) -> Iterator[Callable[..., None]]:
+    """A progress bar on stderr (bar, done/total, rate, elapsed and ETA; with no total a spinner), drawn only when
+    stderr is a terminal. Yields `step(advance=1, note=None, completed=None, total=None)`: advance by `advance` (or
+    set `completed`, and `total` when a study learns it), show `note` beside the bar."""
+    columns = ([TextColumn(label), BarColumn(), MofNCompleteColumn(), TaskProgressColumn(),
+                TextColumn("{task.fields[rate]}"),
+                TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.description}")]
+               if total is not None else
+               [SpinnerColumn(), TextColumn(label), TimeElapsedColumn(), TextColumn("{task.description}")])
+    with Progress(*columns, console=err_console, transient=True, disable=not err_console.is_terminal) as bar:
+        task = bar.add_task("", total=total, rate="")
+
+        def step(advance: int = 1, note: str | None = None, completed: int | None = None,
+                 total: int | None = None) -> None:
+            if completed is None:
+                bar.advance(task, advance)
+            speed = bar.tasks[0].speed
+            update = {"description": note, "completed": completed, "total": total}
+            bar.update(task, rate=f"{speed:.2f}/s" if speed else "", **{k: v for k, v in update.items() if v is not None})
+
+        yield step
+
+
+def checked_out_dir(out_dir: str | None) -> Path | None:
+    """`--out DIR` created and probed for writing before any work starts, or a one-line usage error (exit 2)."""
+    from sim.results.output_set import OutDirError, check_writable
+
+    if out_dir is None:
+        return None
+    out = Path(out_dir)
+    try:
+        check_writable(out)
+    except OutDirError as err:
+        raise UsageExit(str(err)) from None
+    return out
 
 
 def fmt(value: object, spec: str = ".3f") -> str:

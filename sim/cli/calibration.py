@@ -8,10 +8,9 @@ from pathlib import Path
 
 import click
 import yaml
-from rich.progress import Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from sim.cli.app import console, err_console, load_or_exit, main
+from sim.cli.app import console, executor_options, load_or_exit, main, open_executor_or_exit, progress_bar
 from sim.studies.reference import load_reference
 from sim.results.report import csv_bytes, write_atomic
 
@@ -48,12 +47,15 @@ def _holdout(ctx: click.Context, param: click.Parameter, value: str | None):
 @click.option("--starts", type=click.IntRange(min=0), default=12, show_default=True, help="Quasi-random starting points scored before refining.")
 @click.option("--refine", type=click.IntRange(min=1), default=2, show_default=True, help="Best starts refined by least squares.")
 @click.option("--max-evaluations", type=click.IntRange(min=1), default=60, show_default=True, help="Objective evaluations per refinement.")
-@click.option("--jobs", type=click.IntRange(min=1), default=None, help="Parallel processes. Default: all cores.")
+@click.option("--jobs", type=click.IntRange(min=1), default=None,
+              help="Parallel processes (with --executor dask and no --dask-scheduler: local Dask workers). "
+                   "Default: all cores.")
+@executor_options
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), required=True, help="Write the fitted scenario (YAML) here.")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False), default=None,
               help="Write the residuals (CSV: point, metric, measured, predicted, error, used_in_fit) here.")
 def calibrate(scenario_path, measured_path, run_paths, ttft_source, fit_params, holdout, repeats, starts, refine,
-              max_evaluations, jobs, out_path, report_path) -> None:
+              max_evaluations, jobs, executor_kind, dask_scheduler, out_path, report_path) -> None:
     """Fit the step-time model (and per-request overheads, device speeds) to measured latencies.
 
     Every evaluation simulates each measured point with fixed seeds, so the same inputs give the same
@@ -95,14 +97,13 @@ def calibrate(scenario_path, measured_path, run_paths, ttft_source, fit_params, 
     except ValueError as err:
         raise click.BadParameter(str(err), param_hint="--fit") from None
 
-    with Progress(TextColumn("calibrate: {task.description}"), TimeElapsedColumn(), console=err_console,
-                  transient=True) as bar:
-        task = bar.add_task("starting", total=None)
+    with progress_bar("calibrate") as step, open_executor_or_exit(executor_kind, jobs, dask_scheduler) as executor:
+        step(0, note="starting")
         try:
             result = fit(base, targets, params, holdout=is_held_out, repeats=repeats, runs=runs,
                          ttft_source=ttft_source, jobs=jobs, starts=starts,
-                         refine=refine, max_evaluations=max_evaluations,
-                         progress=lambda n, r: bar.update(task, description=f"evaluation {n}, rms log error {r:.3f}"))
+                         refine=refine, max_evaluations=max_evaluations, executor=executor,
+                         progress=lambda n, r: step(note=f"evaluation {n}, rms log error {r:.3f}"))
         except ValueError as err:
             raise click.ClickException(str(err)) from None
 

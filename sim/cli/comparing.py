@@ -7,16 +7,15 @@ import math
 from pathlib import Path
 
 import click
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from sim.cli.app import (
-    ENGINE_HELP, SLO_HELP, console, err_console, fmt, int_list, load_or_exit, main, on_engine, one_engine, router_list,
-    slo_option, with_slo,
-    router_names, NEEDS_A_RECORDING,
+    ENGINE_HELP, NEEDS_A_RECORDING, SLO_HELP, checked_out_dir, console, executor_options, fmt, int_list, load_or_exit,
+    main, on_engine, one_engine, router_list, router_names, slo_option, with_slo,
 )
 from sim.cli.replaying import trace_base, trace_overrides
-from sim.results.report import SUMMARY_COLUMNS, csv_bytes, write_atomic
+from sim.results.output_set import write_output_set
+from sim.results.report import SUMMARY_COLUMNS, csv_bytes
 from sim.results.study_figures import compare_bars_figure, compare_figure
 from sim.scenario import ScenarioError
 
@@ -51,7 +50,10 @@ def _pm(agg: dict, metric: str, spec: str) -> str:
 @click.option("--repeats", type=click.IntRange(min=1), default=5, show_default=True,
               help="Runs per router and point; repeat r uses seed + r, the same for every router.")
 @click.option("--seed", type=int, default=None, help="Base seed. Default: the scenario's.")
-@click.option("--jobs", type=click.IntRange(min=1), default=None, help="Parallel processes. Default: all cores.")
+@click.option("--jobs", type=click.IntRange(min=1), default=None,
+              help="Parallel processes (with --executor dask and no --dask-scheduler: local Dask workers). "
+                   "Default: all cores.")
+@executor_options
 @click.option("--trace", "trace_path", type=click.Path(exists=True, dir_okay=False), default=None,
               help="A Mooncake JSONL trace: the workload is the trace, replayed open loop for each router "
                    "(as `kvsim replay`).")
@@ -65,9 +67,13 @@ def _pm(agg: dict, metric: str, spec: str) -> str:
 @click.option("--slo", callback=slo_option, default=None, help=SLO_HELP)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Write DIR/compare.csv (a row per router and point), DIR/summary.csv (a row per run), "
-                   "DIR/compare.png (hit rate vs TTFT p99) and DIR/compare_hit_rate.png (hit rate per router).")
-def compare(scenario_path, prefixes, workers, concurrency, routers, engine, repeats, seed, jobs, trace_path,
-            kv_tokens, limit, speed, trace_block_size, slo, out_dir) -> None:
+                   "DIR/compare.png (hit rate vs TTFT p99) and DIR/compare_hit_rate.png (hit rate per router), then "
+                   "DIR/manifest.json listing them; every finished run is journaled in DIR/runs.jsonl.")
+@click.option("--resume", is_flag=True, default=False,
+              help="Continue the comparison journaled in --out DIR/runs.jsonl: skip its finished runs.")
+@click.pass_context
+def compare(ctx, scenario_path, prefixes, workers, concurrency, routers, engine, repeats, seed, jobs, executor_kind,
+            dask_scheduler, trace_path, kv_tokens, limit, speed, trace_block_size, slo, out_dir, resume) -> None:
     """Compare routers on one workload: every router sees the same request stream (repeat r: seed + r).
 
     Per point (workers, N, concurrency) a table of the routers by request hit rate, highest first: mean ± 95 %
@@ -92,11 +98,16 @@ def compare(scenario_path, prefixes, workers, concurrency, routers, engine, repe
                                        "they are sent)")
     if routers is None:
         routers = [n for n in router_names() if n not in NEEDS_A_RECORDING]
+    from sim.cli.study_runs import resume_command
+
+    out = checked_out_dir(out_dir)
+    runs = dict(out=out, resume=resume, executor_kind=executor_kind, jobs=jobs, dask_scheduler=dask_scheduler,
+                command=resume_command(ctx))
 
     if trace_path is None:
         base, _ = load_or_exit(scenario_path)
         base = with_slo(on_engine(base, engine), slo)
-        rows = _run_builtin(base, prefixes, workers, concurrency, routers, repeats, seed, jobs)
+        rows = _run_builtin(base, prefixes, workers, concurrency, routers, repeats, seed, runs)
         capacity = base.kv_capacity_requests
         what = f"{base.name}"
     else:
@@ -107,37 +118,33 @@ def compare(scenario_path, prefixes, workers, concurrency, routers, engine, repe
             base = base.with_overrides(**overrides)
         except ScenarioError as err:
             raise click.ClickException(str(err)) from None
-        rows = _run_trace(base, trace_path, B, trace_block_size, speed, limit, workers, routers, repeats, seed, jobs)
+        rows = _run_trace(base, trace_path, B, trace_block_size, speed, limit, workers, routers, repeats, seed, runs)
         capacity = None
         what = f"{Path(trace_path).name} ({base.capacity_tokens:,} KV tokens per worker)"
 
     aggregated = aggregate_routers(rows, capacity_requests=capacity)
     _print_tables(aggregated, what=what, capacity=capacity, repeats=repeats)
-    if out_dir is not None:
-        out = Path(out_dir)
+    if out is not None:
         extra = [k for k in dict.fromkeys(k for r in rows for k in r) if k not in SUMMARY_COLUMNS]
-        write_atomic(out / "summary.csv", csv_bytes(rows, [*SUMMARY_COLUMNS, *extra]))
-        write_atomic(out / "compare.csv", csv_bytes(aggregated, compare_columns(aggregated)))
         intervals = f"mean ± 95% CI over {repeats} runs" if repeats > 1 else "1 run: no interval"
-        write_atomic(out / "compare.png", compare_figure(
-            aggregated, capacity_requests=capacity,
-            title=f"{what}: {'prefix reuse' if capacity is None else 'hit rate'} against TTFT p99 per router ({intervals})"))
-        write_atomic(out / "compare_hit_rate.png", compare_bars_figure(
-            aggregated, capacity_requests=capacity, title=f"{what}: {'prefix reuse' if capacity is None else 'request hit rate'} "
-                                                          f"per router ({intervals})"))
-        written = [out / n for n in ("compare.csv", "summary.csv", "compare.png", "compare_hit_rate.png")]
+        files = {
+            "compare.csv": csv_bytes(aggregated, compare_columns(aggregated)),
+            "summary.csv": csv_bytes(rows, [*SUMMARY_COLUMNS, *extra]),
+            "compare.png": compare_figure(
+                aggregated, capacity_requests=capacity,
+                title=f"{what}: {'prefix reuse' if capacity is None else 'hit rate'} against TTFT p99 per router "
+                      f"({intervals})"),
+            "compare_hit_rate.png": compare_bars_figure(
+                aggregated, capacity_requests=capacity,
+                title=f"{what}: {'prefix reuse' if capacity is None else 'request hit rate'} per router ({intervals})"),
+        }
+        written = write_output_set(out, files, runs=len(rows), command=resume_command(ctx))
         console.print(f"wrote {', '.join(map(str, written))} ({len(aggregated)} routers x points, {len(rows)} runs)")
 
 
-def _progress(total: int, run):
-    with Progress(TextColumn("compare"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err_console, transient=True) as bar:
-        task = bar.add_task("runs", total=total)
-        return run(lambda: bar.advance(task))
-
-
-def _run_builtin(base, prefixes, workers, concurrency, routers, repeats, seed, jobs) -> list[dict]:
-    from sim.studies.sweep import run_sweep, sweep_points
+def _run_builtin(base, prefixes, workers, concurrency, routers, repeats, seed, runs: dict) -> list[dict]:
+    from sim.cli.study_runs import run_sweep_points
+    from sim.studies.sweep import sweep_points
 
     points = sweep_points(
         workers=workers or [base.cluster.workers], prefixes=prefixes,
@@ -145,14 +152,15 @@ def _run_builtin(base, prefixes, workers, concurrency, routers, repeats, seed, j
         seed=base.seed if seed is None else seed,
     )
     try:
-        outcomes = _progress(len(points), lambda step: run_sweep(base, points, jobs=jobs, progress=step))
+        outcomes = run_sweep_points("compare", base, points, **runs)
     except ScenarioError as err:
         raise click.ClickException(str(err)) from None
     return [o.row for o in outcomes]
 
 
 def _run_trace(base, trace_path, block_size, trace_block_size, speed, limit, workers, routers, repeats, seed,
-               jobs) -> list[dict]:
+               runs: dict) -> list[dict]:
+    from sim.cli.study_runs import run_journaled
     from sim.studies.compare import run_trace, trace_points
     from sim.workloads.traces import TraceError, read_mooncake
 
@@ -162,7 +170,11 @@ def _run_trace(base, trace_path, block_size, trace_block_size, speed, limit, wor
     open_trace = functools.partial(read_mooncake, trace_path, block_size=block_size,
                                    trace_block_tokens=trace_block_size, speed=speed, limit=limit)
     try:
-        return _progress(len(points), lambda step: run_trace(base, points, open_trace, jobs=jobs, progress=step))
+        return run_journaled(
+            "compare", base, points,
+            run=lambda ex, todo, step, on: run_trace(base, todo, open_trace, executor=ex, progress=step, on_row=on),
+            to_json=lambda row: row, from_json=lambda point, row: row,
+            inputs=repr((str(Path(trace_path).resolve()), block_size, trace_block_size, speed, limit)), **runs)
     except (ScenarioError, TraceError) as err:
         raise click.ClickException(str(err)) from None
 

@@ -8,12 +8,11 @@ from pathlib import Path
 
 import click
 from click.core import ParameterSource
-from rich.progress import Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from sim.cli.app import (
-    ENGINE_HELP, SLO_HELP, console, finite_float, err_console, load_or_exit, main, on_engine, one_engine, router_list, slo_option,
-    with_slo,
+    ENGINE_HELP, SLO_HELP, checked_out_dir, console, executor_options, finite_float, load_or_exit, main, on_engine,
+    one_engine, open_executor_or_exit, progress_bar, router_list, slo_option, with_slo,
 )
 from sim.cli.tuning import CONSTRAINT_HELP, paste_text, parse_constraints, parse_objective, value_text
 from sim.results.figures import plan_figure
@@ -59,12 +58,16 @@ from sim.studies.tune import DEFAULT_OBJECTIVE, Constraint
 @click.option("--horizon", type=click.IntRange(min=50), default=1000, show_default=True,
               help="Measured requests per simulated run, after a discarded transient that lets every reachable "
                    "(worker, prefix) pair be visited (steady state).")
-@click.option("--jobs", type=click.IntRange(min=1), default=None, help="Parallel processes. Default: all cores.")
+@click.option("--jobs", type=click.IntRange(min=1), default=None,
+              help="Parallel processes (with --executor dask and no --dask-scheduler: local Dask workers). "
+                   "Default: all cores.")
+@executor_options
 @click.option("--slo", callback=slo_option, default=None, help="--choose-router: " + SLO_HELP)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Write DIR/plan.csv (a row per router) and DIR/plan.png.")
 def plan(scenario_path, prefixes, zipf, target_hit_rate, target_ttft_p99_ms, vary, choose, constraints, objective,
-         budget, seed, concurrency, low, high, step, workers, routers, engine, repeats, horizon, jobs, slo, out_dir) -> None:
+         budget, seed, concurrency, low, high, step, workers, routers, engine, repeats, horizon, jobs, executor_kind, dask_scheduler, slo,
+         out_dir) -> None:
     """Find, per router, the cheapest setting that meets a target: how many workers, or how much KV per worker;
     or, with --choose-router, which router and settings meet the targets and constraints best.
 
@@ -102,8 +105,10 @@ def plan(scenario_path, prefixes, zipf, target_hit_rate, target_ttft_p99_ms, var
     if choose:
         targets = ([Constraint("request_hit_rate", ">=", target_hit_rate)] if target_hit_rate is not None else []) + (
             [Constraint("ttft_p99_ms", "<=", target_ttft_p99_ms)] if target_ttft_p99_ms is not None else [])
-        choose_router(base, choose, objective=objective, constraints=(*targets, *constraints), budget=budget,
-                      repeats=repeats, seed=seed, jobs=jobs, out_dir=out_dir)
+        checked_out_dir(out_dir)
+        with open_executor_or_exit(executor_kind, jobs, dask_scheduler) as executor:
+            choose_router(base, choose, objective=objective, constraints=(*targets, *constraints), budget=budget,
+                          repeats=repeats, seed=seed, jobs=jobs, out_dir=out_dir, executor=executor)
         return
     try:
         target = PlanTarget(target_hit_rate, target_ttft_p99_ms)
@@ -121,11 +126,11 @@ def plan(scenario_path, prefixes, zipf, target_hit_rate, target_ttft_p99_ms, var
                         horizon_requests=horizon, routers=tuple(routers or [base.router.name]))
     except (ScenarioError, ValueError) as err:
         raise click.ClickException(str(err)) from None
-    with Progress(TextColumn("plan: {task.description}"), TimeElapsedColumn(), console=err_console,
-                  transient=True) as bar:
-        task = bar.add_task("screening", total=None)
+    checked_out_dir(out_dir)
+    with progress_bar("plan") as step, open_executor_or_exit(executor_kind, jobs, dask_scheduler) as executor:
+        step(0, note="screening")
         try:
-            plans = run_plan(base, spec, jobs=jobs, progress=lambda msg: bar.update(task, description=msg))
+            plans = run_plan(base, spec, jobs=jobs, executor=executor, progress=lambda msg: step(note=msg))
         except (ScenarioError, ValueError) as err:
             raise click.ClickException(str(err)) from None
     unit = VARY_UNITS[vary]
@@ -174,20 +179,18 @@ def plan(scenario_path, prefixes, zipf, target_hit_rate, target_ttft_p99_ms, var
 
 
 def choose_router(base: Scenario, routers: list[str], *, objective, constraints, budget: int, repeats: int,
-                  seed: int | None, jobs: int | None, out_dir: str | None) -> None:
+                  seed: int | None, jobs: int | None, out_dir: str | None, executor=None) -> None:
     """`kvsim plan --choose-router`: tune each router, print the table and the answer, write plan.csv / plan.png."""
     from sim.studies.plan import choose_router as run_choice
 
-    with Progress(TextColumn("plan: {task.description}"), TimeElapsedColumn(), console=err_console,
-                  transient=True, disable=not err_console.is_terminal) as bar:
-        task = bar.add_task("tuning", total=None)
-
+    with progress_bar("plan") as step:
         def progress(router: str, done: int, total: int, note: str) -> None:
-            bar.update(task, description=f"{router} {done}/{total} simulations, {note}")
+            step(0, note=f"{router} {done}/{total} simulations, {note}")
 
         try:
             choice = run_choice(base, routers, objective=objective, constraints=constraints,
-                                budget_simulations=budget, repeats=repeats, seed=seed, jobs=jobs, progress=progress)
+                                budget_simulations=budget, repeats=repeats, seed=seed, jobs=jobs, progress=progress,
+                                executor=executor)
         except ScenarioError as err:
             raise click.ClickException(str(err)) from None
         except ValueError as err:  # the message names the column, knob or option at fault

@@ -90,7 +90,7 @@ def replay(trace, workers, kv_tokens, kv_blocks, kv_bytes, router, engine, scena
     import time as _time
 
     from sim.replay import replay as run_replay
-    from sim.studies.sweep import available_cores
+    from sim.studies.executor import available_cores
     from sim.workloads.traces import TraceError, read_mooncake
 
     base = with_slo(trace_base(scenario_path, engine), slo)

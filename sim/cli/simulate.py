@@ -8,15 +8,15 @@ from dataclasses import asdict
 from pathlib import Path
 
 import click
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from sim.studies.analytic import formula_hit_rate
 from sim.cli.app import (
-    ENGINE_HELP, SLO_HELP, console, engine_list, err_console, fmt, int_list, load_or_exit, main, on_engine, one_engine,
-    reference_measurements, router_list, slo_option, with_slo,
+    ENGINE_HELP, SLO_HELP, checked_out_dir, console, engine_list, executor_options, fmt, int_list, load_or_exit, main,
+    on_engine, one_engine, reference_measurements, router_list, slo_option, with_slo,
 )
 from sim.results.figures import engine_figure, hit_rate_figure, ttft_cdf_figure
+from sim.results.output_set import write_output_set
 from sim.results.report import SUMMARY_COLUMNS, aggregate, csv_bytes, write_atomic
 from sim.scenario import ScenarioError
 from sim.studies.reference import measured
@@ -37,20 +37,34 @@ from sim.routing.spec import router_label, router_overrides
                    "same request stream. Default: the scenario's.")
 @click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True, help="Runs per point; repeat r uses seed + r.")
 @click.option("--seed", type=int, default=None, help="Base seed. Default: the scenario's.")
-@click.option("--jobs", type=click.IntRange(min=1), default=None, help="Parallel processes. Default: all cores.")
+@click.option("--jobs", type=click.IntRange(min=1), default=None,
+              help="Parallel processes (with --executor dask and no --dask-scheduler: local Dask workers). "
+                   "Default: all cores.")
+@executor_options
 @click.option("--slo", callback=slo_option, default=None, help=SLO_HELP)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Write DIR/summary.csv (a row per run), DIR/hit_rate.png and DIR/ttft_cdf.png (and DIR/engines.png "
-                   "with several engines).")
-def sweep(scenario_path, prefixes, workers, concurrency, routers, engines, repeats, seed, jobs, slo, out_dir) -> None:
+                   "with several engines), then DIR/manifest.json listing them; every finished run is journaled "
+                   "in DIR/runs.jsonl as it completes.")
+@click.option("--resume", is_flag=True, default=False,
+              help="Continue the sweep journaled in --out DIR/runs.jsonl: skip its finished runs (same scenario "
+                   "needed). Without it the journal starts afresh.")
+@click.pass_context
+def sweep(ctx, scenario_path, prefixes, workers, concurrency, routers, engines, repeats, seed, jobs, executor_kind,
+          dask_scheduler, slo, out_dir, resume) -> None:
     """Run a grid of points and compare the hit rate with the formula and the measurements.
 
     The table shows, per (workers, N, concurrency, router), the mean over repeats of the request hit rate
     (requests with any cached token), beside the formula min(1, C/N) with C = KV tokens per worker / prompt
     tokens, and the measured value where the scenario's reference has one (for the scenario's own router).
     With an SLO (--slo or the scenario's slo block) the table also shows the fraction of requests meeting it.
+
+    Runs go to --executor (local processes or a Dask cluster); the same seed gives the same summary.csv bytes on
+    any executor and --jobs. Interrupted (SIGINT, SIGTERM: exit 130, 143), a sweep with --out continues with
+    --resume.
     """
-    from sim.studies.sweep import run_sweep, sweep_points
+    from sim.cli.study_runs import resume_command, run_sweep_points
+    from sim.studies.sweep import sweep_points
 
     base, path = load_or_exit(scenario_path)
     base = with_slo(base, slo)
@@ -65,14 +79,12 @@ def sweep(scenario_path, prefixes, workers, concurrency, routers, engines, repea
         seed=base.seed if seed is None else seed,
         engines=engines or [None],
     )
-    out = Path(out_dir) if out_dir else None
+    out = checked_out_dir(out_dir)
 
     try:
-        # NOTE: run_sweep checks every point (its scenario and router) before it runs any.
-        with Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=err_console, transient=True) as bar:
-            task = bar.add_task("runs", total=len(points))
-            outcomes = run_sweep(base, points, jobs=jobs, progress=lambda: bar.advance(task))
+        # NOTE: every point still to run (its scenario and router) is checked before any runs.
+        outcomes = run_sweep_points("sweep", base, points, out=out, resume=resume, executor_kind=executor_kind,
+                                    jobs=jobs, dask_scheduler=dask_scheduler, command=resume_command(ctx))
     except ScenarioError as err:
         raise click.ClickException(str(err)) from None
     rows = [o.row for o in outcomes]
@@ -111,29 +123,28 @@ def sweep(scenario_path, prefixes, workers, concurrency, routers, engines, repea
         console.print(f"request hit rate vs measured over {len(errors)} points: RMSE {100 * rmse:.2f} pp, "
                       f"max |error| {100 * max(abs(e) for e in errors):.2f} pp")
     if out is not None:
-        write_atomic(out / "summary.csv", csv_bytes(rows, SUMMARY_COLUMNS))
+        files = {"summary.csv": csv_bytes(rows, SUMMARY_COLUMNS)}
         shown = {k: v for k, v in reference.items()
                  if k[0] in {p.workers for p in points} and k[2] in {p.concurrency for p in points}}
         # NOTE: the reference was measured with the scenario's own router and engine; its points are drawn beside
         # that router's predictions only (hit rates: labelled as such; TTFT: on that router's panels).
         own = (router_label(base.router.name, base.router.options), base.engine.kind)
         label = f"measured ({base.router.name}, {base.engine.kind})"
-        write_atomic(out / "hit_rate.png", hit_rate_figure(
+        files["hit_rate.png"] = hit_rate_figure(
             aggregated, capacity_requests=capacity, measured=shown, measured_label=label,
-            title=f"{base.name}: request hit rate vs prefixes"))
+            title=f"{base.name}: request hit rate vs prefixes")
         ttft_measured: dict[tuple[int, int, int], dict[str, float]] = defaultdict(dict)
         for m in measurements:
             if m.metric.startswith("ttft_") and m.unit in ("ms", ""):
                 ttft_measured[(m.workers, m.prefixes, m.concurrency)][m.metric] = m.value
-        write_atomic(out / "ttft_cdf.png", ttft_cdf_figure(
+        files["ttft_cdf.png"] = ttft_cdf_figure(
             outcomes, title=f"{base.name}: TTFT distribution (repeats pooled)", measured=dict(ttft_measured),
-            measured_group=own))
-        written = [out / "summary.csv", out / "hit_rate.png", out / "ttft_cdf.png"]
+            measured_group=own)
         if len({row["engine"] for row in rows}) > 1:
-            write_atomic(out / "engines.png", engine_figure(
+            files["engines.png"] = engine_figure(
                 aggregated, capacity_requests=capacity, measured=shown, measured_engine=base.engine.kind,
-                title=f"{base.name}: request hit rate by engine ({repeats} run{'s' * (repeats > 1)} per point)"))
-            written.append(out / "engines.png")
+                title=f"{base.name}: request hit rate by engine ({repeats} run{'s' * (repeats > 1)} per point)")
+        written = write_output_set(out, files, runs=len(rows), command=resume_command(ctx))
         console.print(f"wrote {', '.join(map(str, written))} ({len(rows)} rows)")
 
 

@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import math
 import time
-from pathlib import Path
 
 import click
 import yaml
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from sim.cli.app import (
-    ENGINE_HELP, SLO_HELP, console, err_console, fmt, load_or_exit, main, on_engine, one_engine, router_list, slo_option,
-    with_slo,
+    ENGINE_HELP, SLO_HELP, checked_out_dir, console, executor_options, fmt, load_or_exit, main, on_engine, one_engine,
+    open_executor_or_exit, progress_bar, router_list, slo_option, with_slo,
 )
-from sim.results.report import csv_bytes, write_atomic
+from sim.results.output_set import write_output_set
+from sim.results.report import csv_bytes
 from sim.results.study_figures import tune_figure
 from sim.scenario import Scenario, ScenarioError
 from sim.studies.search_space import GIB, SYNTAX, format_value, parse_space, space_text
@@ -68,13 +67,9 @@ def run_tune(base: Scenario, router: str, space_option: str | None, *, label: st
         space = None if space_option is None else parse_space(space_option)
     except ValueError as err:
         raise click.BadParameter(str(err), param_hint="--space") from None
-    with Progress(TextColumn(f"{label}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
-                  TimeElapsedColumn(), console=err_console, transient=True,
-                  disable=not err_console.is_terminal) as bar:
-        task = bar.add_task("", total=None)
-
+    with progress_bar(label, 0) as step:
         def progress(done: int, total: int, note: str) -> None:
-            bar.update(task, completed=done, total=total, description=note)
+            step(completed=done, total=total, note=note)
 
         try:
             return tune(base, router, space, progress=progress, **kwargs)
@@ -147,7 +142,10 @@ def best_yaml(result, trial) -> bytes:
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
               help="Runs per trial, on seeds seed .. seed + repeats - 1 for every trial.")
 @click.option("--seed", type=int, default=None, help="Base seed (of the runs and of the sampler). Default: the scenario's.")
-@click.option("--jobs", type=click.IntRange(min=1), default=None, help="Parallel processes. Default: all cores.")
+@click.option("--jobs", type=click.IntRange(min=1), default=None,
+              help="Parallel processes (with --executor dask and no --dask-scheduler: local Dask workers). "
+                   "Default: all cores.")
+@executor_options
 @click.option("--batch", type=click.IntRange(min=1), default=BATCH_TRIALS, show_default=True,
               help="Trials asked from the sampler at once; the answer depends on it, not on --jobs.")
 @click.option("--sampler", type=click.Choice(["tpe", "nsga2", "random"]), default="tpe", show_default=True,
@@ -158,7 +156,7 @@ def best_yaml(result, trial) -> bytes:
               help="Write DIR/tune.csv (a row per trial), DIR/tune.png (the trials on the two Pareto metrics) and "
                    "DIR/best.yaml (the answer as a scenario fragment).")
 def tune(scenario_path, prefixes, workers, concurrency, engine, router, space_option, objective, constraints, pareto,
-         budget, repeats, seed, jobs, batch, sampler, top, slo, out_dir) -> None:
+         budget, repeats, seed, jobs, executor_kind, dask_scheduler, batch, sampler, top, slo, out_dir) -> None:
     """Search a router's options for the setting that best meets an objective under constraints.
 
     Trial 0 is the router's defaults; then optuna's sampler proposes settings in batches, each simulated --repeats
@@ -169,22 +167,26 @@ def tune(scenario_path, prefixes, workers, concurrency, engine, router, space_op
     if router is not None and len(router) != 1:
         raise click.BadParameter("give one router (tune searches one router's options)", param_hint="--router")
     spec = router[0] if router else base.router.name
+    out = checked_out_dir(out_dir)
     started = time.perf_counter()
-    result = run_tune(base, spec, space_option, label="tune", objective=objective, constraints=constraints,
-                      pareto=pareto, budget_simulations=budget, repeats=repeats, seed=seed, jobs=jobs, batch_trials=batch,
-                      sampler=sampler)
+    with open_executor_or_exit(executor_kind, jobs, dask_scheduler) as executor:
+        result = run_tune(base, spec, space_option, label="tune", objective=objective, constraints=constraints,
+                          pareto=pareto, budget_simulations=budget, repeats=repeats, seed=seed, jobs=jobs,
+                          batch_trials=batch, sampler=sampler, executor=executor)
     wall_s = time.perf_counter() - started
     show_result(result, base, top=top, wall_s=wall_s)
-    if out_dir:
-        out = Path(out_dir)
+    if out is not None:
         rows, columns = result.rows()
-        write_atomic(out / "tune.csv", csv_bytes(rows, columns))
         what = result.objective.text() + "".join(f", {c.text()}" for c in result.constraints)
-        write_atomic(out / "tune.png", tune_figure(result, title=(
-            f"{base.name}: tuning {result.router}, {base.cluster.workers} workers, N={base.workload.prefixes}, "
-            f"C={base.workload.concurrency}\n{what}; {len(result.trials)} trials x {result.repeats} runs "
-            f"(means, 95 % intervals on the front)")))
-        write_atomic(out / "best.yaml", best_yaml(result, result.answer))
+        files = {
+            "tune.csv": csv_bytes(rows, columns),
+            "tune.png": tune_figure(result, title=(
+                f"{base.name}: tuning {result.router}, {base.cluster.workers} workers, N={base.workload.prefixes}, "
+                f"C={base.workload.concurrency}\n{what}; {len(result.trials)} trials x {result.repeats} runs "
+                f"(means, 95 % intervals on the front)")),
+            "best.yaml": best_yaml(result, result.answer),
+        }
+        write_output_set(out, files, runs=len(result.trials) * result.repeats, command=f"kvsim tune (--out {out})")
         console.print(f"wrote {out / 'tune.csv'} ({len(rows)} trials), {out / 'tune.png'} and {out / 'best.yaml'}")
 
 

@@ -25,7 +25,7 @@ from sim.studies.reference import Measurement
 from sim.servers.run_csv import Run
 from sim.runner import run
 from sim.scenario import Scenario, ScenarioError
-from sim.studies.sweep import SweepRunner
+from sim.studies.executor import Executor, using
 from sim.studies.validate import measured_figures, scenario_for_run, stream_for_run
 from sim.workloads.shared_prefix import RequestStream
 
@@ -200,7 +200,7 @@ class Simulator:
     """Simulates cases under candidate scenarios: reference points `repeats` times (seeds seed..seed+repeats-1),
     measured runs once each with their own requests and recorded routing."""
 
-    def __init__(self, runner: SweepRunner, *, repeats: int, seed: int, runs: Iterable[Run] = (),
+    def __init__(self, runner: Executor, *, repeats: int, seed: int, runs: Iterable[Run] = (),
                  ttft_source: str = "client") -> None:
         self.runner = runner
         self.ttft_source = ttft_source
@@ -282,6 +282,7 @@ def fit(
     refine: int = 2,
     max_evaluations: int = 60,
     progress: Callable[[int, float], None] | None = None,
+    executor: Executor | None = None,
 ) -> FitResult:
     """Fit `parameters` to the targets not held out; residuals are reported for all targets.
 
@@ -303,7 +304,7 @@ def fit(
     measured = np.array([t.measured for t in used])
     scale = np.array([relative_scale(t.metric) for t in used])
 
-    with SweepRunner(jobs) as runner:
+    with using(executor, jobs) as runner:
         sim = Simulator(runner, repeats=repeats, seed=base.seed, runs=runs, ttft_source=ttft_source)
         used_cases = [t.case for t in used]
 

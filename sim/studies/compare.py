@@ -36,7 +36,7 @@ from sim.routing.spec import router_overrides
 from sim.runner import build_router
 from sim.scenario import Scenario
 from sim.studies.analytic import formula_hit_rate
-from sim.studies.sweep import SweepRunner, available_cores
+from sim.studies.executor import Executor, available_cores, using
 
 METRICS = (
     "request_hit_rate", "full_hit_rate", "token_hit_rate", "prefix_reuse", "reuse_available", "reuse_captured",
@@ -112,13 +112,14 @@ def _trace_star(args: tuple[Scenario, TracePoint, Callable[[], Trace]]) -> dict[
 
 
 def run_trace(base: Scenario, points: list[TracePoint], open_trace: Callable[[], Trace], *, jobs: int | None = None,
-              progress: Callable[[], None] | None = None) -> list[dict[str, object]]:
+              progress: Callable[[], None] | None = None, executor: Executor | None = None,
+              on_row: Callable[[int, dict[str, object]], None] | None = None) -> list[dict[str, object]]:
     """A row per point, in order, the replays spread over `jobs` processes (`open_trace` must be picklable, e.g. a
-    `functools.partial` of `read_mooncake`)."""
+    `functools.partial` of `read_mooncake`), on `executor` when given; `on_row(i, row)` as each finishes."""
     for point in points:
         build_router(point.scenario(base))  # every point's router checked before any runs
-    with SweepRunner(min(jobs or available_cores(), len(points))) as runner:
-        return runner.map(_trace_star, [(base, p, open_trace) for p in points], progress)
+    with using(executor, min(jobs or available_cores(), max(1, len(points)))) as runner:
+        return runner.map(_trace_star, [(base, p, open_trace) for p in points], progress, on_row)
 
 
 # --- the summary over repeats ---------------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from sim.routing.spec import router_overrides, split_router_spec
 from sim.runner import run
 from sim.scenario import Scenario, length_mean
 from sim.results.summary import summarize
-from sim.studies.sweep import SweepRunner
+from sim.studies.executor import Executor, using
 from sim.studies.tune import Objective, TuneResult, tune
 
 GIB = 1 << 30
@@ -172,7 +172,7 @@ def _simulate(job: tuple[Scenario]) -> tuple[float, float]:
     return summary.request_hit_rate, summary.ttft_ms["p99"]
 
 
-def plan_router(base: Scenario, spec: PlanSpec, router: str, runner: SweepRunner,
+def plan_router(base: Scenario, spec: PlanSpec, router: str, runner: Executor,
                 progress: Callable[[str], None] | None = None) -> RouterPlan:
     grid = spec.grid
     curve: list[tuple[float, float]] = []
@@ -222,11 +222,12 @@ def plan_router(base: Scenario, spec: PlanSpec, router: str, runner: SweepRunner
 
 
 def plan(base: Scenario, spec: PlanSpec, *, jobs: int | None = None,
-         progress: Callable[[str], None] | None = None) -> list[RouterPlan]:
+         progress: Callable[[str], None] | None = None, executor: Executor | None = None) -> list[RouterPlan]:
+    """A plan per router of `spec`, simulated on `executor` (left open) or on `jobs` local processes."""
     for router in spec.routers:  # validate every configuration before simulating any
         for value in (spec.grid[0], spec.grid[-1]):
             configure(base, spec, router, value)
-    with SweepRunner(jobs) as runner:
+    with using(executor, jobs) as runner:
         return [plan_router(base, spec, router, runner, progress) for router in spec.routers]
 
 
@@ -247,7 +248,8 @@ class RouterChoice:
 
 def choose_router(base: Scenario, routers: Sequence[str], *, objective, constraints: Sequence, budget_simulations: int,
                   repeats: int, seed: int | None = None, jobs: int | None = None,
-                  progress: Callable[[str, int, int, str], None] | None = None) -> RouterChoice:
+                  progress: Callable[[str, int, int, str], None] | None = None,
+                  executor: Executor | None = None) -> RouterChoice:
     """Tune each of `routers` (NAME or NAME:key=value with fixed options) over its default search space with the
     same budget, seeds and constraints, and pick the best; `progress(router, done, total, note)` per simulation."""
     objective = Objective.parse(objective) if isinstance(objective, str) else objective
@@ -261,7 +263,7 @@ def choose_router(base: Scenario, routers: Sequence[str], *, objective, constrai
 
         results.append(tune(base, router, objective=objective, constraints=constraints,
                             budget_simulations=budget_simulations, repeats=repeats, seed=seed, jobs=jobs,
-                            progress=tick))
+                            progress=tick, executor=executor))
     metric = objective.metric
 
     def key(i: int) -> tuple:

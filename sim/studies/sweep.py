@@ -1,11 +1,10 @@
-"""A grid of runs over workers x prefixes x concurrency x router x repeat, run in parallel processes."""
+"""A grid of runs over workers x prefixes x concurrency x router x repeat, run on an executor
+(`sim.studies.executor`: local processes or a Dask cluster)."""
 
 from __future__ import annotations
 
 import itertools
-import os
 from collections.abc import Callable, Iterable
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 from sim.results.records import TtftSamples
@@ -13,6 +12,10 @@ from sim.routing.spec import router_overrides
 from sim.runner import build_router, run
 from sim.scenario import Scenario
 from sim.results.summary import summarize
+from sim.studies.executor import Executor, LocalExecutor, available_cores, using
+
+__all__ = ["SweepPoint", "PointOutcome", "sweep_points", "run_point", "run_points", "run_sweep", "SweepRunner",
+           "available_cores"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,50 +79,29 @@ def _run_star(args: tuple[Scenario, SweepPoint]) -> PointOutcome:
     return run_point(*args)
 
 
-def available_cores() -> int:
-    """Cores this process may run on (its CPU affinity where the platform tells, else all of the machine's)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+def run_points(executor: Executor, base: Scenario, points: list[SweepPoint],
+               progress: Callable[[], None] | None = None,
+               on_outcome: Callable[[int, PointOutcome], None] | None = None) -> list[PointOutcome]:
+    """One outcome per point, in the order of `points`, on `executor`; `on_outcome(i, outcome)` as each finishes.
+    Every point (its scenario and router options) is checked before any runs."""
+    for point in points:
+        build_router(point.scenario(base))
+    return executor.map(_run_star, [(base, p) for p in points], progress, on_outcome)
 
 
-class SweepRunner:
-    """Runs sweep points in `jobs` processes (default: all available cores), keeping the processes between calls."""
-
-    def __init__(self, jobs: int | None = None) -> None:
-        self.jobs = max(1, jobs or available_cores())
-        self._pool = ProcessPoolExecutor(max_workers=self.jobs) if self.jobs > 1 else None
-
-    def __enter__(self) -> SweepRunner:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._pool is not None:
-            self._pool.shutdown()
-
-    def map(self, fn: Callable, items: list, progress: Callable[[], None] | None = None) -> list:
-        """`fn` over `items` (picklable), in the worker processes, results in order; `progress()` after each."""
-        if self._pool is None or len(items) <= 1:
-            results = map(fn, items)
-        else:
-            results = self._pool.map(fn, items, chunksize=max(1, len(items) // (self.jobs * 8)))
-        out = []
-        for result in results:
-            out.append(result)
-            if progress:
-                progress()
-        return out
+class SweepRunner(LocalExecutor):
+    """A `LocalExecutor` that also runs sweep points (`run`): the name the studies used before executors."""
 
     def run(self, base: Scenario, points: list[SweepPoint],
             progress: Callable[[], None] | None = None) -> list[PointOutcome]:
         """One outcome per point, in the order of `points`."""
-        for point in points:
-            build_router(point.scenario(base))  # validate every point (router options too) before running any
-        return self.map(_run_star, [(base, p) for p in points], progress)
+        return run_points(self, base, points, progress)
 
 
 def run_sweep(base: Scenario, points: list[SweepPoint], *, jobs: int | None = None,
-              progress: Callable[[], None] | None = None) -> list[PointOutcome]:
-    with SweepRunner(min(jobs or available_cores(), len(points))) as runner:
-        return runner.run(base, points, progress)
+              progress: Callable[[], None] | None = None, executor: Executor | None = None,
+              on_outcome: Callable[[int, PointOutcome], None] | None = None) -> list[PointOutcome]:
+    """`run_points` on `executor`, or without one on `jobs` local processes (default: every core, at most one per
+    point)."""
+    with using(executor, min(jobs or available_cores(), max(1, len(points)))) as ex:
+        return run_points(ex, base, points, progress, on_outcome)

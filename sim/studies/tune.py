@@ -5,7 +5,7 @@ Why optuna: the spaces are mixed (float ranges, some on a log scale, integer thr
 SGLang's `min_load_tie`); its TPE sampler handles all three in one model, takes constraints (`constraints_func`:
 it prefers feasible trials and, among infeasible ones, the least violating), offers NSGA-II for a two-objective
 search of a front, and is seeded, so a search is reproducible. Its ask/tell interface leaves the evaluation to
-kvsim: trials are asked in batches, simulated in parallel by `SweepRunner`, and told back in trial order.
+kvsim: trials are asked in batches, simulated in parallel on an executor (`sim.studies.executor`), and told back in trial order.
 
 Determinism. Every trial runs the same seeds, seed + 0 .. seed + repeats - 1 (common random numbers: every
 candidate sees the same request streams, so differences between trials are the knobs', not the streams'). A batch
@@ -46,7 +46,8 @@ from sim.studies.search_space import (
     CLUSTER_KNOBS, GIB, FloatKnob, IntKnob, Knob, check_space, cluster_overrides, format_value, parse_space,
     round_significant,
 )
-from sim.studies.sweep import SweepPoint, SweepRunner, run_point
+from sim.studies.executor import Executor, using
+from sim.studies.sweep import SweepPoint, run_point
 
 DEFAULT_OBJECTIVE = "maximize:goodput_rps"
 """Requests per second meeting the scenario's SLO (`--slo`); with no SLO set every request meets it (throughput)."""
@@ -369,7 +370,7 @@ class _Search:
     space: tuple[Knob, ...]
     repeats: int
     seed: int
-    runner: SweepRunner
+    runner: Executor
     evaluated: dict[_Config, tuple[dict[str, float], dict[str, float]]] = field(default_factory=dict)
 
     def config(self, params: Mapping[str, Any], *, baseline: bool = False) -> _Config:
@@ -444,10 +445,10 @@ def tune(base: Scenario, router: str, space: Sequence[Knob] | str | None = None,
          objective: Objective | str = DEFAULT_OBJECTIVE, constraints: Sequence[Constraint | str] = (),
          pareto: tuple[Metric, Metric] | str | None = None, budget_simulations: int = 120, repeats: int = 3,
          seed: int | None = None, jobs: int | None = None, batch_trials: int = BATCH_TRIALS, sampler: str = "tpe",
-         progress: Callable[[int, int, str], None] | None = None) -> TuneResult:
+         progress: Callable[[int, int, str], None] | None = None, executor: Executor | None = None) -> TuneResult:
     """Search `space` (knobs or their text; default: the router's `search_space`) for `router` (NAME, or
     NAME:key=value,... with fixed options) on `base`, with `budget_simulations // repeats` trials; pure (writes
-    nothing).
+    nothing). The simulations run on `executor` (left open), or without one on `jobs` local processes.
 
     `progress(simulations_done, simulations_total, note)` is called after each simulation. A ValueError (an
     `UnknownColumn` for a column the summary lacks) names what is wrong; a ScenarioError a bad router option."""
@@ -513,7 +514,7 @@ def tune(base: Scenario, router: str, space: Sequence[Knob] | str | None = None,
             best_note = "none feasible yet"
         return trial
 
-    with SweepRunner(jobs) as runner:
+    with using(executor, jobs) as runner:
         search = _Search(base, name, fixed, space, repeats, seed, runner)
         # Validate every router configuration the space can reach at its extremes before simulating any.
         for k in space:
