@@ -8,12 +8,38 @@ import click
 from rich.table import Table
 
 from sim.cli.app import (
-    ENGINE_HELP, SLO_HELP, console, fmt, load_or_exit, main, on_engine, one_engine, router_list, slo_option, with_slo,
+    ENGINE_HELP, SLO_HELP, console, err_console, fmt, load_or_exit, main, on_engine, one_engine, progress_bar,
+    router_list, slo_option, with_slo,
 )
 from sim.results.figures import replay_figure
 from sim.results.report import csv_bytes, write_atomic
 from sim.scenario import Scenario, ScenarioError
 from sim.routing.spec import router_label, router_overrides
+
+
+_PROGRESS_EVERY = 1000
+"""Requests between progress-bar updates (each update costs about as much as routing a request)."""
+
+
+def _count_lines(path: str, limit: int | None) -> int:
+    """Non-blank lines of the trace (its requests), at most `limit`."""
+    count = 0
+    with open(path, "rb") as f:
+        for line in f:
+            count += bool(line.strip())
+            if limit is not None and count >= limit:
+                break
+    return count
+
+
+def _counted(items, step):
+    """`items`, advancing the progress bar as the replay consumes them (it reads the trace in arrival order)."""
+    n = 0
+    for n, item in enumerate(items, 1):
+        if n % _PROGRESS_EVERY == 0:
+            step(_PROGRESS_EVERY)
+        yield item
+    step(n % _PROGRESS_EVERY)
 
 
 def trace_base(scenario_path: str | None, engine: str | None) -> Scenario:
@@ -89,6 +115,7 @@ def replay(trace, workers, kv_tokens, kv_blocks, kv_bytes, router, engine, scena
     """
     import time as _time
 
+    from sim.replay import device_groups
     from sim.replay import replay as run_replay
     from sim.studies.executor import available_cores
     from sim.workloads.traces import TraceError, read_mooncake
@@ -103,10 +130,21 @@ def replay(trace, workers, kv_tokens, kv_blocks, kv_bytes, router, engine, scena
         overrides.update(router_overrides(router[0], base.router.name, base.router.options))
     try:
         scenario = base.with_overrides(**overrides)
+        jobs = jobs or available_cores()
+        split = len(device_groups(scenario, jobs)) > 1
+        # NOTE: a bar only when someone watches and the replay runs here (split replays run in forked processes:
+        # a spinner then); counting the trace's lines for its total is one quick pass over the file.
+        total = _count_lines(trace, limit) if err_console.is_terminal and not split else None
         t0 = _time.perf_counter()
-        result = run_replay(scenario, lambda: read_mooncake(trace, block_size=B, trace_block_tokens=trace_block_size,
-                                                            speed=speed, limit=limit),
-                            bin_s=bin_s, jobs=jobs or available_cores())
+        with progress_bar(f"replay ({jobs} processes)" if split else "replay", total) as step:
+            def opened():
+                trace_requests = read_mooncake(trace, block_size=B, trace_block_tokens=trace_block_size, speed=speed,
+                                               limit=limit)
+                if total is None:
+                    return trace_requests
+                return _counted(trace_requests, step)
+
+            result = run_replay(scenario, opened, bin_s=bin_s, jobs=jobs)
         wall_s = _time.perf_counter() - t0
     except (ScenarioError, TraceError) as err:
         raise click.ClickException(str(err)) from None
