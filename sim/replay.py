@@ -70,7 +70,7 @@ class ReplayResult:
 
 
 def replay(scenario: Scenario, trace: Trace | Callable[[], Trace], *, bin_s: float = 60.0,
-           fast_forward: bool = True, jobs: int = 1) -> ReplayResult:
+           fast_forward: bool = True, jobs: int = 1, executor=None) -> ReplayResult:
     """Replay timed requests open loop (each sent at its arrival time, routed then) through the scenario's cluster.
 
     The trace is consumed lazily and finished requests are folded into `StreamingStats` at once, so memory stays
@@ -78,10 +78,22 @@ def replay(scenario: Scenario, trace: Trace | Callable[[], Trace], *, bin_s: flo
     that opens the trace anew: then, with `jobs` > 1, the replay is split over up to `jobs` processes when
     `device_groups` allows it (one process otherwise).
     """
+    if executor is not None:
+        jobs = executor.jobs
     groups = device_groups(scenario, jobs if callable(trace) else 1)
     if len(groups) <= 1:
         return _replay(scenario, trace() if callable(trace) else trace, bin_s=bin_s, fast_forward=fast_forward)
+    if executor is not None:
+        # NOTE: the parts travel to the executor's processes (or machines), so the trace opener is pickled: give a
+        # module-level function or a functools.partial of one, not a lambda.
+        parts = executor.map(_replay_part, [(scenario, trace, owned, bin_s, fast_forward) for owned in groups])
+        return _merge_parts(groups, parts)
     return _replay_split(scenario, trace, groups, bin_s=bin_s, fast_forward=fast_forward)
+
+
+def _replay_part(args: tuple) -> ReplayResult:
+    scenario, open_trace, owned, bin_s, fast_forward = args
+    return _replay(scenario, open_trace(), bin_s=bin_s, fast_forward=fast_forward, owned=owned)
 
 
 def device_groups(scenario: Scenario, jobs: int) -> list[frozenset[int]]:
@@ -163,6 +175,11 @@ def _replay_split(scenario: Scenario, open_trace: Callable[[], Trace], groups: l
             if child.is_alive():
                 child.terminate()
             child.join()
+    return _merge_parts(groups, parts)
+
+
+def _merge_parts(groups: list[frozenset[int]], parts: list[ReplayResult]) -> ReplayResult:
+    """One replay's result from its parts: the statistics merged, each worker's counters from the part that owned it."""
     stats = parts[0].stats
     for part in parts[1:]:
         stats.merge(part.stats)

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from pathlib import Path
 
 import click
 from rich.table import Table
 
 from sim.cli.app import (
-    ENGINE_HELP, SLO_HELP, console, err_console, fmt, load_or_exit, main, on_engine, one_engine, progress_bar,
-    router_list, slo_option, with_slo,
+    ENGINE_HELP, SLO_HELP, console, err_console, executor_options, fmt, load_or_exit, main, on_engine, one_engine,
+    open_executor_or_exit, progress_bar, router_list, slo_option, with_slo,
 )
 from sim.results.figures import replay_figure
 from sim.results.report import csv_bytes, write_atomic
@@ -32,10 +34,10 @@ def _count_lines(path: str, limit: int | None) -> int:
     return count
 
 
-def _counted(items, step):
-    """`items`, advancing the progress bar as the replay consumes them (it reads the trace in arrival order)."""
+def _counted_trace(open_trace, step):
+    """The trace `open_trace()` opens, advancing the progress bar as the replay consumes it (in arrival order)."""
     n = 0
-    for n, item in enumerate(items, 1):
+    for n, item in enumerate(open_trace(), 1):
         if n % _PROGRESS_EVERY == 0:
             step(_PROGRESS_EVERY)
         yield item
@@ -99,8 +101,10 @@ def trace_overrides(base: Scenario, *, block_size: int | None, kv_tokens: int | 
               help="Book reuse available and captured (default: the scenario's, on). It keeps every block hash ever "
                    "sent: turn it off for traces of millions of requests to keep memory bounded by the caches.")
 @click.option("--slo", callback=slo_option, default=None, help=SLO_HELP)
+@executor_options
 def replay(trace, workers, kv_tokens, kv_blocks, kv_bytes, router, engine, scenario_path, block_size,
-           trace_block_size, speed, limit, bin_s, out_dir, jobs, reuse_breakdown, slo) -> None:
+           trace_block_size, speed, limit, bin_s, out_dir, jobs, reuse_breakdown, slo, executor_kind,
+           dask_scheduler) -> None:
     """Replay a Mooncake JSONL trace (timestamp ms, input_length, output_length, hash_ids) open loop.
 
     Every request is sent at its timestamp (divided by --speed), routed then, and served by the scenario's
@@ -131,21 +135,22 @@ def replay(trace, workers, kv_tokens, kv_blocks, kv_bytes, router, engine, scena
     try:
         scenario = base.with_overrides(**overrides)
         jobs = jobs or available_cores()
-        split = len(device_groups(scenario, jobs)) > 1
-        # NOTE: a bar only when someone watches and the replay runs here (split replays run in forked processes:
-        # a spinner then); counting the trace's lines for its total is one quick pass over the file.
-        total = _count_lines(trace, limit) if err_console.is_terminal and not split else None
-        t0 = _time.perf_counter()
-        with progress_bar(f"replay ({jobs} processes)" if split else "replay", total) as step:
-            def opened():
-                trace_requests = read_mooncake(trace, block_size=B, trace_block_tokens=trace_block_size, speed=speed,
-                                               limit=limit)
-                if total is None:
-                    return trace_requests
-                return _counted(trace_requests, step)
-
-            result = run_replay(scenario, opened, bin_s=bin_s, jobs=jobs)
-        wall_s = _time.perf_counter() - t0
+        # NOTE: --executor local keeps the forked split (the default); with --executor dask the parts of a split
+        # replay are tasks of the Dask cluster, and the trace opener travels there (a partial pickles).
+        executor = open_executor_or_exit(executor_kind, jobs, dask_scheduler) if executor_kind != "local" else None
+        open_trace = functools.partial(read_mooncake, trace, block_size=B, trace_block_tokens=trace_block_size,
+                                       speed=speed, limit=limit)
+        with executor if executor is not None else contextlib.nullcontext():
+            parts = executor.jobs if executor is not None else jobs
+            split = len(device_groups(scenario, parts)) > 1
+            # NOTE: a bar only when someone watches and the replay runs here (a split replay runs elsewhere: a
+            # spinner then); counting the trace's lines for its total is one quick pass over the file.
+            total = _count_lines(trace, limit) if err_console.is_terminal and not split else None
+            t0 = _time.perf_counter()
+            with progress_bar(f"replay ({parts} processes)" if split else "replay", total) as step:
+                opened = open_trace if total is None else functools.partial(_counted_trace, open_trace, step)
+                result = run_replay(scenario, opened, bin_s=bin_s, jobs=jobs, executor=executor)
+            wall_s = _time.perf_counter() - t0
     except (ScenarioError, TraceError) as err:
         raise click.ClickException(str(err)) from None
     st = result.stats

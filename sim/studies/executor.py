@@ -152,8 +152,10 @@ class DaskExecutor:
         self._cluster = None
         if address is None:
             self.jobs = max(1, jobs or available_cores())
+            # NOTE: the scheduler's HTTP server starts even without a dashboard; ":0" lets it take a free port
+            # rather than warn when another cluster already holds 8787.
             self._cluster = LocalCluster(n_workers=self.jobs, threads_per_worker=1, processes=True,
-                                         dashboard_address=None, silence_logs=logging.ERROR)
+                                         dashboard_address=":0", silence_logs=logging.ERROR)
             self._client = Client(self._cluster)
         else:
             self._client = Client(address, timeout=30)
