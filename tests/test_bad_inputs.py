@@ -304,3 +304,25 @@ def test_a_bad_memory_limit_in_the_environment_is_a_one_line_error():
                           env={**os.environ, "KVSIM_MAX_MEMORY_GIB": "lots"}, timeout=60)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == "Error: KVSIM_MAX_MEMORY_GIB='lots': give a number of GiB > 0"
+
+
+OUT_CASES = [
+    (["run", "--prefixes", "2", "--out", "/etc/passwd/x"], "--out /etc/passwd/x: not a writable directory"),
+    (["replay", "TRACE", "--workers", "2", "--kv-tokens", "100000", "--out", "/etc/passwd/x"],
+     "--out /etc/passwd/x: not a writable directory"),
+    (["calibrate", "--out", "/etc/passwd/x.yaml"], "--out /etc/passwd/x.yaml: folder /etc/passwd"),
+    (["calibrate", "--out", "OK/fitted.yaml", "--report", "/etc/passwd/r.csv"], "--report /etc/passwd/r.csv: folder"),
+    (["validate", "RUN", "--out", "/etc/passwd/v.csv"], "--out /etc/passwd/v.csv: folder /etc/passwd"),
+]
+
+
+@pytest.mark.parametrize("args, expected", OUT_CASES, ids=[" ".join(c[0][:1] + c[0][-2:]) for c in OUT_CASES])
+def test_an_unwritable_out_is_refused_before_any_work(tmp_path, args, expected):
+    from pathlib import Path
+
+    fixtures = Path(__file__).parent / "fixtures"
+    subst = {"TRACE": str(fixtures / "traces" / "conversation_head400.jsonl"),
+             "RUN": str(fixtures / "real-vllm" / "w2-n12-c1.csv"), "OK/fitted.yaml": str(tmp_path / "fitted.yaml")}
+    result = CliRunner().invoke(main, [subst.get(a, a) for a in args])
+    assert result.exit_code == 2
+    _one_line_error(result, expected)

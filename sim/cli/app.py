@@ -245,6 +245,20 @@ def checked_out_dir(out_dir: str | None) -> Path | None:
     return out
 
 
+def checked_out_file(path: str | None, option: str = "--out") -> Path | None:
+    """A file option's folder created and probed for writing before any work starts, or a one-line usage error."""
+    from sim.results.output_set import OutDirError, check_writable
+
+    if path is None:
+        return None
+    file = Path(path)
+    try:
+        check_writable(file.parent if str(file.parent) else Path("."))
+    except OutDirError as err:
+        raise UsageExit(str(err).replace("--out ", f"{option} {file}: folder ", 1)) from None
+    return file
+
+
 def fmt(value: object, spec: str = ".3f") -> str:
     if isinstance(value, float):
         return "-" if math.isnan(value) else format(value, spec)

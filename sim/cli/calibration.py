@@ -10,7 +10,9 @@ import click
 import yaml
 from rich.table import Table
 
-from sim.cli.app import console, executor_options, load_or_exit, main, open_executor_or_exit, progress_bar
+from sim.cli.app import (
+    checked_out_file, console, executor_options, load_or_exit, main, open_executor_or_exit, progress_bar,
+)
 from sim.studies.reference import load_reference
 from sim.results.report import csv_bytes, write_atomic
 
@@ -65,6 +67,8 @@ def calibrate(scenario_path, measured_path, run_paths, ttft_source, fit_params, 
     from sim.studies.calibrate import fit, parameter_bounds, read_parameter, targets_from_reference, targets_from_runs
     from sim.servers.run_csv import RunFileError, read_run
 
+    checked_out_file(out_path)
+    checked_out_file(report_path, "--report")
     base, path = load_or_exit(scenario_path)
     ref_path = Path(measured_path) if measured_path else (
         path.parent / base.reference if base.reference and not run_paths else None)

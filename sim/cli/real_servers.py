@@ -9,7 +9,7 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from sim.cli.app import console, err_console, fmt, load_or_exit, main, router_names
+from sim.cli.app import checked_out_file, console, err_console, fmt, load_or_exit, main, router_names
 from sim.results.report import csv_bytes, write_atomic
 from sim.scenario import ScenarioError
 
@@ -56,6 +56,7 @@ def measure(endpoints, prefixes, concurrency, requests, scenario_path, router, p
     from sim.servers.openai_client import Endpoint, EndpointError
     from sim.servers.run_csv import sidecar_path, write_run_bytes
 
+    checked_out_file(out_path)
     base, _ = load_or_exit(scenario_path)
     allowed = [n for n in router_names()]
     if router not in allowed:
@@ -132,6 +133,8 @@ def validate(runs, scenario_path, routing, ttft_source, tolerances, out_path) ->
     """
     from sim.servers.run_csv import RunFileError, read_run
     from sim.studies.validate import compare
+
+    checked_out_file(out_path)
 
     base, _ = load_or_exit(scenario_path)
     loaded = []

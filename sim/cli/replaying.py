@@ -10,8 +10,8 @@ import click
 from rich.table import Table
 
 from sim.cli.app import (
-    ENGINE_HELP, SLO_HELP, console, err_console, executor_options, fmt, load_or_exit, main, on_engine, one_engine,
-    open_executor_or_exit, progress_bar, router_list, slo_option, with_slo,
+    ENGINE_HELP, SLO_HELP, checked_out_dir, console, err_console, executor_options, fmt, load_or_exit, main, on_engine,
+    one_engine, open_executor_or_exit, progress_bar, router_list, slo_option, with_slo,
 )
 from sim.results.figures import replay_figure
 from sim.results.report import csv_bytes, write_atomic
@@ -124,6 +124,7 @@ def replay(trace, workers, kv_tokens, kv_blocks, kv_bytes, router, engine, scena
     from sim.studies.executor import available_cores
     from sim.workloads.traces import TraceError, read_mooncake
 
+    checked_out_dir(out_dir)
     base = with_slo(trace_base(scenario_path, engine), slo)
     overrides, B = trace_overrides(base, block_size=block_size, kv_tokens=kv_tokens, kv_blocks=kv_blocks,
                                    kv_bytes=kv_bytes, reuse_breakdown=reuse_breakdown)

@@ -166,6 +166,7 @@ def run_command(scenario_path, prefixes, workers, concurrency, router, engine, s
     from sim.runner import run
     from sim.results.summary import summarize
 
+    out = checked_out_dir(out_dir)
     base, _ = load_or_exit(scenario_path)
     base = with_slo(on_engine(base, engine), slo)
     overrides = {k: v for k, v in {
