@@ -134,3 +134,33 @@ def test_sigint_stops_the_tune_in_one_line_and_resume_gives_the_uninterrupted_cs
     assert resumed.returncode == 0, resumed.stderr
     assert (out / "tune.csv").read_bytes() == (tmp_path / "full" / "tune.csv").read_bytes()
     assert manifest_matches(out)
+
+
+PLAN = ["plan", "--prefixes", "24", "--workers", "6", "--concurrency", "8", "--choose-router", "random,kv-aware",
+        "--constraint", "ttft_p99_ms<=250", "--budget", "8", "--repeats", "2", "--seed", "0", "--jobs", "1"]
+
+
+def test_plan_choose_router_resumes_from_its_journal_with_the_same_bytes(tmp_path, simulations):
+    full = invoke(*PLAN, "--out", str(tmp_path / "d1"))
+    assert full.exit_code == 0, full.output
+    lines = _run_lines(tmp_path / "d1")
+    assert len(lines) == len(simulations)
+    keys = [json.loads(line)["key"] for line in lines]
+    assert keys[:2] == [["random", [], 0], ["random", [], 1]]  # no knobs: its defaults on the two seeds
+    assert all(k[0].startswith("kv-aware") for k in keys[2:])  # the router spec first, its name first
+    cut = tmp_path / "d2"
+    cut.mkdir()
+    header = (tmp_path / "d1" / "runs.jsonl").read_text().splitlines()[0]
+    (cut / "runs.jsonl").write_text("\n".join([header, *lines[:3]]) + "\n")
+    simulations.clear()
+    resumed = invoke(*PLAN, "--out", str(cut), "--resume")
+    assert resumed.exit_code == 0, resumed.output
+    assert len(simulations) == len(lines) - 3
+    for name in ("plan.csv", "plan.png"):
+        assert (cut / name).read_bytes() == (tmp_path / "d1" / name).read_bytes(), name
+    assert manifest_matches(cut)
+
+
+def test_plan_vary_does_not_take_resume():
+    res = invoke("plan", "--prefixes", "7", "--target-hit-rate", "0.5", "--vary", "workers", "--resume")
+    assert res.exit_code == 2 and "--resume does not apply to --vary" in res.output
