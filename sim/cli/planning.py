@@ -16,6 +16,7 @@ from sim.cli.app import (
 )
 from sim.cli.tuning import CONSTRAINT_HELP, paste_text, parse_constraints, parse_objective, value_text
 from sim.results.figures import plan_figure
+from sim.results.output_set import write_output_set
 from sim.results.report import csv_bytes, write_atomic
 from sim.results.study_figures import choose_router_figure
 from sim.scenario import Scenario, ScenarioError
@@ -64,10 +65,14 @@ from sim.studies.tune import DEFAULT_OBJECTIVE, Constraint
 @executor_options
 @click.option("--slo", callback=slo_option, default=None, help="--choose-router: " + SLO_HELP)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
-              help="Write DIR/plan.csv (a row per router) and DIR/plan.png.")
+              help="Write DIR/plan.csv (a row per router) and DIR/plan.png; with --choose-router also "
+                   "DIR/manifest.json listing them, and every finished simulation is journaled in DIR/runs.jsonl.")
+@click.option("--resume", is_flag=True, default=False,
+              help="--choose-router: continue the choice journaled in --out DIR/runs.jsonl: each router's search "
+                   "replays, taking its finished simulations from the journal.")
 def plan(scenario_path, prefixes, zipf, target_hit_rate, target_ttft_p99_ms, vary, choose, constraints, objective,
          budget, seed, concurrency, low, high, step, workers, routers, engine, repeats, horizon, jobs, executor_kind, dask_scheduler, slo,
-         out_dir) -> None:
+         out_dir, resume) -> None:
     """Find, per router, the cheapest setting that meets a target: how many workers, or how much KV per worker;
     or, with --choose-router, which router and settings meet the targets and constraints best.
 
@@ -92,7 +97,8 @@ def plan(scenario_path, prefixes, zipf, target_hit_rate, target_ttft_p99_ms, var
         raise click.UsageError("give --vary (how much of one thing) or --choose-router (which router), not both"
                                if vary else "give --vary workers|kv-gib or --choose-router ROUTERS")
     ctx = click.get_current_context()
-    only = ("low", "high", "step", "horizon", "routers") if choose else ("constraints", "budget", "seed", "objective", "slo")
+    only = (("low", "high", "step", "horizon", "routers") if choose
+            else ("constraints", "budget", "seed", "objective", "slo", "resume"))
     given = [p.opts[0] for p in ctx.command.params
              if p.name in only and ctx.get_parameter_source(p.name) == ParameterSource.COMMANDLINE]
     if given:
@@ -105,10 +111,19 @@ def plan(scenario_path, prefixes, zipf, target_hit_rate, target_ttft_p99_ms, var
     if choose:
         targets = ([Constraint("request_hit_rate", ">=", target_hit_rate)] if target_hit_rate is not None else []) + (
             [Constraint("ttft_p99_ms", "<=", target_ttft_p99_ms)] if target_ttft_p99_ms is not None else [])
-        checked_out_dir(out_dir)
-        with open_executor_or_exit(executor_kind, jobs, dask_scheduler) as executor:
-            choose_router(base, choose, objective=objective, constraints=(*targets, *constraints), budget=budget,
-                          repeats=repeats, seed=seed, jobs=jobs, out_dir=out_dir, executor=executor)
+        from sim.cli.study_runs import journaled_search, resume_command
+
+        out = checked_out_dir(out_dir)
+        constraints = (*targets, *constraints)
+        command = resume_command(ctx)
+        # NOTE: what decides which trials each router's search asks (not --jobs or --executor).
+        inputs = repr((choose, objective, constraints, budget, repeats, seed))
+        with journaled_search("plan-choose-router", base, out=out, resume=resume, command=command, inputs=inputs,
+                              at_most=len(choose) * (budget - budget % repeats)) as journal, \
+                open_executor_or_exit(executor_kind, jobs, dask_scheduler) as executor:
+            choice = choose_router(base, choose, objective=objective, constraints=constraints, budget=budget,
+                                   repeats=repeats, seed=seed, jobs=jobs, executor=executor, store=journal)
+        show_choice(base, choice, objective=objective, budget=budget, repeats=repeats, out=out, command=command)
         return
     try:
         target = PlanTarget(target_hit_rate, target_ttft_p99_ms)
@@ -179,8 +194,8 @@ def plan(scenario_path, prefixes, zipf, target_hit_rate, target_ttft_p99_ms, var
 
 
 def choose_router(base: Scenario, routers: list[str], *, objective, constraints, budget: int, repeats: int,
-                  seed: int | None, jobs: int | None, out_dir: str | None, executor=None) -> None:
-    """`kvsim plan --choose-router`: tune each router, print the table and the answer, write plan.csv / plan.png."""
+                  seed: int | None, jobs: int | None, executor=None, store=None):
+    """`kvsim plan --choose-router`'s search: each router tuned behind a progress bar (`store`: the journal)."""
     from sim.studies.plan import choose_router as run_choice
 
     with progress_bar("plan") as step:
@@ -190,11 +205,17 @@ def choose_router(base: Scenario, routers: list[str], *, objective, constraints,
         try:
             choice = run_choice(base, routers, objective=objective, constraints=constraints,
                                 budget_simulations=budget, repeats=repeats, seed=seed, jobs=jobs, progress=progress,
-                                executor=executor)
+                                executor=executor, store=store)
         except ScenarioError as err:
             raise click.ClickException(str(err)) from None
         except ValueError as err:  # the message names the column, knob or option at fault
             raise click.UsageError(str(err)) from None
+    return choice
+
+
+def show_choice(base: Scenario, choice, *, objective, budget: int, repeats: int, out: Path | None,
+                command: str) -> None:
+    """Print the choice's table and answer; with `out`, write plan.csv and plan.png as one set with the manifest."""
     first = choice.results[0]
     named = first.named_columns
     column = objective.metric.column
@@ -227,13 +248,15 @@ def choose_router(base: Scenario, routers: list[str], *, objective, constraints,
         console.print(f"answer: {answer.answer.router}, {column} {value_text(answer.answer, column)} "
                       f"(its default: {value_text(answer.baseline, column)})", highlight=False)
     console.print(f"paste: {paste_text(answer, answer.answer)}", highlight=False)
-    if out_dir:
-        out = Path(out_dir)
+    if out is not None:
         columns = ["router", "vary", "answer", "unit", "predicted", "target", "analytic_answer", "metric",
                    "predicted_ci95", "feasible", "trials", *(f"mean_{c}" for c in named), f"default_{column}"]
-        write_atomic(out / "plan.csv", csv_bytes(rows, columns))
-        write_atomic(out / "plan.png", choose_router_figure(choice, title=(
-            f"{base.name}: which router for {objective.text()} with {what}\n{base.cluster.workers} workers, "
-            f"N={base.workload.prefixes}, C={base.workload.concurrency}; each tuned with {budget // repeats} trials "
-            f"x {repeats} runs")))
+        files = {
+            "plan.csv": csv_bytes(rows, columns),
+            "plan.png": choose_router_figure(choice, title=(
+                f"{base.name}: which router for {objective.text()} with {what}\n{base.cluster.workers} workers, "
+                f"N={base.workload.prefixes}, C={base.workload.concurrency}; each tuned with {budget // repeats} "
+                f"trials x {repeats} runs")),
+        }
+        write_output_set(out, files, runs=sum(len(r.trials) * r.repeats for r in choice.results), command=command)
         console.print(f"wrote {out / 'plan.csv'} and {out / 'plan.png'}")

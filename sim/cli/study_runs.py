@@ -110,6 +110,28 @@ def run_journaled(study: str, base: Scenario, points: Sequence, *, run: Callable
     return results
 
 
+@contextmanager
+def journaled_search(study: str, base: Scenario, *, out: Path | None, resume: bool, command: str, inputs: str,
+                     at_most: int) -> Iterator[RunJournal | None]:
+    """The journal of a search (`tune`, `plan --choose-router`), whose runs are found as it goes rather than listed
+    in advance: yields it (None without --out) to pass to the search as its run store, stoppable like
+    `run_journaled`; `at_most` is the search's budget of simulations, for the message on a signal."""
+    journal = open_journal(out, study, base, resume, inputs)
+
+    def saved() -> str:
+        if journal is None:
+            return "no runs saved (without --out nothing is journaled)"
+        return (f"{journal.count_saved()} of at most {at_most} runs saved in {journal.path}; resume with: {command} "
+                "--resume")
+
+    try:
+        with stoppable(saved):
+            yield journal
+    finally:
+        if journal is not None:
+            journal.close()
+
+
 # --- what a sweep point's outcome is in the journal ------------------------------------------------------------------
 
 def outcome_to_json(outcome) -> dict:

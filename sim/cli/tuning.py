@@ -13,6 +13,7 @@ from sim.cli.app import (
     ENGINE_HELP, SLO_HELP, checked_out_dir, console, executor_options, fmt, load_or_exit, main, on_engine, one_engine,
     open_executor_or_exit, progress_bar, router_list, slo_option, with_slo,
 )
+from sim.cli.study_runs import journaled_search, resume_command
 from sim.results.output_set import write_output_set
 from sim.results.report import csv_bytes
 from sim.results.study_figures import tune_figure
@@ -154,9 +155,15 @@ def best_yaml(result, trial) -> bytes:
 @click.option("--slo", callback=slo_option, default=None, help=SLO_HELP)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Write DIR/tune.csv (a row per trial), DIR/tune.png (the trials on the two Pareto metrics) and "
-                   "DIR/best.yaml (the answer as a scenario fragment).")
-def tune(scenario_path, prefixes, workers, concurrency, engine, router, space_option, objective, constraints, pareto,
-         budget, repeats, seed, jobs, executor_kind, dask_scheduler, batch, sampler, top, slo, out_dir) -> None:
+                   "DIR/best.yaml (the answer as a scenario fragment), then DIR/manifest.json listing them; every "
+                   "finished simulation is journaled in DIR/runs.jsonl.")
+@click.option("--resume", is_flag=True, default=False,
+              help="Continue the tune journaled in --out DIR/runs.jsonl: the search replays, taking its finished "
+                   "simulations from the journal (same scenario and search options needed).")
+@click.pass_context
+def tune(ctx, scenario_path, prefixes, workers, concurrency, engine, router, space_option, objective, constraints,
+         pareto, budget, repeats, seed, jobs, executor_kind, dask_scheduler, batch, sampler, top, slo, out_dir,
+         resume) -> None:
     """Search a router's options for the setting that best meets an objective under constraints.
 
     Trial 0 is the router's defaults; then optuna's sampler proposes settings in batches, each simulated --repeats
@@ -168,11 +175,16 @@ def tune(scenario_path, prefixes, workers, concurrency, engine, router, space_op
         raise click.BadParameter("give one router (tune searches one router's options)", param_hint="--router")
     spec = router[0] if router else base.router.name
     out = checked_out_dir(out_dir)
+    command = resume_command(ctx)
+    # NOTE: what decides which trials the sampler asks (not --jobs or --executor, which only decide where they run).
+    inputs = repr((spec, space_option, objective, constraints, pareto, budget, repeats, seed, batch, sampler))
     started = time.perf_counter()
-    with open_executor_or_exit(executor_kind, jobs, dask_scheduler) as executor:
+    with journaled_search("tune", base, out=out, resume=resume, command=command, inputs=inputs,
+                          at_most=budget - budget % repeats) as journal, \
+            open_executor_or_exit(executor_kind, jobs, dask_scheduler) as executor:
         result = run_tune(base, spec, space_option, label="tune", objective=objective, constraints=constraints,
                           pareto=pareto, budget_simulations=budget, repeats=repeats, seed=seed, jobs=jobs,
-                          batch_trials=batch, sampler=sampler, executor=executor)
+                          batch_trials=batch, sampler=sampler, executor=executor, store=journal)
     wall_s = time.perf_counter() - started
     show_result(result, base, top=top, wall_s=wall_s)
     if out is not None:
@@ -186,7 +198,7 @@ def tune(scenario_path, prefixes, workers, concurrency, engine, router, space_op
                 f"(means, 95 % intervals on the front)")),
             "best.yaml": best_yaml(result, result.answer),
         }
-        write_output_set(out, files, runs=len(result.trials) * result.repeats, command=f"kvsim tune (--out {out})")
+        write_output_set(out, files, runs=len(result.trials) * result.repeats, command=command)
         console.print(f"wrote {out / 'tune.csv'} ({len(rows)} trials), {out / 'tune.png'} and {out / 'best.yaml'}")
 
 

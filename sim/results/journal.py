@@ -98,14 +98,20 @@ class RunJournal:
     def saved(self, keys: Sequence[Sequence[Any]]) -> int:
         """How many of `keys` the file on disk records. NOTE: read back rather than counted in `done`: a signal can
         land between a line's write and its count (any thread may take it, so masking it here would not help)."""
-        wanted = {_key(k) for k in keys}
+        return len({_key(k) for k in keys} & self._keys_on_disk())
+
+    def count_saved(self) -> int:
+        """How many runs the file on disk records (for studies whose runs are not known in advance: a search)."""
+        return len(self._keys_on_disk())
+
+    def _keys_on_disk(self) -> set[str]:
         found = set()
         for line in self.path.read_text(encoding="utf-8").split("\n")[1:]:
             try:
                 found.add(_key(json.loads(line)["key"]))
             except (json.JSONDecodeError, KeyError, TypeError):
                 continue
-        return len(wanted & found)
+        return found
 
     def close(self) -> None:
         self._file.close()

@@ -29,7 +29,7 @@ from sim.runner import run
 from sim.scenario import Scenario, length_mean
 from sim.results.summary import summarize
 from sim.studies.executor import Executor, using
-from sim.studies.tune import Objective, TuneResult, tune
+from sim.studies.tune import Objective, RunStore, TuneResult, tune
 
 GIB = 1 << 30
 VARY_UNITS = {"workers": "workers", "kv-gib": "GiB"}
@@ -249,9 +249,10 @@ class RouterChoice:
 def choose_router(base: Scenario, routers: Sequence[str], *, objective, constraints: Sequence, budget_simulations: int,
                   repeats: int, seed: int | None = None, jobs: int | None = None,
                   progress: Callable[[str, int, int, str], None] | None = None,
-                  executor: Executor | None = None) -> RouterChoice:
+                  executor: Executor | None = None, store: RunStore | None = None) -> RouterChoice:
     """Tune each of `routers` (NAME or NAME:key=value with fixed options) over its default search space with the
-    same budget, seeds and constraints, and pick the best; `progress(router, done, total, note)` per simulation."""
+    same budget, seeds and constraints, and pick the best; `progress(router, done, total, note)` per simulation.
+    `store` is every search's run store (`tune`): a run's key starts with its router spec, the router's name first."""
     objective = Objective.parse(objective) if isinstance(objective, str) else objective
     if objective.kind in ("min-workers", "pareto"):
         raise ValueError(f"choosing a router needs maximize:COLUMN or minimize:COLUMN, got {objective.text()}")
@@ -263,7 +264,7 @@ def choose_router(base: Scenario, routers: Sequence[str], *, objective, constrai
 
         results.append(tune(base, router, objective=objective, constraints=constraints,
                             budget_simulations=budget_simulations, repeats=repeats, seed=seed, jobs=jobs,
-                            progress=tick, executor=executor))
+                            progress=tick, executor=executor, store=store))
     metric = objective.metric
 
     def key(i: int) -> tuple:

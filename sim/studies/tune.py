@@ -37,7 +37,7 @@ import statistics
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from sim.routing.spec import router_label, split_router_spec
 from sim.runner import build_router, router_class
@@ -352,6 +352,18 @@ def _run_row(args: tuple[Scenario, SweepPoint]) -> dict[str, object]:
     return run_point(*args).row
 
 
+class RunStore(Protocol):
+    """Where a search keeps its finished simulations so that a rerun can take them instead of simulating again
+    (`sim.results.journal.RunJournal`): keyed by `[router spec, [[cluster knob, value], ...], seed]`, the run is
+    its summary row (JSON-compatible; it must come back equal, floats exact)."""
+
+    def __contains__(self, key: Sequence[Any]) -> bool: ...
+
+    def get(self, key: Sequence[Any]) -> Any: ...
+
+    def append(self, key: Sequence[Any], run: Any) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class _Config:
     """What a trial runs: the router spec text and the cluster knobs' values."""
@@ -371,6 +383,7 @@ class _Search:
     repeats: int
     seed: int
     runner: Executor
+    store: RunStore | None = None
     evaluated: dict[_Config, tuple[dict[str, float], dict[str, float]]] = field(default_factory=dict)
 
     def config(self, params: Mapping[str, Any], *, baseline: bool = False) -> _Config:
@@ -387,15 +400,38 @@ class _Search:
         return [(base, SweepPoint(base.cluster.workers, base.workload.prefixes, base.workload.concurrency,
                                   config.router, r, self.seed + r)) for r in range(self.repeats)]
 
+    def run_key(self, config: _Config, seed: int) -> list:
+        """A simulation's identity in the store: everything a trial's run depends on beyond the base scenario."""
+        return [config.router, [list(kv) for kv in config.cluster], seed]
+
     def evaluate(self, configs: Sequence[_Config], progress: Callable[[], None]) -> list[tuple[dict, dict]]:
-        """Means and half-widths per configuration, simulating only those not seen before (all in one map)."""
+        """Means and half-widths per configuration, simulating only those not seen before (all in one map) and,
+        with a store, only the runs it lacks; each new run is stored as it finishes."""
         new = list(dict.fromkeys(c for c in configs if c not in self.evaluated))
         tasks = [job for c in new for job in self.jobs(c)]
+        keys = [self.run_key(c, self.seed + r) for c in new for r in range(self.repeats)]
         for c in configs:
             if c in self.evaluated:
                 for _ in range(self.repeats):
                     progress()
-        rows = self.runner.map(_run_row, tasks, progress)
+        rows: list = [None] * len(tasks)
+        todo = list(range(len(tasks)))
+        if self.store is not None:
+            todo = []
+            for i, key in enumerate(keys):
+                if key in self.store:
+                    rows[i] = self.store.get(key)
+                    progress()
+                else:
+                    todo.append(i)
+
+        def on_result(j: int, row: dict) -> None:
+            if self.store is not None:
+                self.store.append(keys[todo[j]], row)
+
+        fresh = self.runner.map(_run_row, [tasks[i] for i in todo], progress, on_result)
+        for i, row in zip(todo, fresh):
+            rows[i] = row
         for i, c in enumerate(new):
             self.evaluated[c] = summarise_runs(rows[i * self.repeats:(i + 1) * self.repeats])
         return [self.evaluated[c] for c in configs]
@@ -445,10 +481,14 @@ def tune(base: Scenario, router: str, space: Sequence[Knob] | str | None = None,
          objective: Objective | str = DEFAULT_OBJECTIVE, constraints: Sequence[Constraint | str] = (),
          pareto: tuple[Metric, Metric] | str | None = None, budget_simulations: int = 120, repeats: int = 3,
          seed: int | None = None, jobs: int | None = None, batch_trials: int = BATCH_TRIALS, sampler: str = "tpe",
-         progress: Callable[[int, int, str], None] | None = None, executor: Executor | None = None) -> TuneResult:
+         progress: Callable[[int, int, str], None] | None = None, executor: Executor | None = None,
+         store: RunStore | None = None) -> TuneResult:
     """Search `space` (knobs or their text; default: the router's `search_space`) for `router` (NAME, or
     NAME:key=value,... with fixed options) on `base`, with `budget_simulations // repeats` trials; pure (writes
-    nothing). The simulations run on `executor` (left open), or without one on `jobs` local processes.
+    nothing). The simulations run on `executor` (left open), or without one on `jobs` local processes. With a
+    `store`, each finished simulation is appended to it and those it already holds are taken from it instead of run:
+    the search asks the same trials again (same seed, same values told), so a rerun over a partial store is
+    the uninterrupted search, simulating only what the store lacks.
 
     `progress(simulations_done, simulations_total, note)` is called after each simulation. A ValueError (an
     `UnknownColumn` for a column the summary lacks) names what is wrong; a ScenarioError a bad router option."""
@@ -515,7 +555,7 @@ def tune(base: Scenario, router: str, space: Sequence[Knob] | str | None = None,
         return trial
 
     with using(executor, jobs) as runner:
-        search = _Search(base, name, fixed, space, repeats, seed, runner)
+        search = _Search(base, name, fixed, space, repeats, seed, runner, store)
         # Validate every router configuration the space can reach at its extremes before simulating any.
         for k in space:
             for value in k.extremes:
