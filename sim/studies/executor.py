@@ -16,7 +16,9 @@ are pydantic models, which pickle).
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Callable, Sequence
+from contextlib import contextmanager
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from typing import Any, Protocol
 
@@ -58,13 +60,27 @@ def _deliver(results: list, i: int, result: Any, progress, on_result) -> None:
         progress()
 
 
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+@contextmanager
+def _stop_signals_held():
+    """SIGINT and SIGTERM held back (not lost: delivered when the block ends) while the pool forks its workers: a
+    signal that lands inside `fork()` is otherwise swallowed by the interpreter ("Exception ignored in
+    _releaseLock") and the command runs on as if nothing happened."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def _worker_signals() -> None:
     """In each worker process: SIGINT ignored (a terminal's Ctrl-C reaches the whole process group; the parent
     decides), SIGTERM back to the default (die at once, whatever handler the parent had installed when it forked)."""
-    import signal
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)  # forked while the parent held them back
 
 
 class LocalExecutor:
@@ -121,7 +137,8 @@ class LocalExecutor:
                 _deliver(results, i, fn(item), progress, on_result)
             return results
         try:
-            pending: dict[Future, int] = {self._pool.submit(fn, item): i for i, item in enumerate(items)}
+            with _stop_signals_held():  # NOTE: submit forks the workers it still lacks
+                pending: dict[Future, int] = {self._pool.submit(fn, item): i for i, item in enumerate(items)}
             while pending:
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
                 # NOTE: several may finish together: deliver them in item order, so one-job and many-job runs call
