@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 from pathlib import Path
@@ -13,6 +14,7 @@ from rich.table import Table
 from sim.cli.app import (
     checked_out_file, console, executor_options, load_or_exit, main, open_executor_or_exit, progress_bar,
 )
+from sim.cli.study_runs import journaled_search, resume_command
 from sim.studies.reference import load_reference
 from sim.results.report import csv_bytes, write_atomic
 
@@ -53,11 +55,17 @@ def _holdout(ctx: click.Context, param: click.Parameter, value: str | None):
               help="Parallel processes (with --executor dask and no --dask-scheduler: local Dask workers). "
                    "Default: all cores.")
 @executor_options
-@click.option("--out", "out_path", type=click.Path(dir_okay=False), required=True, help="Write the fitted scenario (YAML) here.")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), required=True,
+              help="Write the fitted scenario (YAML) here; every finished simulation is journaled beside it, in "
+                   "<out>.runs.jsonl.")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False), default=None,
               help="Write the residuals (CSV: point, metric, measured, predicted, error, used_in_fit) here.")
-def calibrate(scenario_path, measured_path, run_paths, ttft_source, fit_params, holdout, repeats, starts, refine,
-              max_evaluations, jobs, executor_kind, dask_scheduler, out_path, report_path) -> None:
+@click.option("--resume", is_flag=True, default=False,
+              help="Continue the calibration journaled in <out>.runs.jsonl: the fit replays, taking its finished "
+                   "simulations from the journal (same scenario, measurements and fit options needed).")
+@click.pass_context
+def calibrate(ctx, scenario_path, measured_path, run_paths, ttft_source, fit_params, holdout, repeats, starts, refine,
+              max_evaluations, jobs, executor_kind, dask_scheduler, out_path, report_path, resume) -> None:
     """Fit the step-time model (and per-request overheads, device speeds) to measured latencies.
 
     Every evaluation simulates each measured point with fixed seeds, so the same inputs give the same
@@ -101,12 +109,20 @@ def calibrate(scenario_path, measured_path, run_paths, ttft_source, fit_params, 
     except ValueError as err:
         raise click.BadParameter(str(err), param_hint="--fit") from None
 
-    with progress_bar("calibrate") as step, open_executor_or_exit(executor_kind, jobs, dask_scheduler) as executor:
+    # NOTE: what the simulations and the optimiser's path depend on besides the base scenario (not --jobs or
+    # --executor, which only decide where they run): the measured figures, the measured runs (requests, routing),
+    # and the fit options.
+    runs_digest = hashlib.sha256(repr(runs).encode()).hexdigest()
+    inputs = repr((params, holdout and (holdout[0], sorted(holdout[1])), repeats, starts, refine, max_evaluations,
+                   ttft_source, targets, runs_digest))
+    with journaled_search("calibrate", base, out=None, resume=resume, command=resume_command(ctx), inputs=inputs,
+                          at_most=None, path=Path(f"{out_path}.runs.jsonl")) as journal, \
+            progress_bar("calibrate") as step, open_executor_or_exit(executor_kind, jobs, dask_scheduler) as executor:
         step(0, note="starting")
         try:
             result = fit(base, targets, params, holdout=is_held_out, repeats=repeats, runs=runs,
                          ttft_source=ttft_source, jobs=jobs, starts=starts,
-                         refine=refine, max_evaluations=max_evaluations, executor=executor,
+                         refine=refine, max_evaluations=max_evaluations, executor=executor, store=journal,
                          progress=lambda n, r: step(note=f"evaluation {n}, rms log error {r:.3f}"))
         except ValueError as err:
             raise click.ClickException(str(err)) from None

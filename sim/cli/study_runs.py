@@ -56,13 +56,15 @@ def fingerprint(base: Scenario, inputs: str = "") -> str:
     return hashlib.sha256((base.model_dump_json() + "\n" + inputs).encode()).hexdigest()
 
 
-def open_journal(out: Path | None, study: str, base: Scenario, resume: bool, inputs: str = "") -> RunJournal | None:
-    if out is None:
+def open_journal(out: Path | None, study: str, base: Scenario, resume: bool, inputs: str = "",
+                 path: Path | None = None) -> RunJournal | None:
+    """The journal `out/runs.jsonl`, or the file `path` if given (a study whose --out is a file journals beside it)."""
+    if out is None and path is None:
         if resume:
             raise UsageExit("--resume needs --out DIR (the directory whose runs.jsonl to continue)")
         return None
     try:
-        return RunJournal(out / JOURNAL_NAME, study=study, fingerprint=fingerprint(base, inputs), resume=resume)
+        return RunJournal(path if path is not None else out / JOURNAL_NAME, study=study, fingerprint=fingerprint(base, inputs), resume=resume)
     except JournalError as err:
         raise UsageExit(str(err)) from None
 
@@ -112,17 +114,18 @@ def run_journaled(study: str, base: Scenario, points: Sequence, *, run: Callable
 
 @contextmanager
 def journaled_search(study: str, base: Scenario, *, out: Path | None, resume: bool, command: str, inputs: str,
-                     at_most: int) -> Iterator[RunJournal | None]:
+                     at_most: int | None, path: Path | None = None) -> Iterator[RunJournal | None]:
     """The journal of a search (`tune`, `plan --choose-router`), whose runs are found as it goes rather than listed
     in advance: yields it (None without --out) to pass to the search as its run store, stoppable like
-    `run_journaled`; `at_most` is the search's budget of simulations, for the message on a signal."""
-    journal = open_journal(out, study, base, resume, inputs)
+    `run_journaled`; `at_most` is the search's budget of simulations, for the message on a signal (None: no bound
+    known in advance, `calibrate`); `path`, the journal file if not `out/runs.jsonl`."""
+    journal = open_journal(out, study, base, resume, inputs, path)
 
     def saved() -> str:
         if journal is None:
             return "no runs saved (without --out nothing is journaled)"
-        return (f"{journal.count_saved()} of at most {at_most} runs saved in {journal.path}; resume with: {command} "
-                "--resume")
+        bound = "" if at_most is None else f" of at most {at_most}"
+        return f"{journal.count_saved()}{bound} runs saved in {journal.path}; resume with: {command} --resume"
 
     try:
         with stoppable(saved):

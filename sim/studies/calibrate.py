@@ -15,6 +15,7 @@ import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 from scipy.optimize import least_squares
@@ -184,6 +185,28 @@ def _simulate_job(job: tuple[Scenario, RequestStream | None, str]) -> Latencies:
     return simulate_latencies(*job)
 
 
+def latencies_to_json(latencies: Latencies) -> dict:
+    return {"ttft_hit_ms": list(latencies.ttft.hit_ms), "ttft_miss_ms": list(latencies.ttft.miss_ms),
+            "throughput_rps": latencies.throughput_rps}
+
+
+def latencies_from_json(run: dict) -> Latencies:
+    return Latencies(TtftSamples(tuple(run["ttft_hit_ms"]), tuple(run["ttft_miss_ms"])), run["throughput_rps"])
+
+
+class RunStore(Protocol):
+    """Where a fit keeps its finished simulations so that a rerun takes them instead of simulating again
+    (`sim.results.journal.RunJournal`): keyed by `[[[parameter, value], ...], case, seed]` (the candidate's
+    parameter values as exact floats, the measured point or run CSV simulated, the run's seed), the run is its
+    `latencies_to_json` (JSON-compatible; it must come back equal, floats exact)."""
+
+    def __contains__(self, key: Sequence[Any]) -> bool: ...
+
+    def get(self, key: Sequence[Any]) -> Any: ...
+
+    def append(self, key: Sequence[Any], run: Any) -> None: ...
+
+
 def predict(target: Target, runs: Sequence[Latencies]) -> float:
     """The simulated counterpart of a measured figure, aggregated over runs the way the measurement was."""
     if target.metric == "throughput_rps":
@@ -201,13 +224,16 @@ class Simulator:
     measured runs once each with their own requests and recorded routing."""
 
     def __init__(self, runner: Executor, *, repeats: int, seed: int, runs: Iterable[Run] = (),
-                 ttft_source: str = "client") -> None:
+                 ttft_source: str = "client", store: RunStore | None = None) -> None:
         self.runner = runner
+        self.store = store
         self.ttft_source = ttft_source
         self.repeats = repeats
         self.seed = seed
         self.runs_by_name = {r.name: r for r in runs}
         self.num_evaluations = 0
+        self.num_simulated = 0
+        """Simulations run (not taken from the store)."""
 
     def _jobs(self, scenario: Scenario, case: str) -> list[tuple[Scenario, RequestStream | None, str]]:
         run = self.runs_by_name.get(case)
@@ -218,15 +244,41 @@ class Simulator:
         return [(scenario.with_overrides(**{"cluster.workers": w, "workload.prefixes": n, "workload.concurrency": c,
                                             "seed": self.seed + r}), None, "client") for r in range(self.repeats)]
 
-    def simulate(self, scenario: Scenario, cases: Iterable[str]) -> dict[str, list[Latencies]]:
+    def simulate(self, scenario: Scenario, cases: Iterable[str],
+                 parameters: dict[str, float] | None = None) -> dict[str, list[Latencies]]:
+        """Each case's runs under `scenario`. With a store, `parameters` (the values that made `scenario` from the
+        fit's base) identify the runs in it: those it holds are taken, the others run and appended as they finish."""
         self.num_evaluations += 1
-        keys, jobs = [], []
+        names, jobs = [], []
         for case in dict.fromkeys(cases):
             for job in self._jobs(scenario, case):
-                keys.append(case)
+                names.append(case)
                 jobs.append(job)
+        results: list = [None] * len(jobs)
+        todo = list(range(len(jobs)))
+        keys: list = []
+        if self.store is not None:
+            if parameters is None:
+                raise ValueError("a simulator with a store needs the parameter values of each scenario")
+            values = [[name, float(v)] for name, v in parameters.items()]
+            keys = [[values, case, job[0].seed] for case, job in zip(names, jobs)]
+            todo = []
+            for i, key in enumerate(keys):
+                if key in self.store:
+                    results[i] = latencies_from_json(self.store.get(key))
+                else:
+                    todo.append(i)
+
+        def on_result(j: int, result: Latencies) -> None:
+            if self.store is not None:
+                self.store.append(keys[todo[j]], latencies_to_json(result))
+
+        fresh = self.runner.map(_simulate_job, [jobs[i] for i in todo], None, on_result)
+        self.num_simulated += len(todo)
+        for i, result in zip(todo, fresh):
+            results[i] = result
         out: dict[str, list[Latencies]] = defaultdict(list)
-        for case, result in zip(keys, self.runner.map(_simulate_job, jobs)):
+        for case, result in zip(names, results):
             out[case].append(result)
         return out
 
@@ -259,8 +311,9 @@ class FitResult:
         return math.sqrt(sum(e * e for e in errs) / len(errs)) if errs else float("nan")
 
 
-def evaluate(scenario: Scenario, targets: Sequence[Target], sim: Simulator, fitted: set[Target]) -> list[Residual]:
-    results = sim.simulate(scenario, [t.case for t in targets])
+def evaluate(scenario: Scenario, targets: Sequence[Target], sim: Simulator, fitted: set[Target],
+             parameters: dict[str, float] | None = None) -> list[Residual]:
+    results = sim.simulate(scenario, [t.case for t in targets], parameters)
     return [Residual(t, predict(t, results[t.case]), t in fitted) for t in targets]
 
 
@@ -283,6 +336,7 @@ def fit(
     max_evaluations: int = 60,
     progress: Callable[[int, float], None] | None = None,
     executor: Executor | None = None,
+    store: RunStore | None = None,
 ) -> FitResult:
     """Fit `parameters` to the targets not held out; residuals are reported for all targets.
 
@@ -290,6 +344,10 @@ def fit(
     the initial values and `starts` quasi-random points (a scrambled Halton sequence with a fixed seed, within a
     factor 3 of the initial values) are scored, then the best `refine` are refined with `least_squares`
     (soft L1, finite differences of 5 % in log space, at most `max_evaluations` each). Deterministic.
+
+    With a `store`, each finished simulation is appended to it and those it already holds are taken from it
+    instead of run: the optimiser evaluates the same candidates again (the objective is deterministic), so a rerun
+    over a partial store is the uninterrupted fit, simulating only what the store lacks.
     """
     if not parameters:
         raise ValueError("give at least one parameter to fit")
@@ -305,12 +363,13 @@ def fit(
     scale = np.array([relative_scale(t.metric) for t in used])
 
     with using(executor, jobs) as runner:
-        sim = Simulator(runner, repeats=repeats, seed=base.seed, runs=runs, ttft_source=ttft_source)
+        sim = Simulator(runner, repeats=repeats, seed=base.seed, runs=runs, ttft_source=ttft_source, store=store)
         used_cases = [t.case for t in used]
 
         def residuals(x: np.ndarray) -> np.ndarray:
-            scenario = apply_parameters(base, dict(zip(parameters, np.exp(x))))
-            results = sim.simulate(scenario, used_cases)
+            values = dict(zip(parameters, (float(v) for v in np.exp(x))))
+            scenario = apply_parameters(base, values)
+            results = sim.simulate(scenario, used_cases, values)
             predicted = np.array([predict(t, results[t.case]) for t in used])
             r = np.log(np.maximum(predicted, 1e-9) / measured)
             if progress:
@@ -330,7 +389,7 @@ def fit(
                 best = result
         values = dict(zip(parameters, (float(v) for v in np.exp(best.x))))
         fitted_scenario = apply_parameters(base, values)
-        report = evaluate(fitted_scenario, targets, sim, set(used))
+        report = evaluate(fitted_scenario, targets, sim, set(used), values)
     return FitResult(
         scenario=fitted_scenario, parameters=values, initial=initial, residuals=tuple(report),
         evaluations=sim.num_evaluations, cost=float(best.cost), message=str(best.message),
