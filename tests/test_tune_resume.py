@@ -1,4 +1,4 @@
-"""`kvsim tune` and `kvsim plan --choose-router` journal every finished simulation in --out DIR/runs.jsonl; with
+"""`kvsim tune`, `kvsim plan --choose-router` and `kvsim plan --vary` journal every finished simulation in --out DIR/runs.jsonl; with
 --resume the search replays (same seed, same asks) and takes the journaled runs instead of simulating them, so the
 resumed outputs are byte for byte those of an uninterrupted run."""
 
@@ -161,6 +161,41 @@ def test_plan_choose_router_resumes_from_its_journal_with_the_same_bytes(tmp_pat
     assert manifest_matches(cut)
 
 
-def test_plan_vary_does_not_take_resume():
+PLAN_VARY = ["plan", "--prefixes", "8", "--target-hit-rate", "0.6", "--vary", "kv-gib", "--min", "1", "--max", "3",
+             "--step", "0.5", "--router", "random,prefix-hash", "--repeats", "2", "--horizon", "200", "--jobs", "1"]
+
+
+def test_plan_vary_resume_runs_only_the_bisections_missing_simulations(tmp_path, monkeypatch):
+    import sim.studies.plan as plan_module
+
+    seen: list = []
+    real = plan_module._simulate
+    monkeypatch.setattr(plan_module, "_simulate", lambda job: seen.append(job[0].seed) or real(job))
+    full = invoke(*PLAN_VARY, "--out", str(tmp_path / "d1"))
+    assert full.exit_code == 0, full.output
+    lines = _run_lines(tmp_path / "d1")
+    assert len(lines) == len(seen) >= 4
+    key = json.loads(lines[0])["key"]
+    assert key[:2] == ["random", "kv-gib"] and len(key) == 4  # [router, vary, value, seed]
+
+    cut = tmp_path / "d2"
+    cut.mkdir()
+    k = 3
+    header = (tmp_path / "d1" / "runs.jsonl").read_text().splitlines()[0]
+    (cut / "runs.jsonl").write_text("\n".join([header, *lines[:k]]) + "\n")
+    seen.clear()
+    resumed = invoke(*PLAN_VARY, "--out", str(cut), "--resume")
+    assert resumed.exit_code == 0, resumed.output
+    assert len(seen) == len(lines) - k
+    assert sorted(_run_lines(cut)) == sorted(lines)
+    for name in ("plan.csv", "plan.png"):
+        assert (cut / name).read_bytes() == (tmp_path / "d1" / name).read_bytes(), name
+
+    other = invoke(*PLAN_VARY, "--horizon", "300", "--out", str(cut), "--resume")
+    assert other.exit_code == 2 and "records another study" in other.output
+    assert len(other.output.strip().splitlines()) == 1
+
+
+def test_plan_vary_resume_needs_out():
     res = invoke("plan", "--prefixes", "7", "--target-hit-rate", "0.5", "--vary", "workers", "--resume")
-    assert res.exit_code == 2 and "--resume does not apply to --vary" in res.output
+    assert res.exit_code == 2 and "--resume needs --out DIR" in res.output

@@ -66,10 +66,10 @@ from sim.studies.tune import DEFAULT_OBJECTIVE, Constraint
 @click.option("--slo", callback=slo_option, default=None, help="--choose-router: " + SLO_HELP)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Write DIR/plan.csv (a row per router) and DIR/plan.png; with --choose-router also "
-                   "DIR/manifest.json listing them, and every finished simulation is journaled in DIR/runs.jsonl.")
+                   "DIR/manifest.json listing them; every finished simulation is journaled in DIR/runs.jsonl.")
 @click.option("--resume", is_flag=True, default=False,
-              help="--choose-router: continue the choice journaled in --out DIR/runs.jsonl: each router's search "
-                   "replays, taking its finished simulations from the journal.")
+              help="Continue the plan journaled in --out DIR/runs.jsonl: each router's search (--choose-router) or "
+                   "bisection (--vary) replays, taking its finished simulations from the journal.")
 def plan(scenario_path, prefixes, zipf, target_hit_rate, target_ttft_p99_ms, vary, choose, constraints, objective,
          budget, seed, concurrency, low, high, step, workers, routers, engine, repeats, horizon, jobs, executor_kind, dask_scheduler, slo,
          out_dir, resume) -> None:
@@ -98,7 +98,7 @@ def plan(scenario_path, prefixes, zipf, target_hit_rate, target_ttft_p99_ms, var
                                if vary else "give --vary workers|kv-gib or --choose-router ROUTERS")
     ctx = click.get_current_context()
     only = (("low", "high", "step", "horizon", "routers") if choose
-            else ("constraints", "budget", "seed", "objective", "slo", "resume"))
+            else ("constraints", "budget", "seed", "objective", "slo"))
     given = [p.opts[0] for p in ctx.command.params
              if p.name in only and ctx.get_parameter_source(p.name) == ParameterSource.COMMANDLINE]
     if given:
@@ -141,11 +141,18 @@ def plan(scenario_path, prefixes, zipf, target_hit_rate, target_ttft_p99_ms, var
                         horizon_requests=horizon, routers=tuple(routers or [base.router.name]))
     except (ScenarioError, ValueError) as err:
         raise click.ClickException(str(err)) from None
-    checked_out_dir(out_dir)
-    with progress_bar("plan") as step, open_executor_or_exit(executor_kind, jobs, dask_scheduler) as executor:
+    from sim.cli.study_runs import journaled_search, resume_command
+
+    out = checked_out_dir(out_dir)
+    # NOTE: what decides which candidates the bisections simulate (not --jobs or --executor).
+    inputs = repr(spec)
+    with journaled_search("plan-vary", base, out=out, resume=resume, command=resume_command(ctx), inputs=inputs,
+                          at_most=None) as journal, \
+            progress_bar("plan") as step, open_executor_or_exit(executor_kind, jobs, dask_scheduler) as executor:
         step(0, note="screening")
         try:
-            plans = run_plan(base, spec, jobs=jobs, executor=executor, progress=lambda msg: step(note=msg))
+            plans = run_plan(base, spec, jobs=jobs, executor=executor, progress=lambda msg: step(note=msg),
+                             store=journal)
         except (ScenarioError, ValueError) as err:
             raise click.ClickException(str(err)) from None
     unit = VARY_UNITS[vary]

@@ -173,7 +173,10 @@ def _simulate(job: tuple[Scenario]) -> tuple[float, float]:
 
 
 def plan_router(base: Scenario, spec: PlanSpec, router: str, runner: Executor,
-                progress: Callable[[str], None] | None = None) -> RouterPlan:
+                progress: Callable[[str], None] | None = None, store: RunStore | None = None) -> RouterPlan:
+    """`router`'s plan. With a `store`, each finished simulation is appended to it, keyed by `[router spec, vary,
+    value, seed]` (the run: `[hit rate, TTFT p99 ms]`), and those it holds are taken instead of run: the bisection
+    is deterministic, so a rerun over a partial store is the uninterrupted plan."""
     grid = spec.grid
     curve: list[tuple[float, float]] = []
     analytic_index = None
@@ -189,7 +192,18 @@ def plan_router(base: Scenario, spec: PlanSpec, router: str, runner: Executor,
         if i not in evaluations:
             scenario = configure(base, spec, router, grid[i])
             jobs = [(scenario.with_overrides(seed=scenario.seed + r),) for r in range(spec.repeats)]
-            results = runner.map(_simulate, jobs)
+            keys = [[router, spec.vary, float(grid[i]), job[0].seed] for job in jobs]
+            results: list = [None] * len(jobs)
+            todo = [j for j, key in enumerate(keys) if store is None or key not in store]
+            for j in set(range(len(jobs))) - set(todo):
+                results[j] = tuple(store.get(keys[j]))
+
+            def on_result(j: int, result: tuple[float, float]) -> None:
+                if store is not None:
+                    store.append(keys[todo[j]], list(result))
+
+            for j, result in zip(todo, runner.map(_simulate, [jobs[j] for j in todo], None, on_result)):
+                results[j] = result
             evaluations[i] = Evaluation(grid[i], tuple(h for h, _ in results), tuple(t for _, t in results))
             if progress:
                 e = evaluations[i]
@@ -222,13 +236,15 @@ def plan_router(base: Scenario, spec: PlanSpec, router: str, runner: Executor,
 
 
 def plan(base: Scenario, spec: PlanSpec, *, jobs: int | None = None,
-         progress: Callable[[str], None] | None = None, executor: Executor | None = None) -> list[RouterPlan]:
-    """A plan per router of `spec`, simulated on `executor` (left open) or on `jobs` local processes."""
+         progress: Callable[[str], None] | None = None, executor: Executor | None = None,
+         store: RunStore | None = None) -> list[RouterPlan]:
+    """A plan per router of `spec`, simulated on `executor` (left open) or on `jobs` local processes; `store`, every
+    router's run store (`plan_router`)."""
     for router in spec.routers:  # validate every configuration before simulating any
         for value in (spec.grid[0], spec.grid[-1]):
             configure(base, spec, router, value)
     with using(executor, jobs) as runner:
-        return [plan_router(base, spec, router, runner, progress) for router in spec.routers]
+        return [plan_router(base, spec, router, runner, progress, store) for router in spec.routers]
 
 
 @dataclass(frozen=True, slots=True)
