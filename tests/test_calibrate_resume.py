@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import csv
 import json
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +22,7 @@ from sim.studies.calibrate import apply_parameters
 
 from test_calibrate_helpers import small_scenario, synthetic_targets
 
+ROOT = Path(__file__).resolve().parent.parent
 FAST = ["--fit", "time_model.prefill_token_s", "--holdout", "prefixes=4", "--repeats", "1", "--starts", "2",
         "--refine", "1", "--max-evaluations", "15", "--jobs", "1"]
 
@@ -104,3 +109,33 @@ def test_resume_refuses_the_journal_of_other_options_in_one_line(tmp_path, input
     assert "records another study" in res.output and "Traceback" not in res.output
     assert len(res.output.strip().splitlines()) == 1
     assert Path(f"{out}.runs.jsonl").read_bytes() == journal  # left as it was
+
+
+def test_sigterm_stops_the_calibration_in_one_line_and_resume_gives_the_uninterrupted_fit(tmp_path, inputs):
+    slower = [*FAST, "--starts", "8", "--refine", "2", "--max-evaluations", "40"]
+
+    def cli(out: Path, *extra: str) -> list[str]:
+        return [sys.executable, "-m", "sim.cli", "calibrate", *inputs, *slower, "--out", str(out), *extra]
+
+    full = subprocess.run(cli(tmp_path / "full.yaml"), cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert full.returncode == 0, full.stderr
+    out = tmp_path / "cut.yaml"
+    journal = Path(f"{out}.runs.jsonl")
+    proc = subprocess.Popen(cli(out), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if journal.exists() and len(journal.read_text().splitlines()) >= 4:
+            break
+        time.sleep(0.005)
+    assert proc.poll() is None, "the calibration finished before it could be interrupted"
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 143, stderr
+    saved = len(journal.read_text().splitlines()) - 1
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("stopped by SIGTERM: ") and f"{saved} runs saved in {journal}" in last
+    assert "--resume" in last and "Traceback" not in stderr, stderr
+    assert not out.exists()
+    resumed = subprocess.run(cli(out, "--resume"), cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert out.read_bytes() == (tmp_path / "full.yaml").read_bytes()
