@@ -199,15 +199,31 @@ class DaskExecutor:
         results: list = [None] * len(items)
         if not items:
             return results
-        futures = self._client.map(fn, list(items), pure=False)
-        index = {f.key: i for i, f in enumerate(futures)}
+        # NOTE: a task per run costs a scheduler round trip (~2x the wall time of 0.1 s runs on one machine); runs
+        # go in chunks of consecutive items instead, about CHUNKS_PER_WORKER per worker, each chunk's results
+        # delivered (and journaled) in item order as it finishes.
+        size = max(1, len(items) // (self.jobs * CHUNKS_PER_WORKER))
+        starts = range(0, len(items), size)
+        futures = self._client.map(_run_chunk, [(fn, list(items[i:i + size])) for i in starts], pure=False)
+        first = {f.key: i for i, f in zip(starts, futures)}
         try:
             for future in as_completed(futures):
-                _deliver(results, index[future.key], future.result(), progress, on_result)
+                for k, result in enumerate(future.result()):
+                    _deliver(results, first[future.key] + k, result, progress, on_result)
         except BaseException:
             self._client.cancel(futures)
             raise
         return results
+
+
+CHUNKS_PER_WORKER = 8
+"""Chunks of runs per Dask worker in one `map`: enough to balance uneven runs, few enough to amortise the round
+trips."""
+
+
+def _run_chunk(args: tuple[Callable, list]) -> list:
+    fn, chunk = args
+    return [fn(item) for item in chunk]
 
 
 def open_executor(kind: str = "local", *, jobs: int | None = None, address: str | None = None) -> Executor:
