@@ -76,23 +76,17 @@ def run_journaled(study: str, base: Scenario, points: Sequence, *, run: Callable
     journaled (`to_json`) as it finishes; the results of every point in order, journaled ones rebuilt with
     `from_json(point, run)`. `command` is the line to resume with; `inputs` what besides `base` the results depend
     on (part of the journal's fingerprint)."""
-    journal = open_journal(out, study, base, resume, inputs)
     keys = [astuple(p) for p in points]
-    todo = [i for i, k in enumerate(keys) if journal is None or k not in journal]
     results: list = [None] * len(points)
+    with journaled_search(study, base, out=out, resume=resume, command=command, inputs=inputs,
+                          listed=keys) as journal:
+        todo = [i for i, k in enumerate(keys) if journal is None or k not in journal]
 
-    def saved() -> str:
-        if journal is None:
-            return "no runs saved (without --out nothing is journaled)"
-        kept = journal.saved(keys)
-        return (f"{kept} of {len(points)} runs saved in {journal.path}; resume with: {command} --resume")
+        def on_result(j: int, result: Any) -> None:
+            if journal is not None:
+                journal.append(keys[todo[j]], to_json(result))
 
-    def on_result(j: int, result: Any) -> None:
-        if journal is not None:
-            journal.append(keys[todo[j]], to_json(result))
-
-    try:
-        with stoppable(saved), progress_bar(study, len(points)) as step:
+        with progress_bar(study, len(points)) as step:
             step(len(points) - len(todo))
             if todo:
                 if jobs is None and executor_kind == "local":
@@ -106,26 +100,29 @@ def run_journaled(study: str, base: Scenario, points: Sequence, *, run: Callable
         for i in range(len(points)):
             if results[i] is None:
                 results[i] = from_json(points[i], journal.get(keys[i]))
-    finally:
-        if journal is not None:
-            journal.close()
     return results
 
 
 @contextmanager
 def journaled_search(study: str, base: Scenario, *, out: Path | None, resume: bool, command: str, inputs: str,
-                     at_most: int | None, path: Path | None = None) -> Iterator[RunJournal | None]:
-    """The journal of a search (`tune`, `plan --choose-router`), whose runs are found as it goes rather than listed
-    in advance: yields it (None without --out) to pass to the search as its run store, stoppable like
-    `run_journaled`; `at_most` is the search's budget of simulations, for the message on a signal (None: no bound
-    known in advance, `calibrate`); `path`, the journal file if not `out/runs.jsonl`."""
+                     at_most: int | None = None, listed: Sequence[tuple] | None = None,
+                     path: Path | None = None) -> Iterator[RunJournal | None]:
+    """The journal of a study, opened (None without --out) and closed around the block, which SIGINT and SIGTERM stop
+    with a one-line message saying how many runs are saved and how to resume. A search (`tune`, `plan`,
+    `calibrate`) finds its runs as it goes and gets the journal as its run store; `run_journaled` lists them in
+    advance. The message counts the `listed` runs saved (a listed study: the journal of a resumed sweep may also hold
+    other points'), else every run saved against `at_most` (a search's budget of simulations) or no bound (none
+    known in advance: `calibrate`); `path` is the journal file if not `out/runs.jsonl`."""
     journal = open_journal(out, study, base, resume, inputs, path)
 
     def saved() -> str:
         if journal is None:
             return "no runs saved (without --out nothing is journaled)"
-        bound = "" if at_most is None else f" of at most {at_most}"
-        return f"{journal.count_saved()}{bound} runs saved in {journal.path}; resume with: {command} --resume"
+        if listed is not None:
+            count, bound = journal.saved(listed), f" of {len(listed)}"
+        else:
+            count, bound = journal.count_saved(), "" if at_most is None else f" of at most {at_most}"
+        return f"{count}{bound} runs saved in {journal.path}; resume with: {command} --resume"
 
     try:
         with stoppable(saved):
