@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from sim.results.records import RequestRecord, Slo, booked_add, booked_fraction
-from sim.results.summary import imbalance_max_mean, jain_index
+from sim.results.records import RequestRecord, Slo, booked_add
+from sim.results.summary import RequestRates
 
 _BIN_RATIO = 1.01
 _LOG_RATIO = math.log(_BIN_RATIO)
@@ -71,7 +71,7 @@ class TimeBin:
 
 
 @dataclass
-class StreamingStats:
+class StreamingStats(RequestRates):
     """What a replay reports, accumulated request by request (by send time into `bin_s`-wide bins).
 
     The SLO counters count against `slo` exactly as a run's summary does (`sim.results.records.Slo`)."""
@@ -177,47 +177,14 @@ class StreamingStats:
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else float("nan")
 
     @property
-    def reuse_available(self) -> float:
-        """What one infinite cache shared by all workers would hit / prompt tokens (`sim.cluster.reuse`)."""
-        return booked_fraction(self.available_tokens, self.prompt_tokens)
-
-    @property
-    def reuse_captured(self) -> float:
-        """What an infinite cache per worker would hit under the router's choices / prompt tokens."""
-        return booked_fraction(self.captured_tokens, self.prompt_tokens)
-
-    @property
-    def view_false_hit_rate(self) -> float:
-        return self.view_false_hits / self.view_checked if self.view_checked else float("nan")
-
-    @property
-    def request_hit_rate(self) -> float:
-        return self.hit_requests / self.requests if self.requests else float("nan")
-
-    @property
     def span_s(self) -> float:
         """From the first request sent to the last finished: the replay's duration for rates."""
         return self.last_finished_s - self.first_sent_s
 
     @property
-    def throughput_rps(self) -> float:
-        span = self.span_s
-        return self.requests / span if span > 0 else float("nan")
+    def rate_prompt_tokens(self) -> int:
+        return self.prompt_tokens
 
     @property
-    def goodput_rps(self) -> float:
-        """Requests meeting the SLO per second of `span_s` (= throughput when no objective is set)."""
-        span = self.span_s
-        return self.slo_met_requests / span if span > 0 else float("nan")
-
-    @property
-    def goodput_fraction(self) -> float:
-        return self.slo_met_requests / self.requests if self.requests else float("nan")
-
-    @property
-    def imbalance_max_mean(self) -> float:
-        return imbalance_max_mean(self.requests_per_worker)
-
-    @property
-    def jain_index(self) -> float:
-        return jain_index(self.requests_per_worker)
+    def rate_span_s(self) -> float:
+        return self.span_s

@@ -40,8 +40,56 @@ def slo_columns(slo: Slo) -> dict[str, float]:
             for name, value in (("ttft", slo.ttft_ms), ("tpot", slo.tpot_ms), ("e2e", slo.e2e_ms))}
 
 
+class RequestRates:
+    """The rates a run's `Summary` and a replay's `StreamingStats` both report, derived in this one place from the
+    counters both keep: `requests`, `hit_requests`, `slo_met_requests`, `requests_per_worker`, `view_checked`,
+    `view_false_hits`, `available_tokens` and `captured_tokens` (-1: not booked), over `rate_prompt_tokens` prompt
+    tokens and `rate_span_s` seconds (each class says which)."""
+
+    __slots__ = ()
+
+    @property
+    def request_hit_rate(self) -> float:
+        return self.hit_requests / self.requests if self.requests else NAN
+
+    @property
+    def reuse_available(self) -> float:
+        return booked_fraction(self.available_tokens, self.rate_prompt_tokens)
+
+    @property
+    def reuse_captured(self) -> float:
+        return booked_fraction(self.captured_tokens, self.rate_prompt_tokens)
+
+    @property
+    def view_false_hit_rate(self) -> float:
+        return self.view_false_hits / self.view_checked if self.view_checked else NAN
+
+    @property
+    def throughput_rps(self) -> float:
+        span = self.rate_span_s
+        return self.requests / span if span > 0 else NAN
+
+    @property
+    def goodput_rps(self) -> float:
+        """Requests meeting the SLO per second (= throughput when no objective is set)."""
+        span = self.rate_span_s
+        return self.slo_met_requests / span if span > 0 else NAN
+
+    @property
+    def goodput_fraction(self) -> float:
+        return self.slo_met_requests / self.requests if self.requests else NAN
+
+    @property
+    def imbalance_max_mean(self) -> float:
+        return imbalance_max_mean(self.requests_per_worker)
+
+    @property
+    def jain_index(self) -> float:
+        return jain_index(self.requests_per_worker)
+
+
 @dataclass(frozen=True, slots=True)
-class Summary:
+class Summary(RequestRates):
     """Counts over the measured requests of one run, and the rates derived from them.
 
     * `request_hit_rate`: requests with any cached token at first admission / requests (what the reference counts);
@@ -98,20 +146,12 @@ class Summary:
     """Believed-but-absent prompt tokens, summed over those requests."""
 
     @property
-    def reuse_available(self) -> float:
-        return booked_fraction(self.available_tokens, self.query_tokens)
+    def rate_prompt_tokens(self) -> int:
+        return self.query_tokens
 
     @property
-    def reuse_captured(self) -> float:
-        return booked_fraction(self.captured_tokens, self.query_tokens)
-
-    @property
-    def view_false_hit_rate(self) -> float:
-        return self.view_false_hits / self.view_checked if self.view_checked else float("nan")
-
-    @property
-    def request_hit_rate(self) -> float:
-        return self.hit_requests / self.requests if self.requests else float("nan")
+    def rate_span_s(self) -> float:
+        return self.duration_s
 
     @property
     def full_hit_rate(self) -> float:
@@ -120,26 +160,6 @@ class Summary:
     @property
     def token_hit_rate(self) -> float:
         return self.hit_tokens / self.query_tokens if self.query_tokens else float("nan")
-
-    @property
-    def throughput_rps(self) -> float:
-        return self.requests / self.duration_s if self.duration_s > 0 else float("nan")
-
-    @property
-    def goodput_rps(self) -> float:
-        return self.slo_met_requests / self.duration_s if self.duration_s > 0 else NAN
-
-    @property
-    def goodput_fraction(self) -> float:
-        return self.slo_met_requests / self.requests if self.requests else NAN
-
-    @property
-    def imbalance_max_mean(self) -> float:
-        return imbalance_max_mean(self.requests_per_worker)
-
-    @property
-    def jain_index(self) -> float:
-        return jain_index(self.requests_per_worker)
 
     def row(self) -> dict[str, float | int]:
         """The summary as flat columns (`summary.csv`)."""
