@@ -253,9 +253,9 @@ def checked_out_file(path: str | None, option: str = "--out") -> Path | None:
         return None
     file = Path(path)
     try:
-        check_writable(file.parent if str(file.parent) else Path("."))
+        check_writable(file.parent, f"{option} {file}: folder {file.parent}")
     except OutDirError as err:
-        raise UsageExit(str(err).replace("--out ", f"{option} {file}: folder ", 1)) from None
+        raise UsageExit(str(err)) from None
     return file
 
 

@@ -35,15 +35,16 @@ class OutDirError(ValueError):
     """An output directory that cannot be written: the message is one line."""
 
 
-def check_writable(out: Path) -> None:
-    """Create `out` (and its parents) and a probe file in it, or raise OutDirError naming the directory."""
+def check_writable(out: Path, label: str | None = None) -> None:
+    """Create `out` (and its parents) and a probe file in it, or raise OutDirError naming it by `label` (default:
+    `--out DIR`)."""
     try:
         out.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(dir=out, prefix=".probe-")
         os.close(fd)
         os.unlink(probe)
     except OSError as err:
-        raise OutDirError(f"--out {out}: not a writable directory ({err.strerror or err})") from None
+        raise OutDirError(f"{label or f'--out {out}'}: not a writable directory ({err.strerror or err})") from None
 
 
 def _fsync_dir(path: Path) -> None:
