@@ -160,7 +160,7 @@ def test_stats_counted_at_every_lookup_before_0_27():
 
 def shape(plan):
     return (plan.num_prefill_tokens, plan.num_decode_seqs, plan.num_decode_context_tokens,
-            plan.num_prefill_attention_pairs)
+            plan.num_prefill_attention_pairs, plan.num_prefill_context_tokens)
 
 
 def test_step_shape_for_the_time_model():
@@ -168,9 +168,10 @@ def test_step_shape_for_the_time_model():
     a = req(1, 10, out=3, prefix="p", shared_blocks=2)
     s.add_request(a)
     plan, _ = step(s)
-    assert shape(plan) == (10, 0, 0, 55)  # 10 new tokens from 0: 10 x 11 / 2 query-key pairs
+    assert shape(plan) == (10, 0, 0, 55, 0)  # 10 new tokens from 0: 10 x 11 / 2 query-key pairs, no context before
     b = req(2, 11, prefix="p", shared_blocks=2)
     s.add_request(b)
     plan = s.schedule()
-    # a decodes (reads its 10 computed tokens); b hits 8 tokens and computes 3: 3 x 8 + 3 x 4 / 2 pairs.
-    assert shape(plan) == (3, 1, 10, 3 * 8 + 6)
+    # a decodes (reads its 10 computed tokens); b hits 8 tokens and computes 3: 3 x 8 + 3 x 4 / 2 pairs, after the
+    # 8 cached tokens it reads.
+    assert shape(plan) == (3, 1, 10, 3 * 8 + 6, 8)

@@ -178,3 +178,37 @@ def test_cli_runs_the_sglang_engine_and_names_bad_engines(tmp_path):
     assert "Traceback" not in res.output
     res = runner.invoke(main, ["engines"])
     assert res.exit_code == 0 and "radix_eviction_policy" in res.output and "free_order" in res.output
+
+
+class _RecordingTimeModel:
+    """The test time model, keeping each extend step's (prefill tokens, KV tokens before them)."""
+
+    def __init__(self) -> None:
+        self.extends: list[tuple[int, int]] = []
+
+    def step_seconds(self, plan) -> float:
+        if plan.num_prefill_tokens:
+            self.extends.append((plan.num_prefill_tokens, plan.num_prefill_context_tokens))
+        return TM.step_seconds(plan)
+
+    def decode_steps(self, num_decodes: int, context_tokens: int):
+        return TM.decode_steps(num_decodes, context_tokens)
+
+
+def test_extend_steps_count_the_kv_their_chunks_attend_to():
+    # A 2,371-token prompt in 2,048-token chunks: the second chunk's 323 tokens come after 2,048 computed ones.
+    # A later request with the same 2,032-token prefix extends 339 tokens after its 2,032 cached ones.
+    env = simpy.Environment()
+    engine = SglangEngine(SglangEngineSpec(kv_cache_bytes=1, max_total_tokens=10_000, disable_overlap_schedule=True,
+                                           chunked_prefill_size=2048), kv_bytes_per_token=1)
+    recorder = _RecordingTimeModel()
+    w = Worker(env, 0, engine, Device(env, "d"), recorder, on_first_token=lambda s: None, on_finished=lambda s: None)
+    w.submit(_request(0, 2032, 339, 2), 0.0)
+
+    def later():
+        yield env.timeout(10.0)
+        w.submit(_request(1, 2032, 339, 2), env.now)
+
+    env.process(later())
+    env.run()
+    assert recorder.extends == [(2048, 0), (323, 2048), (339, 2032)]

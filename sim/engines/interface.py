@@ -82,6 +82,8 @@ class StepPlan:
     """KV tokens the step's decodes attend to (each decode's computed tokens, summed)."""
     num_prefill_attention_pairs: int = 0
     """Query-key pairs of the prefill tokens: n x (p + (n + 1) / 2) for n new tokens after p computed ones."""
+    num_prefill_context_tokens: int = 0
+    """KV tokens the prefill chunks attend to before their own (p of each chunk: cached prefix, earlier chunks)."""
 
     @property
     def is_empty(self) -> bool:

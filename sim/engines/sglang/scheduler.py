@@ -185,13 +185,15 @@ class Scheduler:
         if batch.mode == "extend":
             step = SglangStep(mode="extend", reqs=tuple(batch.reqs))
             scheduled = step.num_scheduled_tokens
-            pairs = 0
+            pairs = context = 0
             for r in batch.reqs:
                 n = r.extend_len
                 scheduled[r] = n
                 pairs += n * r.prefix_len + n * (n + 1) // 2
+                context += r.prefix_len
             step.num_prefill_tokens = sum(scheduled.values())
             step.num_prefill_attention_pairs = pairs
+            step.num_prefill_context_tokens = context
             step.admitted = list(batch.admitted)
         else:
             step = SglangStep.decode(batch.reqs)

@@ -88,7 +88,7 @@ class Scheduler:
         if not plan.preempted:
             self._admit_waiting(plan, budget, now_s)
 
-        prefill_tokens = decode_seqs = decode_context = pairs = 0
+        prefill_tokens = decode_seqs = decode_context = pairs = prefill_context = 0
         for state, n in scheduled.items():
             computed = state.num_computed_tokens
             if n == 1 and computed >= state.request.prompt_tokens:
@@ -97,11 +97,13 @@ class Scheduler:
             else:
                 prefill_tokens += n
                 pairs += n * computed + n * (n + 1) // 2
+                prefill_context += computed
             state.num_computed_tokens = computed + n
         plan.num_prefill_tokens = prefill_tokens
         plan.num_decode_seqs = decode_seqs
         plan.num_decode_context_tokens = decode_context
         plan.num_prefill_attention_pairs = pairs
+        plan.num_prefill_context_tokens = prefill_context
         return plan
 
     def _admit_waiting(self, plan: StepPlan, budget: int, now_s: float) -> None:
