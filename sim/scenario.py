@@ -9,11 +9,13 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Discriminator, Field, Tag, ValidationError, ValidationInfo, model_validator
 
 from sim.config import ConfigModel
 from sim.engines import ENGINES
 from sim.results.records import Slo
+from sim.timing.architecture import ModelArchitecture, load_architecture
+from sim.timing.hardware import hardware_profile
 
 BUILTIN_SCENARIO = "service-baseline"
 
@@ -63,8 +65,38 @@ EngineSpec = _engine_spec_type()
 
 
 class ModelSpec(ConfigModel):
+    """The served model: its KV bytes per token (what the cache sizes from) and, for the roofline time model, its
+    architecture. `config: NAME-or-PATH` (a shipped model, see `kvsim hardware`, or a Hugging Face config.json,
+    relative to the scenario file) fills `architecture`, `kv_bytes_per_token` and the default `name`."""
+
     name: str = Field("unnamed", description="Model name, for reports only.")
     kv_bytes_per_token: int = Field(gt=0, description="KV bytes per token, all layers: layers x 2 x kv_heads x head_dim x dtype bytes.")
+    architecture: ModelArchitecture | None = Field(
+        None, description="Layers, heads, sizes and dtype (from `config:`); needed by the roofline time model.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_config(cls, data: Any, info: ValidationInfo) -> Any:
+        if not (isinstance(data, dict) and "config" in data):
+            return data
+        data = dict(data)
+        ref = data.pop("config")
+        if "architecture" in data:
+            raise ValueError("give config or architecture, not both")
+        base_dir = (info.context or {}).get("base_dir")
+        name, arch = load_architecture(str(ref), relative_to=base_dir)
+        data.setdefault("name", name)
+        data["architecture"] = arch
+        data.setdefault("kv_bytes_per_token", arch.kv_bytes_per_token)
+        return data
+
+    @model_validator(mode="after")
+    def _kv_bytes_agree(self) -> ModelSpec:
+        arch = self.architecture
+        if arch is not None and arch.kv_bytes_per_token != self.kv_bytes_per_token:
+            raise ValueError(f"kv_bytes_per_token {self.kv_bytes_per_token} disagrees with the architecture's "
+                             f"{arch.kv_bytes_per_token} (layers x 2 x kv_heads x head_dim x dtype bytes)")
+        return self
 
 
 class LengthSpec(ConfigModel):
@@ -200,16 +232,60 @@ class RouterSpec(ConfigModel):
         return data
 
 
-class TimeModelSpec(ConfigModel):
-    """Step-time model at device speed 1.0 (`sim.cluster.time_model.LinearStepTimeModel`):
+class LinearTimeModelSpec(ConfigModel):
+    """Step-time model at device speed 1.0 (`sim.cluster.time_model.LinearStepTimeModel`), fitted per setup:
     step_s = base_s + prefill_token_s x prefill tokens + decode_seq_s x decodes
            + decode_context_token_s x decode context tokens + prefill_attention_pair_s x prefill attention pairs."""
 
+    kind: Literal["linear"] = Field("linear", description="The additive model (a time model without kind is one).")
     base_s: float = Field(0.005, ge=0, description="Fixed cost of every engine step (launch, scheduling, sampling).")
     prefill_token_s: float = Field(3.0e-5, ge=0, description="Per prompt token computed in the step (cached tokens excluded).")
     decode_seq_s: float = Field(2.0e-4, ge=0, description="Per request decoding one token in the step.")
     decode_context_token_s: float = Field(0.0, ge=0, description="Per KV token read by the step's decodes.")
     prefill_attention_pair_s: float = Field(0.0, ge=0, description="Per query-key pair of the step's prefill tokens.")
+
+
+def _efficiency(default: float, what: str):
+    return Field(default, gt=0, le=1, description=f"Fraction of the hardware's peak {what} reached (fitted by calibrate).")
+
+
+def _known_hardware(name: str | None) -> str | None:
+    return None if name is None else hardware_profile(name).name
+
+
+class RooflineTimeModelSpec(ConfigModel):
+    """Step time from the model's FLOPs and bytes on a hardware profile (`sim.timing.roofline`): per step,
+    max(compute, memory) of the GEMMs + max(compute, memory) of attention + all-reduces + overheads. The
+    efficiency factors and overheads are the free parameters; the defaults are round, uncalibrated values."""
+
+    kind: Literal["roofline"] = Field(description="The roofline model.")
+    hardware: str = Field(description="Hardware profile (`kvsim hardware` lists them; a device's own `hardware` wins).")
+    tensor_parallel: int = Field(1, ge=1, le=64, description="Devices one worker's model is split over (a device's own wins).")
+    compute_efficiency: float = _efficiency(0.5, "dense bf16 FLOP/s the GEMMs")
+    attention_efficiency: float | None = Field(
+        None, gt=0, le=1, description="Fraction of the hardware's peak FLOP/s attention reaches. Default: "
+        "compute_efficiency (one efficiency for all FLOPs: measurements at a single prompt length cannot tell the "
+        "two apart, since a prompt's attention pairs grow with its tokens).")
+    memory_efficiency: float = _efficiency(0.8, "memory bandwidth weight and KV reads")
+    step_overhead_s: float = Field(0.002, ge=0, description="Fixed cost of every step beyond the kernels (scheduling, launches, sampling).")
+    seq_overhead_s: float = Field(0.0, ge=0, description="Cost per request in the step beyond its FLOPs and bytes (input preparation, sampling).")
+
+    @model_validator(mode="after")
+    def _hardware(self) -> RooflineTimeModelSpec:
+        object.__setattr__(self, "hardware", _known_hardware(self.hardware))  # canonical name (aliases accepted)
+        return self
+
+
+def _time_model_kind(data: Any) -> str:
+    kind = data.get("kind", "linear") if isinstance(data, dict) else getattr(data, "kind", "linear")
+    return kind if kind in ("linear", "roofline") else "unknown"
+
+
+TimeModelSpec = Annotated[
+    Union[Annotated[LinearTimeModelSpec, Tag("linear")], Annotated[RooflineTimeModelSpec, Tag("roofline")]],  # noqa: UP007
+    Discriminator(_time_model_kind, custom_error_type="time_model_kind",
+                  custom_error_message="kind must be linear or roofline"),
+]
 
 
 class DeviceSpec(ConfigModel):
@@ -219,6 +295,13 @@ class DeviceSpec(ConfigModel):
     cores: int = Field(1, ge=1, description="Steps the device runs in parallel at full speed (GPU: 1; a CPU: its cores).")
     sharing_efficiency: float = Field(1.0, gt=0, le=1, description="Fraction of the device left for work when several workers' steps share it.")
     time_model: TimeModelSpec | None = Field(None, description="This device class's own step-time model (default: the scenario's).")
+    hardware: str | None = Field(None, description="This device's hardware profile under a roofline time model (default: the time model's).")
+    tensor_parallel: int | None = Field(None, ge=1, le=64, description="This device's tensor-parallel degree under a roofline time model (default: the time model's).")
+
+    @model_validator(mode="after")
+    def _hardware(self) -> DeviceSpec:
+        object.__setattr__(self, "hardware", _known_hardware(self.hardware))
+        return self
 
 
 class DeploymentSpec(ConfigModel):
@@ -288,10 +371,10 @@ class SloSpec(ConfigModel):
 class CalibrationSpec(ConfigModel):
     """Which parameters `kvsim calibrate` fits by default, and what the last fit used (written by calibrate)."""
 
-    parameters: list[str] = Field(
-        default_factory=lambda: ["cluster.request_overhead_s", "time_model.base_s", "time_model.prefill_token_s",
-                                 "time_model.decode_seq_s"],
-        description="Parameters to fit: time_model.<field>, cluster.<field>_s, device.<name>.speed|sharing_efficiency.",
+    parameters: list[str] | None = Field(
+        None,
+        description="Parameters to fit: time_model.<field>, cluster.<field>_s, device.<name>.speed|sharing_efficiency. "
+                    "Default: the time model's own (Scenario.calibration_parameters).",
     )
     fitted_on: list[str] = Field(default_factory=list, description="Measured points the fit used (workers/prefixes/concurrency: metrics).")
     held_out: list[str] = Field(default_factory=list, description="Measured points reported but not fitted.")
@@ -308,7 +391,7 @@ class Scenario(ConfigModel):
     workload: WorkloadSpec
     router: RouterSpec = Field(default_factory=RouterSpec)
     cluster: ClusterSpec
-    time_model: TimeModelSpec = Field(default_factory=TimeModelSpec)
+    time_model: TimeModelSpec = Field(default_factory=LinearTimeModelSpec)
     engine_options: dict[str, dict[str, Any]] = Field(
         default_factory=dict,
         description="Options for the other engines, applied when a command switches the engine (--engine): e.g. "
@@ -359,6 +442,74 @@ class Scenario(ConfigModel):
                 raise ValueError(f"engine_options.{kind}: unknown option(s) {', '.join(unknown)}; allowed: "
                                  f"{', '.join(f for f in fields if f != 'kind')}")
         return self
+
+    @model_validator(mode="after")
+    def _roofline_needs_architecture(self) -> Scenario:
+        if self.model.architecture is None:
+            for dev in self.all_devices():
+                if (dev.time_model or self.time_model).kind == "roofline":
+                    raise ValueError("time_model.kind roofline needs the model's architecture: give model.config (a "
+                                     "shipped model or a config.json path)")
+        return self
+
+    @property
+    def calibration_parameters(self) -> list[str]:
+        """What `kvsim calibrate` fits unless told: `calibration.parameters`, else by the time model's kind (linear:
+        its three main coefficients; roofline: its fixed cost, compute and memory efficiency) and the per-request overhead."""
+        if self.calibration.parameters is not None:
+            return list(self.calibration.parameters)
+        if self.time_model.kind == "linear":
+            return ["cluster.request_overhead_s", "time_model.base_s", "time_model.prefill_token_s",
+                    "time_model.decode_seq_s"]
+        return ["cluster.request_overhead_s", "time_model.step_overhead_s", "time_model.compute_efficiency",
+                "time_model.memory_efficiency"]
+
+    @model_validator(mode="after")
+    def _weights_fit(self) -> Scenario:
+        """A roofline device must hold its workers' weights (bf16 weights / tensor_parallel each). The KV cache is not
+        checked against the device's memory: `engine.kv_cache_bytes` beyond it is a what-if a planner asks."""
+        arch = self.model.architecture
+        for dev in self.all_devices():
+            spec = dev.time_model or self.time_model
+            if arch is None or spec.kind != "roofline":
+                continue
+            hw = hardware_profile(dev.hardware or spec.hardware)
+            tp = dev.tensor_parallel or spec.tensor_parallel
+            weights = arch.num_params * arch.dtype_bytes
+            if dev.workers * weights / tp > hw.memory_bytes:
+                need = f"{dev.workers} workers x {_gib(weights)}" if dev.workers > 1 else _gib(weights)
+                raise ValueError(
+                    f"device {dev.name}: {need} of {self.model.name} weights / tensor_parallel {tp} do not fit the "
+                    f"{_gib(int(hw.memory_bytes))} of {hw.name}: raise tensor_parallel (--gpu NAMExTP) or put fewer "
+                    f"workers on it")
+        return self
+
+    def with_hardware(self, *, model: str | None = None, hardware: str | None = None,
+                      tensor_parallel: int = 1) -> Scenario:
+        """The same scenario serving `model` (a shipped name or a config.json path) and/or with every worker on its
+        own device of `hardware` x `tensor_parallel` under the roofline time model (its efficiency factors and
+        overheads kept if the scenario already has one, else the defaults). A new model needs a roofline time model:
+        a linear one was fitted to the scenario's own model."""
+        data = self.model_dump()
+        data["reference"] = None  # measured with the scenario's own model and hardware
+        if model is not None:
+            name, arch = load_architecture(model)
+            data["model"] = {"name": name, "kv_bytes_per_token": arch.kv_bytes_per_token,
+                             "architecture": arch.model_dump()}
+        if hardware is not None:
+            tm = data["time_model"] if self.time_model.kind == "roofline" else {"kind": "roofline"}
+            data["time_model"] = {**tm, "hardware": hardware, "tensor_parallel": tensor_parallel}
+            label = hardware_profile(hardware).name + (f"x{tensor_parallel}" if tensor_parallel > 1 else "")
+            data["cluster"]["deployments"] = []
+            data["cluster"]["default_device"] = {"name": label}
+        elif model is not None and self.time_model.kind != "roofline":
+            raise ScenarioError("--model: the scenario's time model is linear, fitted to its own model; give --gpu "
+                                "too (the roofline time model on that hardware)")
+        return validate_scenario(data, source=f"scenario {self.name!r} with model={model}, hardware={hardware}")
+
+    def all_devices(self) -> list[DeviceSpec]:
+        """Every device spec the scenario names (deployments and the default device)."""
+        return [d for dep in self.cluster.deployments for d in dep.devices] + [self.cluster.default_device]
 
     @model_validator(mode="after")
     def _fits(self) -> Scenario:
@@ -427,6 +578,8 @@ def _format_error(err: ValidationError) -> str:
     parts = list(first["loc"])
     if len(parts) >= 2 and parts[0] == "engine" and parts[1] in ENGINES:
         del parts[1]  # the engine union's tag: `engine.vllm.block_size` is the file's `engine.block_size`
+    parts = [p for i, p in enumerate(parts)  # the time model's tag likewise: `time_model.roofline.hardware`
+             if not (i and parts[i - 1] == "time_model" and p in ("linear", "roofline"))]
     loc = ".".join(str(p) for p in parts) or "(top level)"
     msg = first["msg"].removeprefix("Value error, ")
     if first["type"] == "union_tag_invalid":
@@ -435,9 +588,10 @@ def _format_error(err: ValidationError) -> str:
     return f"{loc}: {msg}{extra}"
 
 
-def validate_scenario(data: Any, *, source: str) -> Scenario:
+def validate_scenario(data: Any, *, source: str, base_dir: Path | None = None) -> Scenario:
+    """`data` as a Scenario; a relative `model.config` path is taken from `base_dir` (the scenario file's)."""
     try:
-        return Scenario.model_validate(data)
+        return Scenario.model_validate(data, context={"base_dir": base_dir})
     except ValidationError as err:
         raise ScenarioError(f"{source}: {_format_error(err)}") from None
 
@@ -487,4 +641,4 @@ def load_scenario(path: str | Path | None = None) -> tuple[Scenario, Path]:
         raise ScenarioError(f"{file}: not valid YAML ({' '.join(str(err).split())})") from None
     if not isinstance(data, dict):
         raise ScenarioError(f"{file}: a scenario is a YAML mapping, got {type(data).__name__}")
-    return validate_scenario(data, source=str(file)), file.resolve()
+    return validate_scenario(data, source=str(file), base_dir=file.resolve().parent), file.resolve()

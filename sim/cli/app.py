@@ -156,6 +156,43 @@ def on_engine(scenario: Scenario, engine: str | None) -> Scenario:
         raise click.ClickException(str(err)) from None
 
 
+def hardware_options(command: Callable) -> Callable:
+    """`--model NAME|CONFIG.json` and `--gpu NAME[xTP]`: the model served and the hardware every worker runs on,
+    timed by the roofline model (see `kvsim hardware`); use `on_hardware` on the loaded scenario."""
+    command = click.option(
+        "--gpu", "gpu", callback=_gpu_option, default=None,
+        help="Put every worker on its own device of this hardware x tensor-parallel degree (e.g. H100x1, a100-80gbx4; "
+             "`kvsim hardware` lists them), timed by the roofline model (the scenario's efficiency factors if it "
+             "has a roofline one, else the defaults). Default: the scenario's devices.")(command)
+    return click.option(
+        "--model", "model", default=None,
+        help="Serve this model: a shipped one (Qwen3-0.6B, Llama-3.1-8B, Llama-3.1-70B, Qwen2.5-72B) or a Hugging "
+             "Face config.json; sets the KV bytes per token. Needs a roofline time model (or --gpu). "
+             "Default: the scenario's.")(command)
+
+
+def _gpu_option(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[str, int] | None:
+    from sim.timing.hardware import parse_gpu
+
+    if value is None:
+        return None
+    try:
+        return parse_gpu(value)
+    except ValueError as err:
+        raise click.BadParameter(str(err)) from None
+
+
+def on_hardware(scenario: Scenario, model: str | None, gpu: tuple[str, int] | None) -> Scenario:
+    """`scenario` with `--model` / `--gpu` applied (unchanged without either), or a one-line error."""
+    if model is None and gpu is None:
+        return scenario
+    hardware, tp = gpu if gpu is not None else (None, 1)
+    try:
+        return scenario.with_hardware(model=model, hardware=hardware, tensor_parallel=tp)
+    except (ScenarioError, ValueError) as err:
+        raise click.ClickException(str(err).removeprefix("Value error, ")) from None
+
+
 def load_or_exit(path: str | None) -> tuple[Scenario, Path]:
     try:
         return load_scenario(path)

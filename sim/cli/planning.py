@@ -11,8 +11,8 @@ from click.core import ParameterSource
 from rich.table import Table
 
 from sim.cli.app import (
-    ENGINE_HELP, SLO_HELP, checked_out_dir, console, executor_options, finite_float, load_or_exit, main, on_engine,
-    one_engine, open_executor_or_exit, progress_bar, router_list, slo_option, with_slo,
+    ENGINE_HELP, SLO_HELP, checked_out_dir, console, executor_options, finite_float, hardware_options, load_or_exit,
+    main, on_engine, on_hardware, one_engine, open_executor_or_exit, progress_bar, router_list, slo_option, with_slo,
 )
 from sim.cli.tuning import CONSTRAINT_HELP, paste_text, parse_constraints, parse_objective, value_text
 from sim.results.figures import plan_figure
@@ -64,6 +64,7 @@ from sim.studies.tune import DEFAULT_OBJECTIVE, Constraint
                    "Default: all cores.")
 @executor_options
 @click.option("--slo", callback=slo_option, default=None, help="--choose-router: " + SLO_HELP)
+@hardware_options
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Write DIR/plan.csv (a row per router) and DIR/plan.png; with --choose-router also "
                    "DIR/manifest.json listing them; every finished simulation is journaled in DIR/runs.jsonl.")
@@ -72,7 +73,7 @@ from sim.studies.tune import DEFAULT_OBJECTIVE, Constraint
                    "bisection (--vary) replays, taking its finished simulations from the journal.")
 def plan(scenario_path, prefixes, zipf, target_hit_rate, target_ttft_p99_ms, vary, choose, constraints, objective,
          budget, seed, concurrency, low, high, step, workers, routers, engine, repeats, horizon, jobs, executor_kind, dask_scheduler, slo,
-         out_dir, resume) -> None:
+         model, gpu, out_dir, resume) -> None:
     """Find, per router, the cheapest setting that meets a target: how many workers, or how much KV per worker;
     or, with --choose-router, which router and settings meet the targets and constraints best.
 
@@ -83,7 +84,7 @@ def plan(scenario_path, prefixes, zipf, target_hit_rate, target_ttft_p99_ms, var
     from sim.studies.plan import plan as run_plan
 
     base, _ = load_or_exit(scenario_path)
-    base = with_slo(on_engine(base, engine), slo)
+    base = on_hardware(with_slo(on_engine(base, engine), slo), model, gpu)
     overrides: dict[str, object] = {}
     if prefixes is not None:
         overrides["workload.prefixes"] = prefixes

@@ -12,8 +12,8 @@ from rich.table import Table
 
 from sim.studies.analytic import formula_hit_rate
 from sim.cli.app import (
-    ENGINE_HELP, SLO_HELP, checked_out_dir, console, engine_list, executor_options, fmt, int_list, load_or_exit, main,
-    on_engine, one_engine, reference_measurements, router_list, slo_option, with_slo,
+    ENGINE_HELP, SLO_HELP, checked_out_dir, console, engine_list, executor_options, fmt, hardware_options, int_list,
+    load_or_exit, main, on_engine, on_hardware, one_engine, reference_measurements, router_list, slo_option, with_slo,
 )
 from sim.results.figures import engine_figure, hit_rate_figure, ttft_cdf_figure
 from sim.results.output_set import write_output_set
@@ -42,6 +42,7 @@ from sim.routing.spec import router_label, router_overrides
                    "Default: all cores.")
 @executor_options
 @click.option("--slo", callback=slo_option, default=None, help=SLO_HELP)
+@hardware_options
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Write DIR/summary.csv (a row per run), DIR/hit_rate.png and DIR/ttft_cdf.png (and DIR/engines.png "
                    "with several engines), then DIR/manifest.json listing them; every finished run is journaled "
@@ -51,7 +52,7 @@ from sim.routing.spec import router_label, router_overrides
                    "needed). Without it the journal starts afresh.")
 @click.pass_context
 def sweep(ctx, scenario_path, prefixes, workers, concurrency, routers, engines, repeats, seed, jobs, executor_kind,
-          dask_scheduler, slo, out_dir, resume) -> None:
+          dask_scheduler, slo, model, gpu, out_dir, resume) -> None:
     """Run a grid of points and compare the hit rate with the formula and the measurements.
 
     The table shows, per (workers, N, concurrency, router), the mean over repeats of the request hit rate
@@ -67,7 +68,7 @@ def sweep(ctx, scenario_path, prefixes, workers, concurrency, routers, engines, 
     from sim.studies.sweep import sweep_points
 
     base, path = load_or_exit(scenario_path)
-    base = with_slo(base, slo)
+    base = on_hardware(with_slo(base, slo), model, gpu)
     measurements = reference_measurements(base, path)
     reference = measured(measurements, "request_hit_rate")
     points = sweep_points(
@@ -158,9 +159,10 @@ def sweep(ctx, scenario_path, prefixes, workers, concurrency, routers, engines, 
 @click.option("--engine", callback=one_engine, default=None, help=ENGINE_HELP)
 @click.option("--seed", type=int, default=None, help="Seed. Default: the scenario's.")
 @click.option("--slo", callback=slo_option, default=None, help=SLO_HELP)
+@hardware_options
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Write DIR/summary.csv (one row) and DIR/requests.csv (a row per request, warm-ups flagged).")
-def run_command(scenario_path, prefixes, workers, concurrency, router, engine, seed, slo, out_dir) -> None:
+def run_command(scenario_path, prefixes, workers, concurrency, router, engine, seed, slo, model, gpu, out_dir) -> None:
     """Run one point of SCENARIO (default: the built-in service-baseline) and print its summary (goodput against
     --slo or the scenario's slo block)."""
     from sim.runner import run
@@ -168,7 +170,7 @@ def run_command(scenario_path, prefixes, workers, concurrency, router, engine, s
 
     out = checked_out_dir(out_dir)
     base, _ = load_or_exit(scenario_path)
-    base = with_slo(on_engine(base, engine), slo)
+    base = on_hardware(with_slo(on_engine(base, engine), slo), model, gpu)
     overrides = {k: v for k, v in {
         "workload.prefixes": prefixes, "cluster.workers": workers, "workload.concurrency": concurrency,
         "seed": seed,
@@ -186,7 +188,10 @@ def run_command(scenario_path, prefixes, workers, concurrency, router, engine, s
     row = {"workers": result.num_workers, "prefixes": scenario.workload.prefixes,
            "concurrency": scenario.workload.concurrency, "router": router_label(scenario.router.name, scenario.router.options),
            "engine": scenario.engine.kind, "repeat": 0, "seed": scenario.seed, **summary.row()}
-    table = Table(title=f"{scenario.name}: {result.num_workers} workers, N={scenario.workload.prefixes}, "
+    tm = scenario.time_model
+    timing = (f", {scenario.model.name} on {tm.hardware}" + (f"x{tm.tensor_parallel}" if tm.tensor_parallel > 1 else "")
+              if tm.kind == "roofline" and not scenario.cluster.deployments else "")
+    table = Table(title=f"{scenario.name}{timing}: {result.num_workers} workers, N={scenario.workload.prefixes}, "
                         f"C={scenario.workload.concurrency}, router={scenario.router.name}, "
                         f"engine={scenario.engine.kind} {scenario.engine.version}, seed={scenario.seed}")
     table.add_column("metric")
@@ -226,6 +231,36 @@ def engines() -> None:
         for field, info in spec.model_fields.items():
             default = "required" if info.is_required() else f"default {info.default!r}"
             console.print(f"    {field} ({default}): {info.description}")
+
+
+@main.command()
+def hardware() -> None:
+    """List the hardware profiles (--gpu NAME[xTP], a roofline time model's `hardware`) and the shipped models
+    (--model NAME); every number's source is in sim/timing/hardware.yaml."""
+    from sim.scenario import RooflineTimeModelSpec
+    from sim.timing.architecture import load_architecture, shipped_models
+    from sim.timing.hardware import hardware_profiles
+
+    table = Table(title="hardware profiles (dense bf16 peaks; sources in sim/timing/hardware.yaml)")
+    for col in ("name", "aliases", "TFLOP/s", "memory GB/s", "memory GB", "link GB/s", "what"):
+        table.add_column(col, justify="right" if "/s" in col or "GB" in col else "left")
+    for p in hardware_profiles().values():
+        table.add_row(p.name, ", ".join(p.aliases), f"{p.peak_flops / 1e12:.1f}", f"{p.memory_bandwidth / 1e9:,.0f}",
+                      f"{p.memory_bytes / 1e9:.0f}", f"{p.interconnect_bandwidth / 1e9:.0f}", p.description)
+    console.print(table)
+    models = Table(title="shipped models (--model NAME, or a config.json path)")
+    for col in ("name", "layers", "hidden", "heads / KV heads", "parameters", "KV bytes/token"):
+        models.add_column(col, justify="left" if col == "name" else "right")
+    for name in shipped_models():
+        _, a = load_architecture(name)
+        models.add_row(name, str(a.num_hidden_layers), str(a.hidden_size),
+                       f"{a.num_attention_heads} / {a.num_key_value_heads}", f"{a.num_params / 1e9:.2f} B",
+                       f"{a.kv_bytes_per_token:,}")
+    console.print(models)
+    console.print("roofline time model options (`time_model: {kind: roofline, ...}`):")
+    for field, info in RooflineTimeModelSpec.model_fields.items():
+        default = "required" if info.is_required() else f"default {info.default!r}"
+        console.print(f"    {field} ({default}): {info.description}", highlight=False)
 
 
 @main.command()
