@@ -21,19 +21,29 @@ from test_calibrate_helpers import small_scenario, synthetic_targets
 
 def test_parameters_are_read_and_set_by_address():
     scenario, _ = load_scenario()
-    assert read_parameter(scenario, "time_model.prefill_token_s") == scenario.time_model.prefill_token_s
+    assert read_parameter(scenario, "time_model.compute_efficiency") == scenario.time_model.compute_efficiency
     assert read_parameter(scenario, "cluster.request_overhead_s") == scenario.cluster.request_overhead_s
-    changed = apply_parameters(scenario, {"device.gpu-24gb.speed": 7.0, "time_model.base_s": 0.001})
+    changed = apply_parameters(scenario, {"device.gpu-24gb.speed": 7.0, "time_model.step_overhead_s": 0.001})
     # a device parameter applies to every device of that name, in every deployment
     speeds = [d.speed for dep in changed.cluster.deployments for d in dep.devices if d.name == "gpu-24gb"]
     assert speeds == [7.0, 7.0]
-    assert changed.time_model.base_s == 0.001
+    assert changed.time_model.step_overhead_s == 0.001
     with pytest.raises(ValueError, match="no device named 'tpu'"):
         read_parameter(scenario, "device.tpu.speed")
     with pytest.raises(ValueError, match="no such scenario field"):
         read_parameter(scenario, "time_model.warp_s")
     with pytest.raises(ScenarioError):
         apply_parameters(scenario, {"device.gpu-24gb.sharing_efficiency": 3.0})
+    with pytest.raises(ScenarioError, match="compute_efficiency"):
+        apply_parameters(scenario, {"time_model.compute_efficiency": 1.5})
+
+
+def test_efficiencies_are_fitted_within_the_peaks():
+    from sim.studies.calibrate import parameter_bounds
+
+    assert parameter_bounds("time_model.memory_efficiency") == (1e-3, 1.0)
+    assert parameter_bounds("device.gpu-24gb.sharing_efficiency") == (0.2, 1.0)
+    assert parameter_bounds("time_model.step_overhead_s") == (1e-9, 2.0)
 
 
 def test_targets_keep_the_reference_aggregation():
@@ -62,10 +72,10 @@ def test_predictions_pool_or_take_the_median_of_runs_as_the_measurement_did():
 
 
 def test_fit_recovers_known_parameters_and_is_deterministic():
-    truth = {"time_model.prefill_token_s": 6e-5, "cluster.request_overhead_s": 0.02}
+    truth = {"time_model.compute_efficiency": 0.3, "cluster.request_overhead_s": 0.02}
     scenario = small_scenario()
     targets = synthetic_targets(apply_parameters(scenario, truth))
-    start = apply_parameters(scenario, {"time_model.prefill_token_s": 3e-5, "cluster.request_overhead_s": 0.035})
+    start = apply_parameters(scenario, {"time_model.compute_efficiency": 0.5, "cluster.request_overhead_s": 0.035})
     kwargs = dict(repeats=1, jobs=1, starts=4, refine=1, max_evaluations=60)
     first = fit(start, targets, list(truth), **kwargs)
     again = fit(start, targets, list(truth), **kwargs)
@@ -80,7 +90,7 @@ def test_fit_recovers_known_parameters_and_is_deterministic():
 def test_holdout_figures_are_reported_but_not_fitted():
     scenario = small_scenario()
     targets = synthetic_targets(scenario)
-    result = fit(scenario, targets, ["time_model.base_s"], holdout=lambda t: t.point[1] == 4,
+    result = fit(scenario, targets, ["time_model.step_overhead_s"], holdout=lambda t: t.point[1] == 4,
                  repeats=1, jobs=1, starts=0, refine=1, max_evaluations=5)
     used = {r.target.point[1] for r in result.residuals if r.used_in_fit}
     held = {r.target.point[1] for r in result.residuals if not r.used_in_fit}
@@ -89,7 +99,7 @@ def test_holdout_figures_are_reported_but_not_fitted():
 
 def test_calibrate_command_writes_a_loadable_scenario_and_the_residuals(tmp_path):
     scenario = small_scenario()
-    targets = synthetic_targets(apply_parameters(scenario, {"time_model.prefill_token_s": 6e-5}))
+    targets = synthetic_targets(apply_parameters(scenario, {"time_model.step_overhead_s": 0.004}))
     scenario_file = tmp_path / "small.yaml"
     scenario_file.write_text(yaml.safe_dump(scenario.model_dump(mode="json")))
     measured = tmp_path / "measured.csv"
@@ -101,13 +111,13 @@ def test_calibrate_command_writes_a_loadable_scenario_and_the_residuals(tmp_path
     out = tmp_path / "fitted" / "fitted.yaml"
     report = tmp_path / "residuals.csv"
     res = CliRunner().invoke(main, ["calibrate", "--scenario", str(scenario_file), "--measured", str(measured),
-                                    "--fit", "time_model.prefill_token_s", "--holdout", "prefixes=4",
+                                    "--fit", "time_model.step_overhead_s", "--holdout", "prefixes=4",
                                     "--repeats", "1", "--starts", "2", "--refine", "1", "--max-evaluations", "15",
                                     "--jobs", "1", "--out", str(out), "--report", str(report)])
     assert res.exit_code == 0, res.output
     fitted, _ = load_scenario(out)
     assert "slo:" not in out.read_text()  # no SLO set: no block of nulls
-    assert fitted.time_model.prefill_token_s == pytest.approx(6e-5, rel=0.1)
+    assert fitted.time_model.step_overhead_s == pytest.approx(0.004, rel=0.1)
     assert fitted.calibration.fitted_on and fitted.calibration.held_out
     assert fitted.calibration.fit_rms_log_error is not None
     rows = list(csv.DictReader(report.open()))

@@ -23,7 +23,7 @@ from sim.studies.calibrate import apply_parameters
 from test_calibrate_helpers import small_scenario, synthetic_targets
 
 ROOT = Path(__file__).resolve().parent.parent
-FAST = ["--fit", "time_model.prefill_token_s", "--holdout", "prefixes=4", "--repeats", "1", "--starts", "2",
+FAST = ["--fit", "time_model.compute_efficiency", "--holdout", "prefixes=4", "--repeats", "1", "--starts", "2",
         "--refine", "1", "--max-evaluations", "15", "--jobs", "1"]
 
 
@@ -32,7 +32,7 @@ def inputs(tmp_path_factory) -> list[str]:
     """--scenario and --measured of a small calibration (synthetic measurements of a known parameter)."""
     folder = tmp_path_factory.mktemp("inputs")
     scenario = small_scenario()
-    targets = synthetic_targets(apply_parameters(scenario, {"time_model.prefill_token_s": 6e-5}))
+    targets = synthetic_targets(apply_parameters(scenario, {"time_model.compute_efficiency": 0.3}))
     scenario_file = folder / "small.yaml"
     scenario_file.write_text(yaml.safe_dump(scenario.model_dump(mode="json")))
     measured = folder / "measured.csv"
@@ -76,7 +76,7 @@ def test_resume_runs_only_the_simulations_the_journal_lacks_and_gives_the_same_b
     assert len(lines) == len(simulations) > 10
     key = json.loads(lines[0])["key"]
     # the initial value, the first case and its seed (one repeat: the base seed)
-    assert key[0] == [["time_model.prefill_token_s", small_scenario().time_model.prefill_token_s]]
+    assert key[0] == [["time_model.compute_efficiency", small_scenario().time_model.compute_efficiency]]
     assert key[1] == "2/2/2" and key[2] == small_scenario().seed
     # an evaluation the optimiser repeats (the report's, of the best candidate) is taken from the journal, so
     # every journaled simulation is a different one

@@ -44,7 +44,11 @@ def _holdout(ctx: click.Context, param: click.Parameter, value: str | None):
               help="For --runs: fit the client-timed TTFT, or the server's queue + time to first token.")
 @click.option("--fit", "fit_params", default=None,
               help="Parameters to fit, comma-separated (time_model.<field>, cluster.request_overhead_s, "
-                   "device.<name>.speed, device.<name>.sharing_efficiency). Default: the scenario's calibration.parameters.")
+                   "device.<name>.speed, device.<name>.sharing_efficiency). Default: the scenario's calibration.parameters, else the time model's own (linear: base_s, prefill_token_s, decode_seq_s; roofline: step_overhead_s, compute_ and memory_efficiency; both with cluster.request_overhead_s).")
+@click.option("--metrics", "metric_names", default=None,
+              help="Fit only these measured figures, comma-separated (e.g. ttft_p50,ttft_hit_p50,throughput_rps; "
+                   "any of ttft[_hit|_miss]_p50|p90|p99, e2e_p50|p90|p99, tpot_p50|p90|p99, throughput_rps); the "
+                   "others are reported. Default: all but TPOT.")
 @click.option("--holdout", callback=_holdout, default=None,
               help="Measured points to report but not fit, e.g. prefixes=7,12 or concurrency=8.")
 @click.option("--repeats", type=click.IntRange(min=1), default=2, show_default=True, help="Simulated runs per measured point and evaluation.")
@@ -64,7 +68,8 @@ def _holdout(ctx: click.Context, param: click.Parameter, value: str | None):
               help="Continue the calibration journaled in <out>.runs.jsonl: the fit replays, taking its finished "
                    "simulations from the journal (same scenario, measurements and fit options needed).")
 @click.pass_context
-def calibrate(ctx, scenario_path, measured_path, run_paths, ttft_source, fit_params, holdout, repeats, starts, refine,
+def calibrate(ctx, scenario_path, measured_path, run_paths, ttft_source, fit_params, metric_names, holdout, repeats,
+              starts, refine,
               max_evaluations, jobs, executor_kind, dask_scheduler, out_path, report_path, resume) -> None:
     """Fit the step-time model (and per-request overheads, device speeds) to measured latencies.
 
@@ -95,13 +100,24 @@ def calibrate(ctx, scenario_path, measured_path, run_paths, ttft_source, fit_par
         raise click.ClickException(str(err)) from None
     if not targets:
         raise click.ClickException("the measurements hold no TTFT or throughput figures to fit")
-    params = [p.strip() for p in fit_params.split(",") if p.strip()] if fit_params else list(base.calibration.parameters)
+    params = [p.strip() for p in fit_params.split(",") if p.strip()] if fit_params else base.calibration_parameters
+    from sim.studies.calibrate import FITTABLE_METRICS, REPORT_ONLY_METRICS
+
+    if metric_names:
+        chosen_metrics = {m.strip().removesuffix("_ms") for m in metric_names.split(",") if m.strip()}
+        unknown = sorted(chosen_metrics - FITTABLE_METRICS)
+        if unknown:
+            raise click.BadParameter(f"unknown metric(s) {', '.join(unknown)}; allowed: "
+                                     f"{', '.join(sorted(FITTABLE_METRICS))}", param_hint="--metrics")
+        report_only = frozenset(FITTABLE_METRICS - chosen_metrics)
+    else:
+        report_only = REPORT_ONLY_METRICS
     if holdout:
         key, chosen = holdout
         index = {"workers": 0, "prefixes": 1, "concurrency": 2}[key]
-        is_held_out = lambda t: t.point[index] in chosen  # noqa: E731
+        is_held_out = lambda t: t.point[index] in chosen or t.metric in report_only  # noqa: E731
     else:
-        is_held_out = lambda t: False  # noqa: E731
+        is_held_out = lambda t: t.metric in report_only  # noqa: E731
     try:
         for p in params:
             parameter_bounds(p)
@@ -114,7 +130,7 @@ def calibrate(ctx, scenario_path, measured_path, run_paths, ttft_source, fit_par
     # and the fit options.
     runs_digest = hashlib.sha256(repr(runs).encode()).hexdigest()
     inputs = repr((params, holdout and (holdout[0], sorted(holdout[1])), repeats, starts, refine, max_evaluations,
-                   ttft_source, targets, runs_digest))
+                   ttft_source, targets, runs_digest, sorted(report_only)))
     with journaled_search("calibrate", base, out=None, resume=resume, command=resume_command(ctx), inputs=inputs,
                           at_most=None, path=Path(f"{out_path}.runs.jsonl")) as journal, \
             progress_bar("calibrate") as step, open_executor_or_exit(executor_kind, jobs, dask_scheduler) as executor:
@@ -134,18 +150,19 @@ def calibrate(ctx, scenario_path, measured_path, run_paths, ttft_source, fit_par
         w, n, c = r.target.point
         where = f"{w} workers, N={n}, C={c}"
         table.add_row(where if r.target.case == f"{w}/{n}/{c}" else f"{r.target.case} ({where})", r.target.metric, f"{r.target.measured:.1f}",
-                      f"{r.predicted:.1f}", f"{100 * r.error:+.1f} %", "fit" if r.used_in_fit else "held out")
+                      f"{r.predicted:.1f}", f"{100 * r.error:+.1f} %",
+                      "fit" if r.used_in_fit else "reported" if r.target.metric in report_only else "held out")
     console.print(table)
     for name, value in result.parameters.items():
         console.print(f"  {name} = {value:.4g}  (was {result.initial[name]:.4g})")
     fit_err = result.rms_log_error(used_in_fit=True)
-    hold_err = result.rms_log_error(used_in_fit=False)
+    hold_err = result.rms_log_error(used_in_fit=False, exclude=report_only)
     console.print(f"RMS log error: fitted {fit_err:.3f}" + ("" if math.isnan(hold_err) else f", held out {hold_err:.3f}"))
 
     def labels(used: bool) -> list[str]:
         by_case: dict[str, list[str]] = {}
         for r in result.residuals:
-            if r.used_in_fit == used:
+            if r.used_in_fit == used and (used or r.target.metric not in report_only):
                 by_case.setdefault(r.target.case, []).append(r.target.metric)
         return [f"{case}: {', '.join(m)}" for case, m in sorted(by_case.items())]
 

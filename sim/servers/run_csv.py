@@ -141,6 +141,11 @@ class RunRow:
     def is_hit(self) -> bool:
         return self.cached_tokens > 0
 
+    def tpot_ms(self, output_tokens: int) -> float | None:
+        """Client-timed time per output token after the first, (e2e - TTFT) / (outputs - 1); None for one output.
+        NOTE: a client starved of CPU receives streamed chunks in bursts, which shrinks this (not e2e)."""
+        return None if output_tokens < 2 else (self.e2e_ms - self.ttft_ms) / (output_tokens - 1)
+
     def ttft(self, source: str) -> float:
         """TTFT in ms as the client timed it ("client"), or as the server reports it ("server": queue time +
         time to first token, i.e. without HTTP, tokenisation and the client's own scheduling delays)."""

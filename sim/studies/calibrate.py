@@ -37,7 +37,12 @@ TTFT_METRICS = {
     f"ttft{'' if split == 'all' else '_' + split}_p{q}": (split, q)
     for split in ("all", "hit", "miss") for q in (50, 90, 99)
 }
-FITTABLE_METRICS = set(TTFT_METRICS) | {"throughput_rps"}
+# metric -> (which latency of every request, percentile): end to end and per output token, client-timed
+LATENCY_METRICS = {f"{kind}_p{q}": (kind, q) for kind in ("e2e", "tpot") for q in (50, 90, 99)}
+FITTABLE_METRICS = set(TTFT_METRICS) | set(LATENCY_METRICS) | {"throughput_rps"}
+REPORT_ONLY_METRICS = frozenset(m for m in LATENCY_METRICS if m.startswith("tpot"))
+"""Reported by `kvsim calibrate` but not fitted unless asked: a client starved of CPU (the real-vLLM fixtures)
+receives streamed tokens in bursts, which distorts its TPOT; its E2E (the last token) is not distorted."""
 
 # Residual scale by percentile: relative errors up to this size count quadratically, larger ones linearly. A tail
 # percentile of a few hundred requests is noisier than a median, so it is allowed more before it pulls hard.
@@ -47,12 +52,13 @@ RELATIVE_SCALE = {50: 0.10, 90: 0.20, 99: 0.30, "throughput_rps": 0.10}
 def relative_scale(metric: str) -> float:
     if metric == "throughput_rps":
         return RELATIVE_SCALE[metric]
-    return RELATIVE_SCALE[TTFT_METRICS[metric][1]]
+    return RELATIVE_SCALE[(TTFT_METRICS.get(metric) or LATENCY_METRICS[metric])[1]]
 
 # Bounds of each kind of parameter (natural units); fitted in log space.
 BOUNDS = {
     "speed": (0.05, 50.0),
     "sharing_efficiency": (0.2, 1.0),
+    "_efficiency": (1e-3, 1.0),  # a roofline's fractions of the hardware's peaks
     "_s": (1e-9, 2.0),
 }
 
@@ -85,7 +91,7 @@ def targets_from_reference(measurements: Iterable[Measurement]) -> list[Target]:
         metric = m.metric.removesuffix("_ms")
         if metric not in FITTABLE_METRICS:
             continue
-        if metric in TTFT_METRICS and m.unit not in ("ms", ""):
+        if metric != "throughput_rps" and m.unit not in ("ms", ""):
             raise ValueError(f"reference metric {m.metric} at {m.workers}/{m.prefixes}/{m.concurrency}: unit must be ms")
         point = (m.workers, m.prefixes, m.concurrency)
         out.append(Target(_point_case(point), point, metric, m.value, pooled="pooled" in m.aggregation))
@@ -93,8 +99,8 @@ def targets_from_reference(measurements: Iterable[Measurement]) -> list[Target]:
 
 
 def targets_from_runs(runs: Iterable[Run], *, ttft_source: str = "client") -> list[Target]:
-    """TTFT p50/p90/p99 overall and of hits and misses, and throughput, of each measured run; TTFT as the client
-    timed it or as the server reports it (`ttft_source`, see `RunRow.ttft`)."""
+    """TTFT p50/p90/p99 overall and of hits and misses, E2E and TPOT p50/p90/p99 (client-timed), and throughput,
+    of each measured run; TTFT as the client timed it or as the server reports it (`ttft_source`, `RunRow.ttft`)."""
     out = []
     for measured_run in runs:
         rows = measured_run.measured
@@ -102,6 +108,12 @@ def targets_from_runs(runs: Iterable[Run], *, ttft_source: str = "client") -> li
         for metric, (split, q) in TTFT_METRICS.items():
             values = [r.ttft(ttft_source) for r in rows if split == "all" or (split == "hit") == r.is_hit]
             if len(values) >= 10:  # a percentile of a handful of requests is not a measurement
+                out.append(Target(measured_run.name, point, metric, float(np.percentile(values, q)), pooled=True))
+        outputs = measured_run.setup.output_tokens
+        for metric, (kind, q) in LATENCY_METRICS.items():
+            values = [r.e2e_ms for r in rows] if kind == "e2e" else \
+                [v for r in rows if (v := r.tpot_ms(outputs)) is not None]
+            if len(values) >= 10:
                 out.append(Target(measured_run.name, point, metric, float(np.percentile(values, q)), pooled=True))
         out.append(Target(measured_run.name, point, "throughput_rps", measured_figures(measured_run)["throughput_rps"],
                           pooled=True))
@@ -113,9 +125,11 @@ def parameter_bounds(name: str) -> tuple[float, float]:
     leaf = name.rsplit(".", 1)[-1]
     if leaf in BOUNDS:
         return BOUNDS[leaf]
-    if leaf.endswith("_s"):
-        return BOUNDS["_s"]
-    raise ValueError(f"cannot fit {name!r}: only times (..._s), device speed and sharing_efficiency are fitted")
+    for suffix in ("_efficiency", "_s"):
+        if leaf.endswith(suffix):
+            return BOUNDS[suffix]
+    raise ValueError(f"cannot fit {name!r}: only times (..._s), efficiencies (..._efficiency), device speed and "
+                     f"sharing_efficiency are fitted")
 
 
 def read_parameter(scenario: Scenario, name: str) -> float:
@@ -168,6 +182,13 @@ class Latencies:
 
     ttft: TtftSamples
     throughput_rps: float
+    e2e_ms: tuple[float, ...] = ()
+    tpot_ms: tuple[float, ...] = ()
+    """Of the requests with more than one output token."""
+
+    def latency_ms(self, kind: str) -> tuple[float, ...]:
+        """`kind`: "e2e" or "tpot"."""
+        return self.e2e_ms if kind == "e2e" else self.tpot_ms
 
 
 def simulate_latencies(scenario: Scenario, stream: RequestStream | None = None,
@@ -178,6 +199,8 @@ def simulate_latencies(scenario: Scenario, stream: RequestStream | None = None,
     return Latencies(
         ttft=TtftSamples.of(measured, engine=ttft_source == "server"),
         throughput_rps=len(measured) / duration if duration > 0 else float("nan"),
+        e2e_ms=tuple(r.e2e_s * 1000 for r in measured),
+        tpot_ms=tuple(r.tpot_s * 1000 for r in measured if r.tpot_s is not None),
     )
 
 
@@ -187,11 +210,13 @@ def _simulate_job(job: tuple[Scenario, RequestStream | None, str]) -> Latencies:
 
 def latencies_to_json(latencies: Latencies) -> dict:
     return {"ttft_hit_ms": list(latencies.ttft.hit_ms), "ttft_miss_ms": list(latencies.ttft.miss_ms),
-            "throughput_rps": latencies.throughput_rps}
+            "throughput_rps": latencies.throughput_rps, "e2e_ms": list(latencies.e2e_ms),
+            "tpot_ms": list(latencies.tpot_ms)}
 
 
 def latencies_from_json(run: dict) -> Latencies:
-    return Latencies(TtftSamples(tuple(run["ttft_hit_ms"]), tuple(run["ttft_miss_ms"])), run["throughput_rps"])
+    return Latencies(TtftSamples(tuple(run["ttft_hit_ms"]), tuple(run["ttft_miss_ms"])), run["throughput_rps"],
+                     tuple(run.get("e2e_ms", ())), tuple(run.get("tpot_ms", ())))
 
 
 class RunStore(Protocol):
@@ -211,6 +236,13 @@ def predict(target: Target, runs: Sequence[Latencies]) -> float:
     """The simulated counterpart of a measured figure, aggregated over runs the way the measurement was."""
     if target.metric == "throughput_rps":
         return float(np.median([r.throughput_rps for r in runs]))
+    if target.metric in LATENCY_METRICS:
+        kind, q = LATENCY_METRICS[target.metric]
+        if target.pooled:
+            values = [v for r in runs for v in r.latency_ms(kind)]
+            return float(np.percentile(values, q)) if values else float("nan")
+        per_run = [np.percentile(r.latency_ms(kind), q) for r in runs if r.latency_ms(kind)]
+        return float(np.median(per_run)) if per_run else float("nan")
     split, q = TTFT_METRICS[target.metric]
     if target.pooled:
         values = [v for r in runs for v in r.ttft.ttft_ms(split)]
@@ -306,8 +338,10 @@ class FitResult:
     cost: float
     message: str
 
-    def rms_log_error(self, *, used_in_fit: bool) -> float:
-        errs = [math.log(r.predicted / r.target.measured) for r in self.residuals if r.used_in_fit == used_in_fit]
+    def rms_log_error(self, *, used_in_fit: bool, exclude: frozenset[str] = frozenset()) -> float:
+        """RMS of log(predicted / measured) over the fitted (or the other) figures, but the metrics in `exclude`."""
+        errs = [math.log(r.predicted / r.target.measured) for r in self.residuals
+                if r.used_in_fit == used_in_fit and r.target.metric not in exclude]
         return math.sqrt(sum(e * e for e in errs) / len(errs)) if errs else float("nan")
 
 

@@ -23,7 +23,7 @@ from sim.engines.vllm.behaviour import parse_version
 from sim.workloads.shared_prefix import RequestStream, SharedPrefixRequests, with_token_identity
 
 METRICS = ("request_hit_rate", "full_hit_rate", "token_hit_rate", "ttft_p50_ms", "ttft_p99_ms",
-           "ttft_hit_p50_ms", "ttft_miss_p50_ms", "throughput_rps")
+           "ttft_hit_p50_ms", "ttft_miss_p50_ms", "tpot_p50_ms", "e2e_p50_ms", "e2e_p99_ms", "throughput_rps")
 RATE_METRICS = {"request_hit_rate", "full_hit_rate", "token_hit_rate"}
 
 
@@ -140,9 +140,11 @@ def stream_for_run(run: Run, *, block_size: int) -> RequestStream:
 
 
 def _figures(*, hit: list[bool], full: list[bool], cached: list[int], prompt: list[int], ttft_ms: list[float],
-             duration_s: float) -> dict[str, float]:
-    """The compared figures from per-request values (measured or simulated alike)."""
+             tpot_ms: list[float | None], e2e_ms: list[float], duration_s: float) -> dict[str, float]:
+    """The compared figures from per-request values (measured or simulated alike). TPOT and E2E are always the
+    client's (send to last token): a server reports neither per request."""
     ttft = np.array(ttft_ms)
+    tpot = [v for v in tpot_ms if v is not None]
     hits = np.array(hit, dtype=bool)
 
     def pct(values, q):
@@ -154,6 +156,7 @@ def _figures(*, hit: list[bool], full: list[bool], cached: list[int], prompt: li
         "token_hit_rate": sum(cached) / sum(prompt),
         "ttft_p50_ms": pct(ttft, 50), "ttft_p99_ms": pct(ttft, 99),
         "ttft_hit_p50_ms": pct(ttft[hits], 50), "ttft_miss_p50_ms": pct(ttft[~hits], 50),
+        "tpot_p50_ms": pct(tpot, 50), "e2e_p50_ms": pct(e2e_ms, 50), "e2e_p99_ms": pct(e2e_ms, 99),
         "throughput_rps": len(hit) / duration_s if duration_s > 0 else float("nan"),
     }
 
@@ -168,6 +171,7 @@ def measured_figures(run: Run, *, ttft_source: str = "client") -> dict[str, floa
         full=[r.cached_tokens >= min(run.setup.prefix_tokens // B, (r.prompt_tokens - 1) // B) * B > 0 for r in rows],
         cached=[r.cached_tokens for r in rows], prompt=[r.prompt_tokens for r in rows],
         ttft_ms=[r.ttft(ttft_source) for r in rows],
+        tpot_ms=[r.tpot_ms(run.setup.output_tokens) for r in rows], e2e_ms=[r.e2e_ms for r in rows],
         duration_s=max(r.end_s for r in rows) - min(r.start_s for r in rows),
     )
 
@@ -185,6 +189,8 @@ def predicted_figures(base: Scenario, run: Run, *, routing: str = "recorded",
         hit=[r.is_hit for r in records], full=[r.is_full_hit for r in records],
         cached=[r.cached_tokens for r in records], prompt=[r.prompt_tokens for r in records],
         ttft_ms=[(r.ttft_s if ttft_source == "client" else r.engine_ttft_s) * 1000 for r in records],
+        tpot_ms=[None if r.tpot_s is None else r.tpot_s * 1000 for r in records],
+        e2e_ms=[r.e2e_s * 1000 for r in records],
         duration_s=max(r.finished_s for r in records) - min(r.sent_s for r in records),
     )
 
