@@ -2,17 +2,22 @@
 # Measure the real-vLLM fixtures of tests/fixtures/real-vllm/ with `kvsim measure` (minutes; never in CI).
 #   benchmarks/real-vllm/measure_fixtures.sh            # all 12 runs: workers {2,3} x N {2,7,12} x C {1,4}
 #   RUNS="2:7:4 3:12:1" benchmarks/real-vllm/measure_fixtures.sh   # chosen runs (workers:prefixes:concurrency)
-# Needs the venv and model of setup.sh. Starts 3 servers (78 blocks of 32 tokens each, scenarios/tiny-cpu.yaml),
-# resets their prefix caches before every run (kvsim measure does), stops them at the end.
+#   SCENARIO=scenarios/tiny-cpu-long.yaml KV_BYTES=10387456 SERVERS=2 RUNS="2:7:1 2:7:4" \
+#     OUT=tests/fixtures/real-vllm-long benchmarks/real-vllm/measure_fixtures.sh      # the long-prompt workload
+# Needs the venv and model of setup.sh. Starts SERVERS servers (default 3; KV_BYTES each, default 78 blocks of 32
+# tokens as scenarios/tiny-cpu.yaml says), resets their prefix caches before every run (kvsim measure does), stops
+# them at the end. KV_BYTES must match the scenario's engine.kv_cache_bytes.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 out="${OUT:-$repo/tests/fixtures/real-vllm}"
 kvsim="${KVSIM:-$repo/.venv/bin/kvsim}"
-kv_bytes=2555904   # 78 blocks x 32 tokens x 1 KiB per token: about 4 prompts of 612 tokens per server
+scenario="${SCENARIO:-$repo/scenarios/tiny-cpu.yaml}"
+kv_bytes="${KV_BYTES:-2555904}"   # 78 blocks x 32 tokens x 1 KiB per token: about 4 prompts of 612 tokens per server
+servers="${SERVERS:-3}"
 runs="${RUNS:-2:2:1 2:2:4 2:7:1 2:7:4 2:12:1 2:12:4 3:2:1 3:2:4 3:7:1 3:7:4 3:12:1 3:12:4}"
 mkdir -p "$out"
-"$here/serve.sh" start 3 "$kv_bytes" 8
+"$here/serve.sh" start "$servers" "$kv_bytes" 8
 trap '"$here/serve.sh" stop' EXIT
 for run in $runs; do
   IFS=: read -r workers prefixes conc <<<"$run"
@@ -20,6 +25,6 @@ for run in $runs; do
   for ((i = 1; i <= workers; i++)); do endpoints+=(--endpoint "http://127.0.0.1:$((8100 + i))"); done
   name="w${workers}-n${prefixes}-c${conc}"
   echo "== $name $(date -u +%H:%M:%S)"
-  "$kvsim" measure --scenario "$repo/scenarios/tiny-cpu.yaml" "${endpoints[@]}" --prefixes "$prefixes" \
+  "$kvsim" measure --scenario "$scenario" "${endpoints[@]}" --prefixes "$prefixes" \
     --concurrency "$conc" --out "$out/$name.csv"
 done
