@@ -174,7 +174,7 @@ def test_pareto_front_narrated():
 def small(base):
     """A 6-trial search of kv-aware on the hard point, one run per trial."""
     return tune(base.with_overrides(**HARD), "kv-aware", objective="maximize:request_hit_rate",
-                constraints=["ttft_p99_ms<=190"], budget_simulations=6, repeats=1, seed=0, jobs=1)
+                constraints=["ttft_p99_ms<=215"], budget_simulations=6, repeats=1, seed=0, jobs=1)
 
 
 def test_trial_zero_is_the_routers_defaults_on_the_same_seeds(base, small):
@@ -196,7 +196,7 @@ def test_trials_run_the_spec_they_print(small):
 
 def test_feasible_means_every_constraint_met_on_the_means(small):
     for t in small.trials:
-        assert t.feasible == (t.means["ttft_p99_ms"] <= 190)
+        assert t.feasible == (t.means["ttft_p99_ms"] <= 215)
         assert (t.violation == 0) == t.feasible
     feasible = [t for t in small.trials if t.feasible]
     assert small.best == max(feasible, key=lambda t: (t.means["request_hit_rate"], -t.number)).number
@@ -244,7 +244,7 @@ def test_an_unknown_column_names_the_columns_there_are(base):
 # ------------------------------------------------------------------ the command line
 def _tune_cli(out, *extra):
     return invoke("tune", "--prefixes", "24", "--workers", "6", "--concurrency", "8", "--router", "kv-aware",
-                  "--objective", "maximize:request_hit_rate", "--constraint", "ttft_p99_ms<=190", "--budget", "8",
+                  "--objective", "maximize:request_hit_rate", "--constraint", "ttft_p99_ms<=215", "--budget", "8",
                   "--repeats", "1", "--seed", "0", "--out", str(out), *extra)
 
 
