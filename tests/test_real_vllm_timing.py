@@ -17,11 +17,11 @@ over-predicted by 36 % at N = 2 and 7 (8 % at N = 12).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
+from run_fixture_checks import assert_counters_agree
 from sim.scenario import load_scenario
 from sim.servers.run_csv import read_run
 from sim.studies.validate import compare
@@ -56,12 +56,7 @@ def test_the_fixture_sets_are_complete():
 
 @pytest.mark.parametrize("path", SHORT + LONG, ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_the_measurement_agrees_with_the_servers_counters(path):
-    run = read_run(path)
-    side = json.loads(path.with_suffix(".json").read_text())
-    for worker, counters in enumerate(side["counters_measured"]):
-        rows = [r for r in run.measured if r.worker == worker]
-        assert counters["hits"] == sum(r.cached_tokens for r in rows)
-        assert counters["queries"] == sum(r.prompt_tokens for r in rows)
+    assert_counters_agree(path)  # preemptions happen here at C >= 8, as vLLM's counters say
 
 
 def test_the_scenario_was_fitted_on_concurrency_1_and_4_only(fitted):
