@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import Discriminator, Field, Tag, ValidationError, ValidationInfo, model_validator
+from pydantic import Discriminator, Field, Tag, ValidationError, ValidationInfo, field_validator, model_validator
 
 from sim.config import ConfigModel
 from sim.engines import ENGINES
@@ -270,10 +270,7 @@ class RooflineTimeModelSpec(ConfigModel):
     step_overhead_s: float = Field(0.002, ge=0, description="Fixed cost of every step beyond the kernels (scheduling, launches, sampling).")
     seq_overhead_s: float = Field(0.0, ge=0, description="Cost per request in the step beyond its FLOPs and bytes (input preparation, sampling).")
 
-    @model_validator(mode="after")
-    def _hardware(self) -> RooflineTimeModelSpec:
-        object.__setattr__(self, "hardware", _known_hardware(self.hardware))  # canonical name (aliases accepted)
-        return self
+    _hardware = field_validator("hardware")(_known_hardware)  # the canonical name (aliases accepted)
 
 
 def _time_model_kind(data: Any) -> str:
@@ -298,10 +295,7 @@ class DeviceSpec(ConfigModel):
     hardware: str | None = Field(None, description="This device's hardware profile under a roofline time model (default: the time model's).")
     tensor_parallel: int | None = Field(None, ge=1, le=64, description="This device's tensor-parallel degree under a roofline time model (default: the time model's).")
 
-    @model_validator(mode="after")
-    def _hardware(self) -> DeviceSpec:
-        object.__setattr__(self, "hardware", _known_hardware(self.hardware))
-        return self
+    _hardware = field_validator("hardware")(_known_hardware)
 
 
 class DeploymentSpec(ConfigModel):

@@ -184,7 +184,7 @@ def test_a_bad_efficiency_and_an_unknown_hardware_name_their_fields():
         validate_scenario(data, source="s")
     data = _roofline_data(hardware="tpu-v5")
     data["model"] = {"config": "Qwen3-0.6B"}
-    with pytest.raises(ScenarioError, match=r"^s: time_model: unknown hardware 'tpu-v5'; allowed: "):
+    with pytest.raises(ScenarioError, match=r"^s: time_model.hardware: unknown hardware 'tpu-v5'; allowed: "):
         validate_scenario(data, source="s")
     data["time_model"] = {"kind": "quadratic"}
     with pytest.raises(ScenarioError, match=r"^s: time_model: kind must be linear or roofline"):
