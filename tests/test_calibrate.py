@@ -32,6 +32,8 @@ def test_parameters_are_read_and_set_by_address():
         read_parameter(scenario, "device.tpu.speed")
     with pytest.raises(ValueError, match="no such scenario field"):
         read_parameter(scenario, "time_model.warp_s")
+    with pytest.raises(ValueError, match=r"time_model.attention_efficiency: unset in the scenario \(give it a starting"):
+        read_parameter(scenario, "time_model.attention_efficiency")  # it follows compute_efficiency unless set
     with pytest.raises(ScenarioError):
         apply_parameters(scenario, {"device.gpu-24gb.sharing_efficiency": 3.0})
     with pytest.raises(ScenarioError, match="compute_efficiency"):

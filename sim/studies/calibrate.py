@@ -147,6 +147,8 @@ def read_parameter(scenario: Scenario, name: str) -> float:
         if not isinstance(node, dict) or part not in node:
             raise ValueError(f"{name}: no such scenario field")
         node = node[part]
+    if node is None:
+        raise ValueError(f"{name}: unset in the scenario (give it a starting value there to fit it)")
     if not isinstance(node, (int, float)):
         raise ValueError(f"{name}: not a number")
     return float(node)
