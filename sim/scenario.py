@@ -73,6 +73,10 @@ class ModelSpec(ConfigModel):
     kv_bytes_per_token: int = Field(gt=0, description="KV bytes per token, all layers: layers x 2 x kv_heads x head_dim x dtype bytes.")
     architecture: ModelArchitecture | None = Field(
         None, description="Layers, heads, sizes and dtype (from `config:`); needed by the roofline time model.")
+    config: str | None = Field(
+        None, exclude=True, description="A shipped model (Qwen3-0.6B, Llama-3.1-8B, Llama-3.1-70B, Qwen2.5-72B) or a "
+        "Hugging Face config.json path (relative to the scenario file): fills architecture, kv_bytes_per_token and the "
+        "default name. Read once; a written scenario carries the architecture instead.")
 
     @model_validator(mode="before")
     @classmethod
@@ -81,6 +85,8 @@ class ModelSpec(ConfigModel):
             return data
         data = dict(data)
         ref = data.pop("config")
+        if ref is None:
+            return data
         if "architecture" in data:
             raise ValueError("give config or architecture, not both")
         base_dir = (info.context or {}).get("base_dir")
