@@ -34,7 +34,7 @@ def reference_point() -> None:
         for dev in dep["devices"]:
             dev["speed"] = dev["sharing_efficiency"] = 1.0
     scenario = validate_scenario(data, source="uncalibrated roofline")
-    hardware = sorted({d.hardware or scenario.time_model.hardware for d in scenario.all_devices()[:-1]})
+    hardware = sorted({scenario.device_time_model(d).hardware for d in scenario.all_devices()[:-1]})
     measured = {"hit": (36, 42), "miss": (104, 113)}  # p50 over N = 2..24 at C = 4 (service-baseline.csv)
     print(f"1. reference, 6 workers, C=4, uncalibrated roofline on {', '.join(hardware)}, 3 seeds:")
     for n in (2, 7, 12, 24):

@@ -443,11 +443,20 @@ class Scenario(ConfigModel):
                                  f"{', '.join(f for f in fields if f != 'kind')}")
         return self
 
+    def device_time_model(self, device: DeviceSpec) -> TimeModelSpec:
+        """The time model `device` runs: its own or the scenario's; under a roofline, with the device's own
+        `hardware` and `tensor_parallel` where it gives them (the one place that rule lives)."""
+        spec = device.time_model or self.time_model
+        if spec.kind != "roofline":
+            return spec
+        return spec.model_copy(update={"hardware": device.hardware or spec.hardware,
+                                       "tensor_parallel": device.tensor_parallel or spec.tensor_parallel})
+
     @model_validator(mode="after")
     def _roofline_needs_architecture(self) -> Scenario:
         if self.model.architecture is None:
             for dev in self.all_devices():
-                if (dev.time_model or self.time_model).kind == "roofline":
+                if self.device_time_model(dev).kind == "roofline":
                     raise ValueError("time_model.kind roofline needs the model's architecture: give model.config (a "
                                      "shipped model or a config.json path)")
         return self
@@ -470,11 +479,10 @@ class Scenario(ConfigModel):
         checked against the device's memory: `engine.kv_cache_bytes` beyond it is a what-if a planner asks."""
         arch = self.model.architecture
         for dev in self.all_devices():
-            spec = dev.time_model or self.time_model
+            spec = self.device_time_model(dev)
             if arch is None or spec.kind != "roofline":
                 continue
-            hw = hardware_profile(dev.hardware or spec.hardware)
-            tp = dev.tensor_parallel or spec.tensor_parallel
+            hw, tp = hardware_profile(spec.hardware), spec.tensor_parallel
             weights = arch.num_params * arch.dtype_bytes
             if dev.workers * weights / tp > hw.memory_bytes:
                 need = f"{dev.workers} workers x {_gib(weights)}" if dev.workers > 1 else _gib(weights)

@@ -16,24 +16,24 @@ from sim.cluster.worker import Worker
 from sim.engines import build_engine
 from sim.engines.interface import CacheListener, EngineLoad, ServedRequest, StepTimeModel
 from sim.results.records import RequestRecord, WorkerCounters
-from sim.scenario import DeviceSpec, ModelSpec, Scenario, ScenarioError, TimeModelSpec
+from sim.scenario import ModelSpec, Scenario, ScenarioError, TimeModelSpec
 from sim.routing.prefix_state import build_prefix_state
 from sim.routing.scraper import MetricsScraper
 from sim.workloads.request import BlockHash, Request
 from sim.workloads.shared_prefix import rng_for
 
 
-def build_time_model(spec: TimeModelSpec, model: ModelSpec, device: DeviceSpec) -> StepTimeModel:
-    """The device's step-time model: the fitted linear one, or the roofline of the model on the device's hardware
-    (the device's own `hardware` / `tensor_parallel` over the time model's)."""
+def build_time_model(spec: TimeModelSpec, model: ModelSpec) -> StepTimeModel:
+    """A device's step-time model (`Scenario.device_time_model`): the fitted linear one, or the roofline of the
+    model on the spec's hardware."""
     fields = spec.model_dump(exclude={"kind"})
     if spec.kind == "linear":
         return LinearStepTimeModel(**fields)
     del fields["hardware"], fields["tensor_parallel"]
     if fields["attention_efficiency"] is None:
         fields["attention_efficiency"] = fields["compute_efficiency"]
-    return RooflineStepTimeModel(model.architecture, hardware_profile(device.hardware or spec.hardware),
-                                 tensor_parallel=device.tensor_parallel or spec.tensor_parallel, **fields)
+    return RooflineStepTimeModel(model.architecture, hardware_profile(spec.hardware),
+                                 tensor_parallel=spec.tensor_parallel, **fields)
 
 
 class Cluster:
@@ -62,7 +62,7 @@ class Cluster:
         for dev in scenario.cluster.devices():
             device = Device(env, dev.name, speed=dev.speed, sharing_efficiency=dev.sharing_efficiency,
                             num_workers=dev.workers, cores=dev.cores)
-            time_model = build_time_model(dev.time_model or scenario.time_model, scenario.model, dev)
+            time_model = build_time_model(scenario.device_time_model(dev), scenario.model)
             self.devices.append(device)
             for _ in range(dev.workers):
                 engine = build_engine(scenario.engine, kv_bytes_per_token=scenario.model.kv_bytes_per_token)

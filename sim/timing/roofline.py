@@ -60,9 +60,10 @@ class RooflineStepTimeModel:
             flops * attention_efficiency)
         self._kv_token_s = arch.kv_bytes_per_token * self._bytes_s
         self._decode_attn_s = max(self._pair_s, self._kv_token_s)
-        # NOTE: a dense model reads the same weights whatever the step; only an MoE's depend on the tokens.
+        # NOTE: a dense model reads the same weights whatever the step (`layer_params_read` of any token count);
+        # an MoE's depend on the tokens and are computed per step (`_dense_s`).
         self._weights_s_by_tokens = bool(arch.num_experts)
-        self._weights_s = (arch.layer_params_read(1 << 30) + arch.embedding_params) * arch.dtype_bytes * self._bytes_s
+        self._weights_s = (arch.layer_params_read(1) + arch.embedding_params) * arch.dtype_bytes * self._bytes_s
         if t > 1:
             self._comm_latency_s = 2 * arch.num_hidden_layers * hardware.interconnect_latency
             self._comm_token_s = (2 * arch.num_hidden_layers * 2 * (t - 1) / t * arch.hidden_size * arch.dtype_bytes
