@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from sim.studies.calibrate import Simulator, Target, predict
+import csv
+from pathlib import Path
+
+import yaml
+
+from sim.studies.calibrate import Simulator, Target, apply_parameters, predict
 from sim.scenario import Scenario, load_scenario
 from sim.studies.sweep import SweepRunner
 
@@ -30,3 +35,19 @@ def synthetic_targets(truth: Scenario) -> list[Target]:
             t = Target(case, p, m, 1.0, pooled=True)
             targets.append(Target(case, p, m, predict(t, results[case]), pooled=True))
     return targets
+
+
+def write_calibration_inputs(folder: Path, truth: dict[str, float]) -> tuple[Path, Path]:
+    """`small.yaml` (the small scenario) and `measured.csv` (its synthetic targets simulated with the `truth`
+    parameters, in the reference's tidy format) in `folder`: the --scenario and --measured of a calibration."""
+    scenario = small_scenario()
+    targets = synthetic_targets(apply_parameters(scenario, truth))
+    scenario_file = folder / "small.yaml"
+    scenario_file.write_text(yaml.safe_dump(scenario.model_dump(mode="json")))
+    measured = folder / "measured.csv"
+    with measured.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["workers", "prefixes", "concurrency", "metric", "value", "unit", "aggregation"])
+        for t in targets:
+            w.writerow([*t.point, t.metric, t.measured, "ms", "runs pooled"])
+    return scenario_file, measured

@@ -4,23 +4,20 @@ scenario and residuals are byte for byte those of an uninterrupted run."""
 
 from __future__ import annotations
 
-import csv
 import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-import yaml
 from click.testing import CliRunner
 
 import sim.studies.calibrate as calibrate_module
 from sim.cli import main
-from sim.studies.calibrate import apply_parameters
 
-from test_calibrate_helpers import small_scenario, synthetic_targets
+from interrupts import interrupt_once_journaled
+from test_calibrate_helpers import small_scenario, write_calibration_inputs
 
 ROOT = Path(__file__).resolve().parent.parent
 FAST = ["--fit", "time_model.compute_efficiency", "--holdout", "prefixes=4", "--repeats", "1", "--starts", "2",
@@ -30,17 +27,8 @@ FAST = ["--fit", "time_model.compute_efficiency", "--holdout", "prefixes=4", "--
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory) -> list[str]:
     """--scenario and --measured of a small calibration (synthetic measurements of a known parameter)."""
-    folder = tmp_path_factory.mktemp("inputs")
-    scenario = small_scenario()
-    targets = synthetic_targets(apply_parameters(scenario, {"time_model.compute_efficiency": 0.3}))
-    scenario_file = folder / "small.yaml"
-    scenario_file.write_text(yaml.safe_dump(scenario.model_dump(mode="json")))
-    measured = folder / "measured.csv"
-    with measured.open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["workers", "prefixes", "concurrency", "metric", "value", "unit", "aggregation"])
-        for t in targets:
-            w.writerow([*t.point, t.metric, t.measured, "ms", "runs pooled"])
+    scenario_file, measured = write_calibration_inputs(tmp_path_factory.mktemp("inputs"),
+                                                       {"time_model.compute_efficiency": 0.3})
     return ["--scenario", str(scenario_file), "--measured", str(measured)]
 
 
@@ -121,16 +109,8 @@ def test_sigterm_stops_the_calibration_in_one_line_and_resume_gives_the_uninterr
     assert full.returncode == 0, full.stderr
     out = tmp_path / "cut.yaml"
     journal = Path(f"{out}.runs.jsonl")
-    proc = subprocess.Popen(cli(out), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None:
-        if journal.exists() and len(journal.read_text().splitlines()) >= 4:
-            break
-        time.sleep(0.005)
-    assert proc.poll() is None, "the calibration finished before it could be interrupted"
-    proc.send_signal(signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 143, stderr
+    returncode, stderr = interrupt_once_journaled(cli(out), journal, lines=4, signum=signal.SIGTERM)
+    assert returncode == 143, stderr
     saved = len(journal.read_text().splitlines()) - 1
     last = stderr.strip().splitlines()[-1]
     assert last.startswith("stopped by SIGTERM: ") and f"{saved} runs saved in {journal}" in last

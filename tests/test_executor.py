@@ -19,6 +19,8 @@ from sim.results.journal import JournalError, RunJournal
 from sim.results.output_set import MANIFEST_NAME, manifest_matches, write_output_set
 from sim.studies.executor import DaskExecutor, LocalExecutor
 
+from interrupts import interrupt_once_journaled
+
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = ["--prefixes", "2,7", "--workers", "3", "--concurrency", "4", "--repeats", "2"]
 """A 4-run sweep of tiny points."""
@@ -169,19 +171,10 @@ def test_a_signal_stops_the_sweep_kills_its_workers_and_resume_finishes_it(tmp_p
     assert full.returncode == 0, full.stderr
     out = tmp_path / "cut"
     journal = out / "runs.jsonl"
-    proc = subprocess.Popen(_sweep_cli(out), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     children: set[int] = set()
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None:
-        children |= _children(proc.pid)
-        if journal.exists() and len(journal.read_text().splitlines()) >= 2:  # the header and one run
-            break
-        time.sleep(0.01)
-    assert proc.poll() is None, "the sweep finished before it could be interrupted"
-    children |= _children(proc.pid)
-    proc.send_signal(signum)
-    _, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == code, stderr
+    returncode, stderr = interrupt_once_journaled(_sweep_cli(out), journal, lines=2, signum=signum,  # header + a run
+                                                  while_waiting=lambda pid: children.update(_children(pid)))
+    assert returncode == code, stderr
     assert children, "the sweep ran no worker process"
     assert not [pid for pid in children if _alive(pid)]
     saved = len(journal.read_text().splitlines()) - 1

@@ -8,7 +8,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,8 @@ from click.testing import CliRunner
 import sim.studies.tune as tune_module
 from sim.cli import main
 from sim.results.output_set import manifest_matches
+
+from interrupts import interrupt_once_journaled
 
 ROOT = Path(__file__).resolve().parent.parent
 TUNE = ["tune", "--prefixes", "24", "--workers", "6", "--concurrency", "8", "--router", "kv-aware",
@@ -111,19 +112,11 @@ def test_sigint_stops_the_tune_in_one_line_and_resume_gives_the_uninterrupted_cs
     assert full.returncode == 0, full.stderr
     out = tmp_path / "cut"
     journal = out / "runs.jsonl"
-    proc = subprocess.Popen(_tune_cli(out), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None:
-        # NOTE: the header and two runs: trial 0 runs alone (in this process), the next from the first batch, once
-        # the pool has forked its workers. A SIGINT that lands inside fork() is swallowed by an at-fork hook
-        # (logging's `_releaseLock`, "Exception ignored"), so the signal is sent after the forks.
-        if journal.exists() and len(journal.read_text().splitlines()) >= 3:
-            break
-        time.sleep(0.01)
-    assert proc.poll() is None, "the tune finished before it could be interrupted"
-    proc.send_signal(signal.SIGINT)
-    _, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 130, stderr
+    # NOTE: the header and two runs: trial 0 runs alone (in this process), the next from the first batch, once the
+    # pool has forked its workers. A SIGINT that lands inside fork() is swallowed by an at-fork hook (logging's
+    # `_releaseLock`, "Exception ignored"), so the signal is sent after the forks.
+    returncode, stderr = interrupt_once_journaled(_tune_cli(out), journal, lines=3, signum=signal.SIGINT)
+    assert returncode == 130, stderr
     saved = len(_run_lines(out))
     assert 2 <= saved < 16
     last = stderr.strip().splitlines()[-1]
