@@ -189,8 +189,10 @@ class Latencies:
     """Of the requests with more than one output token."""
 
     def latency_ms(self, kind: str) -> tuple[float, ...]:
-        """`kind`: "e2e" or "tpot"."""
-        return self.e2e_ms if kind == "e2e" else self.tpot_ms
+        """`kind`: "e2e", "tpot", or a TTFT split ("all", "hit", "miss")."""
+        if kind == "e2e":
+            return self.e2e_ms
+        return self.tpot_ms if kind == "tpot" else self.ttft.ttft_ms(kind)
 
 
 def simulate_latencies(scenario: Scenario, stream: RequestStream | None = None,
@@ -238,18 +240,12 @@ def predict(target: Target, runs: Sequence[Latencies]) -> float:
     """The simulated counterpart of a measured figure, aggregated over runs the way the measurement was."""
     if target.metric == "throughput_rps":
         return float(np.median([r.throughput_rps for r in runs]))
-    if target.metric in LATENCY_METRICS:
-        kind, q = LATENCY_METRICS[target.metric]
-        if target.pooled:
-            values = [v for r in runs for v in r.latency_ms(kind)]
-            return float(np.percentile(values, q)) if values else float("nan")
-        per_run = [np.percentile(r.latency_ms(kind), q) for r in runs if r.latency_ms(kind)]
-        return float(np.median(per_run)) if per_run else float("nan")
-    split, q = TTFT_METRICS[target.metric]
+    kind, q = TTFT_METRICS.get(target.metric) or LATENCY_METRICS[target.metric]
+    samples = [r.latency_ms(kind) for r in runs]
     if target.pooled:
-        values = [v for r in runs for v in r.ttft.ttft_ms(split)]
+        values = [v for s in samples for v in s]
         return float(np.percentile(values, q)) if values else float("nan")
-    per_run = [np.percentile(r.ttft.ttft_ms(split), q) for r in runs if r.ttft.ttft_ms(split)]
+    per_run = [np.percentile(s, q) for s in samples if s]
     return float(np.median(per_run)) if per_run else float("nan")
 
 
