@@ -396,7 +396,8 @@ def run_offload(cfg: dict, off: dict) -> dict:
         else:
             resident = {"t1": [name(w, key) for key in pol.t1], "t2": [name(w, key) for key in pol.t2],
                         "target_t1_size": pol.target_t1_size}
-        not_ready = sorted(name(w, key) for key, c in pol.chunks.items() if c.ref_cnt != 0)
+        all_chunks = pol.chunks if off["eviction_policy"] == "lru" else {**pol.t1, **pol.t2}
+        not_ready = sorted(name(w, key) for key, c in all_chunks.items() if c.ref_cnt != 0)
         reduced = kvstats[w].reduce()
         connector_stats = {kk: reduced[kk] for kk in sorted(reduced)
                            if "time" not in kk and "delay" not in kk}
