@@ -204,6 +204,31 @@ def run_offload(cfg: dict, off: dict) -> dict:
             return _orig(request, blocks, num_external_tokens)
 
         conn.update_state_after_alloc = after_alloc
+        # NOTE: the Scheduler hands the connector `finished_req_ids` as a set of strings, whose iteration order
+        # depends on the process's hash seed; the connector's finish pass commits LRU recency in that order. Any
+        # order is one vLLM can produce, so the oracle pins it to the order the requests finished (the order
+        # `_free_request` ran: schedule order within a step), which kvsim follows.
+        finish_order: list[str] = []
+        orig_free = s._free_request
+
+        def free_request(request, *a, _orig=orig_free, _order=finish_order, **kw):
+            _order.append(request.request_id)
+            return _orig(request, *a, **kw)
+
+        s._free_request = free_request
+        orig_meta = conn.build_connector_meta
+
+        def build_meta(scheduler_output, _orig=orig_meta, _order=finish_order):
+            done = scheduler_output.finished_req_ids
+            if done:
+                ordered = [rid for rid in _order if rid in done]
+                if set(ordered) != set(done):
+                    raise OracleError("internal: a finished request id not seen by _free_request", 4)
+                scheduler_output.finished_req_ids = ordered
+            _order.clear()
+            return _orig(scheduler_output)
+
+        conn.build_connector_meta = build_meta
         mgr = conn.scheduler.manager
         orig_store = mgr.prepare_store
 

@@ -3,7 +3,7 @@ one package (`sim/engines/<kind>/`: its spec, its cache and scheduler, its `Engi
 
 from __future__ import annotations
 
-from sim.engines.interface import Engine, EngineClass
+from sim.engines.interface import Engine, EngineClass, HostLink
 from sim.engines.sglang import SglangEngine
 from sim.engines.vllm import VllmEngine
 
@@ -20,9 +20,9 @@ def _registry(*classes: EngineClass) -> dict[str, EngineClass]:
 ENGINES = _registry(VllmEngine, SglangEngine)
 
 
-def build_engine(spec, *, kv_bytes_per_token: int) -> Engine:
-    """The engine of `spec.kind`, built from its spec."""
-    return ENGINES[spec.kind](spec, kv_bytes_per_token=kv_bytes_per_token)
+def build_engine(spec, *, kv_bytes_per_token: int, host_link: HostLink | None = None) -> Engine:
+    """The engine of `spec.kind`, built from its spec; `host_link` times a host KV tier's copies, if it has one."""
+    return ENGINES[spec.kind](spec, kv_bytes_per_token=kv_bytes_per_token, host_link=host_link)
 
 
 __all__ = ["ENGINES", "Engine", "build_engine"]

@@ -53,7 +53,10 @@ class ServedRequest:
     num_preemptions: int = 0
     """Times the engine took the request's KV away while it ran (vLLM preemption, SGLang retraction)."""
     num_cached_tokens: int | None = None
-    """Prefix-cache hit at first admission (vLLM's and SGLang's per-request `cached_tokens`); None until admitted."""
+    """Prefix-cache hit at first admission (vLLM's and SGLang's per-request `cached_tokens`); None until admitted.
+    With a CPU tier it includes the tokens loaded from it."""
+    num_cpu_hit_tokens: int = 0
+    """Of the first admission's hit, the tokens loaded from the CPU (host) tier (vLLM's `host` source)."""
     admitted_s: float | None = None
     first_token_s: float | None = None
     finished_s: float | None = None
@@ -84,6 +87,9 @@ class StepPlan:
     """Query-key pairs of the prefill tokens: n x (p + (n + 1) / 2) for n new tokens after p computed ones."""
     num_prefill_context_tokens: int = 0
     """KV tokens the prefill chunks attend to before their own (p of each chunk: cached prefix, earlier chunks)."""
+    stall_s: float = 0.0
+    """Seconds the step's forward pass waits for KV copies before it starts (vLLM: a store from blocks this step
+    reuses is flushed first); not device compute."""
 
     @property
     def is_empty(self) -> bool:
@@ -106,6 +112,15 @@ class StepTimeModel(Protocol):
     def decode_steps(self, num_decodes: int, context_tokens: int) -> tuple[float, float] | None:
         """For consecutive decode-only steps of `num_decodes` requests whose contexts sum to `context_tokens` at
         the first: (first step's seconds, growth per step), or None if the steps are not an arithmetic series."""
+        ...
+
+
+class HostLink(Protocol):
+    """The copy engine between a device's memory and host memory (PCIe), one FIFO queue per direction; a KV tier
+    in host memory times its loads and stores on it (implementation: `sim.cluster.host_link`)."""
+
+    def copy_done_s(self, *, to_device: bool, start_s: float, num_bytes: int) -> float:
+        """When a copy of `num_bytes` submitted at `start_s` completes (after the copies queued before it)."""
         ...
 
 
@@ -190,6 +205,12 @@ class EngineCounters:
     """The same in tokens."""
     preemptions: int
     """vLLM preemptions by recompute, SGLang decode retractions."""
+    cpu_stored_blocks: int = 0
+    """Blocks copied to the host (CPU) KV tier (vLLM `kv_offload_store_bytes` / block bytes)."""
+    cpu_loaded_blocks: int = 0
+    """Blocks loaded back from the host tier (vLLM `kv_offload_load_bytes` / block bytes)."""
+    cpu_evicted_blocks: int = 0
+    """Blocks evicted from the host tier to make room."""
 
 
 # ---------------------------------------------------------------------------------------------- cache events
@@ -289,6 +310,11 @@ class Engine(Protocol):
 
     def counters(self) -> EngineCounters: ...
 
+    def next_background_s(self) -> float | None:
+        """When work the engine runs beside its steps (KV copies to or from a host tier) next completes, for an
+        engine with nothing to schedule until then; None when there is none."""
+        ...
+
     def describe_stall(self) -> str:
         """Why nothing could be scheduled (for the error the worker raises)."""
         ...
@@ -338,5 +364,5 @@ class EngineClass(Protocol):
     kind: ClassVar[str]
     Spec: ClassVar[type]
 
-    def __call__(self, spec: EngineSpec, *, kv_bytes_per_token: int) -> Engine: ...
+    def __call__(self, spec: EngineSpec, *, kv_bytes_per_token: int, host_link: HostLink | None = None) -> Engine: ...
 

@@ -6,7 +6,15 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from sim.engines.event_feed import EventFeed
-from sim.engines.interface import CacheListener, EngineCounters, EngineLoad, StepOutcome, StepPlan, StepTimeModel
+from sim.engines.interface import (
+    CacheListener,
+    EngineCounters,
+    EngineLoad,
+    HostLink,
+    StepOutcome,
+    StepPlan,
+    StepTimeModel,
+)
 from sim.engines.sglang.decode_stretch import SglangDecodeStretch
 from sim.engines.sglang.radix_cache import RadixCache
 from sim.engines.sglang.request_state import SglangRequest
@@ -60,7 +68,7 @@ class SglangEngine:
     kind: ClassVar[str] = "sglang"
     Spec: ClassVar[type[SglangEngineSpec]] = SglangEngineSpec
 
-    def __init__(self, spec: SglangEngineSpec, *, kv_bytes_per_token: int) -> None:
+    def __init__(self, spec: SglangEngineSpec, *, kv_bytes_per_token: int, host_link: HostLink | None = None) -> None:
         self.spec = spec
         n = spec.max_total_num_tokens(kv_bytes_per_token)
         self.tree = RadixCache(page_size=spec.page_size, eviction_policy=spec.radix_eviction_policy)
@@ -127,6 +135,9 @@ class SglangEngine:
         evicted = self.tree.num_evicted_tokens
         return EngineCounters(prefix_cache=self.scheduler.stats.copy(), evicted_blocks=evicted // self.tree.page_size,
                               evicted_tokens=evicted, preemptions=self.scheduler.num_retractions)
+
+    def next_background_s(self) -> float | None:
+        return None  # no host tier (HiCache is not modelled)
 
     def describe_stall(self) -> str:
         s = self.scheduler

@@ -161,6 +161,46 @@ class KVCacheManager:
             self._record_stored(state, first_uncached)
         return True
 
+    def allocate_for_load(
+        self,
+        state: RequestState,
+        hit_blocks: Sequence[int],
+        num_external_tokens: int,
+        *,
+        full_sequence_must_fit: bool,
+        reserved_blocks: int = 0,
+    ) -> bool:
+        """Slots for an async load (vLLM `allocate_slots(num_new_tokens=0, num_external_computed_tokens=ext,
+        delay_cache_blocks=True, reserved_blocks=...)`, `KVM` 380-640): the GPU hit is touched and new blocks are
+        taken for the `num_external_tokens` loaded after it, none of them cached until the load is done
+        (`cache_full_blocks` then), so no other request hits them meanwhile. `reserved_blocks` must stay free
+        for in-flight prefills. False (and nothing changed) if it does not fit.
+
+            | GPU hit (hit_blocks, touched) | loaded from CPU: new blocks, uncached | rest of the prompt |
+            0                               len(hit_blocks) * B                     + num_external_tokens
+        """
+        pool, B = self.pool, self.block_size
+        num_evictable_hits = self._num_evictable(hit_blocks) if hit_blocks else 0
+        free = pool.num_free_blocks
+        if full_sequence_must_fit and (cdiv(state.num_tokens, B) - len(state.block_ids) - len(hit_blocks)
+                                       + num_evictable_hits) > free:
+            return False
+        num_tokens = min(len(hit_blocks) * B + num_external_tokens, self.max_model_len)
+        num_new_blocks = cdiv(num_tokens, B) - len(state.block_ids) - len(hit_blocks)
+        if max(num_new_blocks, 0) + num_evictable_hits > free - reserved_blocks:
+            return False
+        if hit_blocks:
+            pool.touch(hit_blocks)
+            state.block_ids.extend(hit_blocks)
+            state.num_cached_blocks = max(state.num_cached_blocks, len(state.block_ids))
+        if num_new_blocks > 0:
+            state.block_ids.extend(pool.get_new_blocks(num_new_blocks))
+        return True
+
+    def num_blocks_to_finish(self, state: RequestState) -> int:
+        """Blocks `state` still needs to hold all its current tokens (vLLM `_request_remaining_blocks`)."""
+        return max(cdiv(min(state.num_tokens, self.max_model_len), self.block_size) - len(state.block_ids), 0)
+
     def cache_full_blocks(self, state: RequestState, num_tokens: int) -> None:
         """Register the hashes of every block fully covered by the first `num_tokens` tokens of `state` (one
         caching pass: one `stored` event when recording)."""

@@ -18,6 +18,8 @@ class RequestState(ServedRequest):
     num_computed_tokens: int = 0
     block_ids: list[int] = field(default_factory=list)
     num_cached_blocks: int = 0
+    loading: bool = False
+    """vLLM's WAITING_FOR_REMOTE_KVS: blocks allocated for a CPU hit whose async load is not yet promoted."""
 
     @property
     def is_finished(self) -> bool:

@@ -7,11 +7,13 @@ recompute). The SimPy worker (`sim.cluster.worker`) calls it and decides how lon
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from sim.engines.interface import StepOutcome, StepPlan
 from sim.engines.vllm.behaviour import VllmBehaviour
 from sim.engines.vllm.kv_cache_manager import KVCacheManager
+from sim.engines.vllm.offload.connector import ConnectorStep, OffloadingConnector
 from sim.engines.vllm.request_state import RequestState
 
 
@@ -34,23 +36,41 @@ class Scheduler:
        budget; the last admitted one may be chunked.
     `num_computed_tokens` advances at schedule time; `update_from_output` samples a token for every request
     whose prompt is fully computed and frees finished requests' blocks immediately.
+
+    With a CPU tier (`connector`, vLLM's OffloadingConnector) admission follows 0.33.0's waiting loop
+    (`S` 1049-1612): requests holding KV blocks (`holding`: async loads, waiting or done) are drained before new
+    ones; a fresh admission asks the connector after the GPU lookup; a CPU hit allocates blocks for the hit, puts
+    the request in `holding` with 0 tokens (WAITING_FOR_REMOTE_KVS) and, once the load is reported done, caches
+    those blocks and admits it from `holding`; a deferred lookup skips the request without blocking the ones
+    behind it. Skipped requests go back to the front of their queue in their order.
     """
 
-    def __init__(self, limits: SchedulerLimits, kv: KVCacheManager, behaviour: VllmBehaviour) -> None:
+    def __init__(self, limits: SchedulerLimits, kv: KVCacheManager, behaviour: VllmBehaviour,
+                 connector: OffloadingConnector | None = None) -> None:
         self.limits = limits
         self.kv = kv
         self.behaviour = behaviour
+        self.connector = connector
         self.waiting: deque[RequestState] = deque()
         self.running: list[RequestState] = []
+        self.holding: deque[RequestState] = deque()
+        """vLLM's `kv_holding_waiting`: requests with KV blocks that wait (their load in flight, or done)."""
+        self._loaded: set[RequestState] = set()
+        """Requests whose async load is reported done (`finished_recving_kv_req_ids`), not yet promoted."""
+        self._inflight_prefills: set[RequestState] = set()
+        """Requests whose prefill (or load) is not done: their remaining blocks are reserved against async loads."""
+        self.connector_step: ConnectorStep | None = None
+        """The transfer jobs of the last `schedule()` (with a connector), for the worker side to run."""
         self.num_preemptions = 0
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.holding
+                    or (self.connector is not None and self.connector.has_work))
 
     @property
     def num_requests(self) -> int:
-        return len(self.waiting) + len(self.running)
+        return len(self.waiting) + len(self.running) + len(self.holding)
 
     def add_request(self, state: RequestState) -> None:
         self.waiting.append(state)
@@ -85,8 +105,18 @@ class Scheduler:
             budget -= num_new
             i += 1
 
+        connector = self.connector
         if not plan.preempted:
-            self._admit_waiting(plan, budget, now_s)
+            if connector is None:
+                self._admit_waiting(plan, budget, now_s)
+            else:
+                self._admit_waiting_offload(plan, budget, now_s)
+        if connector is not None:
+            self.connector_step = connector.build_step(scheduled.items(), plan.preempted)
+            inflight = self._inflight_prefills
+            for state, n in scheduled.items():
+                if state.num_computed_tokens + n >= state.num_tokens:
+                    inflight.discard(state)
 
         prefill_tokens = decode_seqs = decode_context = pairs = prefill_context = 0
         for state, n in scheduled.items():
@@ -134,19 +164,118 @@ class Scheduler:
             plan.num_scheduled_tokens[state] = num_new
             budget -= num_new
 
+    def _admit_waiting_offload(self, plan: StepPlan, budget: int, now_s: float) -> None:
+        """`_admit_waiting` with the CPU tier (see the class docstring); the same rules otherwise."""
+        kv, running, connector = self.kv, self.running, self.connector
+        assert connector is not None
+        behaviour = self.behaviour
+        max_num_seqs = self.limits.max_num_seqs
+        skipped_waiting: list[RequestState] = []
+        skipped_holding: list[RequestState] = []
+
+        def skip(queue: deque[RequestState]) -> None:
+            state = queue.popleft()
+            (skipped_holding if state.num_computed_tokens > 0 else skipped_waiting).append(state)
+
+        while budget > 0:
+            queue = self.holding if self.holding else self.waiting
+            if not queue or len(running) >= max_num_seqs:
+                break
+            state = queue[0]
+            if state.loading:
+                if state not in self._loaded:
+                    skip(queue)
+                    continue
+                self._promote(state)
+            hit_blocks: list[int] = []
+            num_gpu_hit = num_ext = 0
+            looked_up = state.num_computed_tokens == 0
+            if looked_up:
+                hit_blocks = kv.find_longest_cache_hit(state)
+                num_gpu_hit = len(hit_blocks) * kv.block_size
+                ext = connector.lookup(state, num_gpu_hit)
+                if ext is None:
+                    skip(queue)
+                    continue
+                num_ext = ext
+            preempted_before = state.num_preemptions > 0
+            if looked_up and not behaviour.stats_at_admission_only:
+                self._record_lookup(state, num_gpu_hit, preempted_before)
+            if num_ext:
+                reserved = sum(map(kv.num_blocks_to_finish, self._inflight_prefills))
+                if not kv.allocate_for_load(state, hit_blocks, num_ext, reserved_blocks=reserved,
+                                            full_sequence_must_fit=behaviour.full_sequence_must_fit):
+                    break
+                connector.after_alloc(state, num_gpu_hit, num_ext)
+                connector.record_lookup(state, num_gpu_hit, num_ext, preempted=preempted_before)
+                if behaviour.stats_at_admission_only:
+                    self._record_lookup(state, num_gpu_hit, preempted_before)
+                if not preempted_before and state.num_cached_tokens is None:
+                    state.num_cpu_hit_tokens = num_ext
+                state.num_computed_tokens = num_gpu_hit + num_ext
+                state.loading = True
+                self._inflight_prefills.add(state)
+                skip(queue)
+                continue
+            computed = num_gpu_hit if looked_up else state.num_computed_tokens
+            num_new = min(state.num_tokens - computed, budget)
+            if not kv.allocate_slots(
+                state, num_new, hit_blocks, full_sequence_must_fit=behaviour.full_sequence_must_fit
+            ):
+                break
+            connector.after_alloc(state, num_gpu_hit, 0)
+            if looked_up:
+                connector.record_lookup(state, num_gpu_hit, 0, preempted=preempted_before)
+                if behaviour.stats_at_admission_only:
+                    self._record_lookup(state, num_gpu_hit, preempted_before)
+            queue.popleft()
+            running.append(state)
+            state.num_computed_tokens = computed
+            if state.num_cached_tokens is None:
+                state.num_cached_tokens = computed
+                state.admitted_s = now_s
+            if computed + num_new < state.num_tokens:
+                self._inflight_prefills.add(state)
+            plan.admitted.append(state)
+            plan.num_scheduled_tokens[state] = num_new
+            budget -= num_new
+        if skipped_holding:
+            self.holding.extendleft(reversed(skipped_holding))
+        if skipped_waiting:
+            self.waiting.extendleft(reversed(skipped_waiting))
+
+    def _promote(self, state: RequestState) -> None:
+        """The request's load is done: cache the loaded blocks and let it prefill the rest; a load that reached the
+        prompt's end recomputes the last token (`S` 3467-3533)."""
+        self._loaded.discard(state)
+        state.loading = False
+        self.kv.cache_full_blocks(state, state.num_computed_tokens)
+        if state.num_computed_tokens == state.num_tokens:
+            state.num_computed_tokens -= 1
+
     def _record_lookup(self, state: RequestState, num_hit_tokens: int, preempted: bool) -> None:
         counted_as_preempted = preempted and not self.behaviour.count_preempted_lookups
         self.kv.stats.record(state.num_tokens, num_hit_tokens, preempted=counted_as_preempted)
 
     def _preempt(self, state: RequestState) -> None:
+        self._inflight_prefills.discard(state)
         self.kv.free(state)
         state.num_computed_tokens = 0
         state.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(state)
 
-    def update_from_output(self, plan: StepPlan, now_s: float = 0.0) -> StepOutcome:
-        """Sample one token for every scheduled request whose tokens are all computed; free the finished ones."""
+    def update_from_output(self, plan: StepPlan, now_s: float = 0.0, finished_jobs: Iterable[int] = ()) -> StepOutcome:
+        """Sample one token for every scheduled request whose tokens are all computed; free the finished ones;
+        then take the KV transfer jobs the worker reports done (`finished_jobs`, `S` 2581-2582)."""
+        outcome = self._sample(plan, now_s)
+        if self.connector is not None:
+            loaded = self.connector.complete(finished_jobs)
+            if loaded:
+                self._loaded.update(loaded)
+        return outcome
+
+    def _sample(self, plan: StepPlan, now_s: float) -> StepOutcome:
         first_token: list[RequestState] = []
         finished: list[RequestState] = []
         for state in plan.num_scheduled_tokens:
@@ -168,6 +297,10 @@ class Scheduler:
         (each tail first, in the order given: schedule order)."""
         done = set(finished)
         self.running = [s for s in self.running if s not in done]
+        connector = self.connector
         for state in finished:
             state.finished_s = now_s
+            if connector is not None:
+                self._inflight_prefills.discard(state)
+                connector.request_finished(state)
             self.kv.free(state)

@@ -1,0 +1,357 @@
+"""The scheduler side of vLLM 0.33.0's `OffloadingConnector` (what `--kv-offloading-size` turns on): which CPU
+chunks a request may load at admission, which of its chunks are stored and when, and the transfer jobs that result.
+
+Mirrors `vllm/distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py` (`OffloadingConnectorScheduler`,
+cited `OS` with 0.33.0 line numbers) for one full-attention KV cache group, one GPU block per chunk
+(`blocks_per_chunk = 1`), prompt-only stores, async loads and no store threshold: the connector's defaults. The
+rules, with every citation, are in benchmarks/vllm-oracle/offloading/vllm-0.33-offloading-rules.md (cited "rules").
+The CPU pool and its recency are `CpuOffloadingManager`; the copies belong to whoever runs the jobs (the engine's
+`HostTransfers`, or an oracle's lockstep fake worker).
+
+The arithmetic of one admission, in tokens (chunks are blocks of `B` tokens):
+
+    | GPU hit (local, capped at num_tokens - 1) | CPU hit: whole chunks, first miss stops | rest: prefill |
+    0                                           G                                        G + ext
+                                    lookup scans chunks G // B .. num_tokens // B - 1 (NOT capped at num_tokens - 1)
+
+A hit of fewer than one chunk counts as none; a hit reaching `num_tokens` (a block-aligned prompt) recomputes its
+last token after the load (rules §2.2, §6.1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from sim.engines.vllm.offload.cpu_manager import CpuOffloadingManager, LookupResult
+from sim.engines.vllm.request_state import RequestState
+
+
+@dataclass(frozen=True, slots=True)
+class TransferJob:
+    """One copy between GPU and CPU that the worker side must run and report (vLLM's `TransferJob`)."""
+
+    job_id: int
+    request: RequestState
+    is_store: bool
+    """GPU -> CPU (a store) or CPU -> GPU (a load)."""
+    chunk_indices: tuple[int, ...]
+    """The request's chunk (= block) positions copied, in position order."""
+    num_bytes: int
+    block_ids: tuple[int, ...] = ()
+    """A store's source GPU blocks (what a flush fences)."""
+
+
+@dataclass(slots=True)
+class ConnectorStep:
+    """What one `schedule()` handed the worker side (vLLM's `OffloadingConnectorMetadata`)."""
+
+    load_jobs: list[TransferJob] = field(default_factory=list)
+    """Created by this step's admissions; the worker starts them before this step's forward pass."""
+    store_jobs: list[TransferJob] = field(default_factory=list)
+    """Created by this step's `build_step`; the worker starts them at the next step's start (`OW` 272-284)."""
+    jobs_to_flush: list[int] = field(default_factory=list)
+    """In-flight jobs the worker must finish before this step's forward pass: stores reading a block that this
+    step reallocated, and a preempted request's jobs (`OS` 2136-2165)."""
+    evicted: list[tuple[RequestState, tuple]] = field(default_factory=list)
+    """CPU chunks evicted to make room, per store offer in order: (the offering request, chunk hashes evicted
+    least recent first); vLLM's `BlockRemoved(medium="CPU")` events."""
+
+    @property
+    def is_empty(self) -> bool:
+        return not (self.load_jobs or self.store_jobs or self.jobs_to_flush)
+
+
+@dataclass(slots=True)
+class _RequestOffload:
+    """vLLM's `RequestOffloadState` for one request (one group)."""
+
+    next_stored_chunk: int = 0
+    """Chunks below this are not offered for storing again (reset at every lookup)."""
+    block_ids: list[int] = field(default_factory=list)
+    """The request's GPU blocks as the connector was told of them (vLLM's `group_state.block_ids`): kept after
+    the request's blocks are freed, so that a finish pass can still store from them."""
+    job_ids: set[int] = field(default_factory=set)
+    finished: bool = False
+    """`finished_signaled`: the finish pass ran; the state is dropped once no job is left."""
+
+
+@dataclass(slots=True)
+class OffloadCounters:
+    """Cumulative counters of the connector (vLLM's names per field)."""
+
+    requests: int = 0
+    """Admissions that looked up with tokens beyond the GPU hit (re-admissions after preemption not included)."""
+    queries: int = 0
+    """Their tokens beyond the GPU hit (`vllm:external_prefix_cache_queries`)."""
+    hits: int = 0
+    """Of which loaded from CPU (`vllm:external_prefix_cache_hits`; `prompt_tokens_cached_by_source{host}`)."""
+    preempted_requests: int = 0
+    preempted_queries: int = 0
+    preempted_hits: int = 0
+    num_load_jobs: int = 0
+    num_loaded_chunks: int = 0
+    num_store_jobs: int = 0
+    num_stored_chunks: int = 0
+    num_deferred_lookups: int = 0
+    """Lookups answered "not yet" (a chunk still being stored or loaded, or the request's own jobs in flight)."""
+    num_flushed_jobs: int = 0
+
+
+class OffloadingConnector:
+    """One worker's `OffloadingConnectorScheduler` (see the module docstring for what is modelled).
+
+    Call order per engine step, as vLLM's Scheduler makes it:
+    * `lookup(state, gpu_hit)` for every fresh admission attempt (`num_computed_tokens == 0`), every step the
+      request is tried: the CPU hit in tokens, or None (defer: the request stays waiting, unscheduled).
+    * `after_alloc(state, ext)` once the request got its blocks: with `ext > 0` a load job is created, its chunks
+      pinned and marked being loaded; the request then waits (0 tokens) until `complete` reports the load.
+    * `build_step(scheduled, finished)` after all admissions and before computed tokens advance: flush detection,
+      then one store job per request with new full prompt chunks (all or nothing: a full CPU tier drops the offer
+      and it is retried next step), then the finish pass of requests that finished since the last call (their
+      recency commits *after* this step's stores draw ranks: rules §4.4, self-test 3).
+    * `complete(job_ids)` when the worker reports jobs done (after a forward pass): stores become loadable, loads
+      unpin; returns the requests whose load finished.
+    * `request_finished(state)` when a request ends, before its blocks are freed (vLLM frees at once; a pending
+      store on a reallocated block is then flushed).
+    """
+
+    def __init__(self, manager: CpuOffloadingManager, *, block_size: int, bytes_per_block: int) -> None:
+        self.manager = manager
+        self.block_size = block_size
+        self.bytes_per_block = bytes_per_block
+        self.counters = OffloadCounters()
+        self._requests: dict[RequestState, _RequestOffload] = {}
+        self._jobs: dict[int, TransferJob] = {}
+        self._next_job_id = 0
+        self._chunks_being_loaded: set = set()
+        self._step = ConnectorStep()
+        self._allocated_block_ids: set[int] = set()
+        self._pending_finished: list[RequestState] = []
+        self._block_fences: dict[int, set[int]] = {}
+        """GPU block id -> in-flight store jobs reading it, for requests that have finished (`OS` 2336-2376)."""
+
+    # ------------------------------------------------------------------ state
+    @property
+    def has_jobs(self) -> bool:
+        """Jobs in flight: vLLM keeps stepping while they are (`has_pending_push_work`, `OS` 2198-2216)."""
+        return bool(self._jobs)
+
+    @property
+    def has_work(self) -> bool:
+        """Jobs in flight, or finished requests whose finish pass has not run: vLLM's engine takes one more step
+        for those (`has_finished_requests`, `S` 3157-3177)."""
+        return bool(self._jobs or self._pending_finished)
+
+    def job(self, job_id: int) -> TransferJob:
+        return self._jobs[job_id]
+
+    def _state(self, state: RequestState) -> _RequestOffload:
+        st = self._requests.get(state)
+        if st is None:
+            st = self._requests[state] = _RequestOffload()
+        return st
+
+    def _chunk_hashes(self, state: RequestState, start: int, stop: int) -> list:
+        hashes = state.block_hashes(start, stop)
+        manager, B = self.manager, self.block_size
+        for i, h in enumerate(hashes, start):
+            manager.set_chunk_end_token(state, h, (i + 1) * B)
+        return hashes
+
+    # ------------------------------------------------------------------ admission
+    def lookup(self, state: RequestState, num_gpu_hit_tokens: int) -> int | None:
+        """Tokens beyond the GPU hit that can be loaded from CPU (0: none), or None to defer (`OS` 1218-1277,
+        849-1054)."""
+        st = self._state(state)
+        st.next_stored_chunk = 0
+        st.block_ids = []
+        if st.job_ids:
+            self.counters.num_deferred_lookups += 1
+            return None  # its own stores (or a load) still in flight (`OS` 1247-1252)
+        B = self.block_size
+        num_chunks = state.num_tokens // B
+        if num_chunks * B - num_gpu_hit_tokens < B:
+            return 0
+        start = num_gpu_hit_tokens // B
+        manager = self.manager
+        hits = 0
+        pending = False
+        for h in state.block_hashes(start, num_chunks):
+            result = manager.lookup(h)
+            if result is LookupResult.MISS:
+                break
+            hits += 1
+            pending |= result is LookupResult.HIT_PENDING
+        num_hit_tokens = (start + hits) * B - num_gpu_hit_tokens
+        if hits == 0 or num_hit_tokens < B:
+            return 0
+        if pending:
+            self.counters.num_deferred_lookups += 1
+            return None  # a chunk is resident but its store has not completed (`OS` 788-796)
+        if self._chunks_being_loaded and not self._chunks_being_loaded.isdisjoint(
+                state.block_hashes(start, start + hits)):
+            self.counters.num_deferred_lookups += 1
+            return None  # another request's load is bringing these chunks in (`OS` 1021-1045)
+        return num_hit_tokens
+
+    def record_lookup(self, state: RequestState, num_gpu_hit_tokens: int, num_external_tokens: int,
+                      *, preempted: bool) -> None:
+        """The connector's prefix-cache stats of one admission (`S` 1487-1506)."""
+        queries = state.num_tokens - num_gpu_hit_tokens
+        if queries == 0:
+            return
+        c = self.counters
+        if preempted:
+            c.preempted_requests += 1
+            c.preempted_queries += queries
+            c.preempted_hits += num_external_tokens
+        else:
+            c.requests += 1
+            c.queries += queries
+            c.hits += num_external_tokens
+
+    def after_alloc(self, state: RequestState, num_gpu_hit_tokens: int, num_external_tokens: int) -> None:
+        """The request got blocks for its GPU hit + `num_external_tokens` (+ new tokens) (`OS` 1351-1500)."""
+        self._allocated_block_ids.update(state.block_ids)
+        st = self._state(state)
+        st.block_ids = list(state.block_ids)
+        if num_external_tokens == 0:
+            return
+        B = self.block_size
+        start = num_gpu_hit_tokens // B
+        stop = -(-(num_gpu_hit_tokens + num_external_tokens) // B)
+        hashes = self._chunk_hashes(state, start, stop)
+        self.manager.prepare_load(state, hashes)
+        # NOTE: a request that loaded does not offer the chunks below its hit end for storing again (`OS` 1468-1472).
+        st.next_stored_chunk = stop
+        job = self._new_job(state, is_store=False, chunk_indices=tuple(range(start, stop)))
+        self._chunks_being_loaded.update(hashes)
+        self._step.load_jobs.append(job)
+        self.counters.num_load_jobs += 1
+        self.counters.num_loaded_chunks += stop - start
+
+    def _new_job(self, state: RequestState, *, is_store: bool, chunk_indices: tuple[int, ...],
+                 block_ids: tuple[int, ...] = ()) -> TransferJob:
+        job = TransferJob(self._next_job_id, state, is_store, chunk_indices, len(chunk_indices) * self.bytes_per_block,
+                          block_ids)
+        self._next_job_id += 1
+        self._jobs[job.job_id] = job
+        self._state(state).job_ids.add(job.job_id)
+        return job
+
+    # ------------------------------------------------------------------ end of schedule()
+    def build_step(self, scheduled: Iterable[tuple[RequestState, int]], preempted: Sequence[RequestState]) -> ConnectorStep:
+        """Flushes, store jobs and the finish pass of one `schedule()` (`OS` 2103-2196); `scheduled` is each
+        scheduled request with its new tokens, in schedule order, before its computed tokens advance."""
+        step, self._step = self._step, ConnectorStep()
+        scheduled = list(scheduled)
+        for state, _n in scheduled:
+            st = self._state(state)
+            if len(state.block_ids) > len(st.block_ids):
+                new = state.block_ids[len(st.block_ids):]
+                self._allocated_block_ids.update(new)
+                st.block_ids.extend(new)
+        load_ids = {j.job_id for j in step.load_jobs}
+        flush: set[int] = set()
+        for state in preempted:
+            st = self._requests.get(state)
+            if st is not None:
+                flush.update(j for j in st.job_ids if j not in load_ids)
+        if self._block_fences and not self._allocated_block_ids.isdisjoint(self._block_fences):
+            for bid in self._allocated_block_ids:
+                flush.update(self._block_fences.get(bid, ()))
+        finished, self._pending_finished = self._pending_finished, []
+        for state, n in scheduled:
+            self._offer_store(step, state, state.num_computed_tokens + n, flush)
+        for state in finished:
+            # NOTE: a finished request's last sampled token has no KV; prompt-only stores stop at the prompt.
+            self._offer_store(step, state, max(state.request.prompt_tokens, state.num_tokens - 1), flush)
+        for state in finished:
+            st = self._requests.get(state)
+            if st is None:
+                continue
+            st.finished = True
+            self.manager.request_finished(state)
+            if not st.job_ids:
+                del self._requests[state]
+        step.jobs_to_flush = sorted(flush)
+        self.counters.num_flushed_jobs += len(flush)
+        self._allocated_block_ids = set()
+        return step
+
+    def _offer_store(self, step: ConnectorStep, state: RequestState, num_tokens_after: int, flush: set[int]) -> None:
+        st = self._requests.get(state)
+        if st is None:
+            return
+        B = self.block_size
+        # NOTE: offload_prompt_only (the default): only full chunks of the prompt are ever stored (`OS` 762-771).
+        num_offloadable = min(num_tokens_after, state.num_tokens, state.request.prompt_tokens)
+        num_chunks = min(num_offloadable // B, len(st.block_ids))
+        start = st.next_stored_chunk
+        if num_chunks <= start:
+            st.next_stored_chunk = max(start, num_chunks)
+            return
+        hashes = self._chunk_hashes(state, start, num_chunks)
+        out = self.manager.prepare_store(state, hashes)
+        if out is None:
+            return  # no room: the same chunks are offered again next time (`OS` 1988-1996)
+        st.next_stored_chunk = num_chunks
+        if out.evicted_chunk_hashes:
+            step.evicted.append((state, out.evicted_chunk_hashes))
+        if not out.chunk_hashes_to_store:
+            return
+        stored = set(out.chunk_hashes_to_store)
+        indices = tuple(i for i, h in enumerate(hashes, start) if h in stored)
+        job = self._new_job(state, is_store=True, chunk_indices=indices,
+                            block_ids=tuple(st.block_ids[i] for i in indices))
+        step.store_jobs.append(job)
+        self.counters.num_store_jobs += 1
+        self.counters.num_stored_chunks += len(indices)
+        if state.finished_s is not None:
+            # NOTE: a request that finished before its last store was created fences the (freed) blocks now, and a
+            # block this very step reallocated flushes the job at once (`OS` 2094-2099).
+            for bid in job.block_ids:
+                self._block_fences.setdefault(bid, set()).add(job.job_id)
+                if bid in self._allocated_block_ids:
+                    flush.add(job.job_id)
+
+    def request_finished(self, state: RequestState) -> None:
+        """The request ended; its blocks are freed right after (`OS` 2336-2376). Its finish pass runs in the next
+        `build_step`; in-flight stores fence their source blocks until they complete."""
+        st = self._requests.get(state)
+        if st is None:
+            return
+        self._pending_finished.append(state)
+        for jid in st.job_ids:
+            for bid in self._jobs[jid].block_ids:
+                self._block_fences.setdefault(bid, set()).add(jid)
+
+    # ------------------------------------------------------------------ the worker reports
+    def complete(self, job_ids: Iterable[int]) -> list[RequestState]:
+        """Jobs the worker finished (`OS` 2264-2310); returns the requests whose load is done, in job order."""
+        loaded = []
+        manager = self.manager
+        for jid in job_ids:
+            job = self._jobs.pop(jid)
+            state = job.request
+            hashes = state.block_hashes(job.chunk_indices[0], job.chunk_indices[-1] + 1)
+            if job.is_store:
+                chosen = set(job.chunk_indices)
+                manager.complete_store([h for i, h in enumerate(hashes, job.chunk_indices[0]) if i in chosen])
+            else:
+                manager.complete_load(hashes)
+                self._chunks_being_loaded.difference_update(hashes)
+                loaded.append(state)
+            fences = self._block_fences
+            for bid in job.block_ids:
+                jobs = fences.get(bid)
+                if jobs is not None:
+                    jobs.discard(jid)
+                    if not jobs:
+                        del fences[bid]
+            st = self._requests[state]
+            st.job_ids.discard(jid)
+            if st.finished and not st.job_ids:
+                del self._requests[state]
+        return loaded
