@@ -30,9 +30,9 @@ ROOT = Path(__file__).resolve().parents[1]
 #   logits 32 x 8 = 256;  KV per token 1 x 2 x 1 x 4 x 2 B = 16 B
 TOY = ModelArchitecture(num_hidden_layers=1, hidden_size=8, num_attention_heads=2, num_key_value_heads=1, head_dim=4,
                         intermediate_size=16, vocab_size=32, dtype_bytes=2)
-# 1 MFLOP/s, 1 MB/s, a 100 kB/s link with 0.1 ms per all-reduce
+# 1 MFLOP/s, 1 MB/s, a 100 kB/s link with 0.1 ms per all-reduce (and a host link the step time does not use)
 DEVICE = HardwareProfile(name="toy", description="toy", peak_flops=1e6, memory_bandwidth=1e6, memory_bytes=1e9,
-                         interconnect_bandwidth=1e5, interconnect_latency=1e-4)
+                         interconnect_bandwidth=1e5, interconnect_latency=1e-4, host_bandwidth=1e5, host_latency=1e-5)
 
 
 def toy_model(tp: int = 1) -> RooflineStepTimeModel:
@@ -70,7 +70,8 @@ def test_a_decode_step_and_its_series():
 
 def test_memory_bound_gemms_cost_the_weights_once_whatever_the_batch():
     slow_memory = HardwareProfile(name="m", description="m", peak_flops=1e9, memory_bandwidth=1e4, memory_bytes=1e9,
-                                  interconnect_bandwidth=1e5, interconnect_latency=0.0)
+                                  interconnect_bandwidth=1e5, interconnect_latency=0.0, host_bandwidth=1e5,
+                                  host_latency=0.0)
     model = RooflineStepTimeModel(TOY, slow_memory, compute_efficiency=1.0, attention_efficiency=1.0,
                                   memory_efficiency=0.5, step_overhead_s=0.0)
     weights_s = (576 + 256) * 2 / (1e4 * 0.5)
@@ -132,7 +133,8 @@ def test_every_hardware_number_cites_a_source():
     import yaml
 
     data = yaml.safe_load((ROOT / "sim" / "timing" / "hardware.yaml").read_text())
-    numbers = ("peak_flops", "memory_bandwidth", "memory_bytes", "interconnect_bandwidth", "interconnect_latency")
+    numbers = ("peak_flops", "memory_bandwidth", "memory_bytes", "interconnect_bandwidth", "interconnect_latency",
+               "host_bandwidth", "host_latency")
     for name, entry in data.items():
         for field in numbers:
             assert str(entry["sources"].get(field, "")).strip(), f"{name}.{field} has no source"
@@ -147,6 +149,18 @@ def test_every_hardware_number_cites_a_source():
 ])
 def test_gpu_names_and_aliases(text, expected):
     assert parse_gpu(text) == expected
+
+
+def test_the_hardware_listing_shows_each_profiles_host_link():
+    # PCI-SIG per-direction link rates: Gen4 x8 15.75, Gen4 x16 31.5, Gen5 x16 63 GB/s
+    names = ("rtx-4060-laptop", "rtx-4070-laptop", "rtx-4090", "l4", "a100-80gb", "h100-sxm", "h200")
+    assert [hardware_profile(n).host_bandwidth for n in names] == [15.75e9, 15.75e9, 31.5e9, 31.5e9, 31.5e9, 63e9, 63e9]
+    assert {p.host_latency for p in hardware_profiles().values()} == {10e-6}  # the assumption, everywhere
+    result = CliRunner().invoke(main, ["hardware"], env={"COLUMNS": "250"})
+    assert result.exit_code == 0, result.output
+    assert "host link GB/s" in result.output
+    row = next(line for line in result.output.splitlines() if line.startswith("│ h100-sxm "))
+    assert [cell.strip() for cell in row.split("│")][6:8] == ["450", "63"]  # the TP link, then the host link
 
 
 def test_an_unknown_gpu_lists_the_profiles():

@@ -241,12 +241,14 @@ def hardware() -> None:
     from sim.timing.architecture import load_architecture, shipped_models
     from sim.timing.hardware import hardware_profiles
 
-    table = Table(title="hardware profiles (dense bf16 peaks; sources in sim/timing/hardware.yaml)")
-    for col in ("name", "aliases", "TFLOP/s", "memory GB/s", "memory GB", "link GB/s", "what"):
+    table = Table(title="hardware profiles (dense bf16 peaks; links per direction, the host link = PCIe to pinned "
+                        "CPU memory; sources in sim/timing/hardware.yaml)")
+    for col in ("name", "aliases", "TFLOP/s", "memory GB/s", "memory GB", "TP link GB/s", "host link GB/s", "what"):
         table.add_column(col, justify="right" if "/s" in col or "GB" in col else "left")
     for p in hardware_profiles().values():
         table.add_row(p.name, ", ".join(p.aliases), f"{p.peak_flops / 1e12:.1f}", f"{p.memory_bandwidth / 1e9:,.0f}",
-                      f"{p.memory_bytes / 1e9:.0f}", f"{p.interconnect_bandwidth / 1e9:.0f}", p.description)
+                      f"{p.memory_bytes / 1e9:.0f}", f"{p.interconnect_bandwidth / 1e9:.0f}",
+                      f"{p.host_bandwidth / 1e9:.4g}", p.description)
     console.print(table)
     models = Table(title="shipped models (--model NAME, or a config.json path)")
     for col in ("name", "layers", "hidden", "heads / KV heads", "parameters", "KV bytes/token"):

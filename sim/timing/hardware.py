@@ -1,5 +1,6 @@
-"""Hardware profiles (`hardware.yaml` beside this module): peak dense bf16 FLOP/s, memory bandwidth and the
-tensor-parallel link of each device class, every number with its source. `--gpu NAME[xTP]` names one."""
+"""Hardware profiles (`hardware.yaml` beside this module): peak dense bf16 FLOP/s, memory bandwidth, the
+tensor-parallel link and the host link (PCIe) of each device class, every number with its source. `--gpu NAME[xTP]`
+names one."""
 
 from __future__ import annotations
 
@@ -27,6 +28,11 @@ class HardwareProfile:
     """Bytes/s one device sends per direction to its tensor-parallel peers."""
     interconnect_latency: float
     """Seconds per all-reduce beyond the bytes (an assumption; see hardware.yaml)."""
+    host_bandwidth: float
+    """Bytes/s per direction between host (pinned CPU) memory and the device: the PCIe link rate, which a CPU KV
+    tier's loads and stores cross (what copies reach is a fraction of it; see sim/timing/host-link.md)."""
+    host_latency: float
+    """Seconds per host <-> device transfer job beyond the bytes (an assumption; see hardware.yaml)."""
     aliases: tuple[str, ...] = ()
 
 
@@ -46,7 +52,8 @@ def hardware_profiles() -> dict[str, HardwareProfile]:
             name=name, description=" ".join(str(entry["description"]).split()),
             peak_flops=float(entry["peak_flops"]), memory_bandwidth=float(entry["memory_bandwidth"]),
             memory_bytes=float(entry["memory_bytes"]), interconnect_bandwidth=float(entry["interconnect_bandwidth"]),
-            interconnect_latency=float(entry["interconnect_latency"]), aliases=tuple(map(str, entry.get("aliases", ()))))
+            interconnect_latency=float(entry["interconnect_latency"]), host_bandwidth=float(entry["host_bandwidth"]),
+            host_latency=float(entry["host_latency"]), aliases=tuple(map(str, entry.get("aliases", ()))))
     return profiles
 
 
