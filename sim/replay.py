@@ -55,6 +55,11 @@ class ReplayResult:
             "throughput_rps": st.throughput_rps, "preemptions": sum(w.preemptions for w in self.workers),
             "evicted_blocks": sum(w.evicted_blocks for w in self.workers), "simulated_s": self.simulated_s,
             **self.slo_row(),
+            "cpu_hit_rate": st.cpu_hit_requests / st.requests if st.requests else float("nan"),
+            "cpu_prefix_reuse": st.cpu_cached_tokens / st.prompt_tokens if st.prompt_tokens else float("nan"),
+            "cpu_stored_blocks": sum(w.cpu_stored_blocks for w in self.workers),
+            "cpu_loaded_blocks": sum(w.cpu_loaded_blocks for w in self.workers),
+            "cpu_evicted_blocks": sum(w.cpu_evicted_blocks for w in self.workers),
         }
 
     def slo_row(self) -> dict[str, float | int]:

@@ -18,6 +18,7 @@ from sim.timing.architecture import ModelArchitecture, load_architecture
 from sim.timing.hardware import hardware_profile
 
 BUILTIN_SCENARIO = "service-baseline"
+GIB = 1 << 30
 
 
 def _memory_limit_bytes() -> int:
@@ -238,6 +239,25 @@ class RouterSpec(ConfigModel):
         return data
 
 
+class HostLinkSpec(ConfigModel):
+    """A device's link to host memory (`sim.cluster.host_link`): it times the copies of a host KV tier
+    (`engine.cpu_kv_bytes`). Each direction is one FIFO queue; a copy takes latency_s + bytes / bandwidth."""
+
+    bandwidth: float | None = Field(
+        None, gt=0, description="Bytes/s per direction per device. Default: the hardware profile's host_bandwidth x "
+        "efficiency (roofline); a linear time model has no hardware and must give it.")
+    efficiency: float = Field(
+        0.8, gt=0, le=1, description="Fraction of the profile's host link rate a copy reaches (used only without "
+        "bandwidth; PCIe's packet and DMA overheads leave about 80 percent of the link rate to large pinned copies).")
+    latency_s: float | None = Field(
+        None, ge=0, description="Fixed cost of each copy job (submission, DMA setup). Default: the hardware "
+        "profile's host_latency (roofline), else 1e-5.")
+
+
+def _host_link_field():
+    return Field(default_factory=HostLinkSpec, description="The device's host link, timing a host KV tier's copies.")
+
+
 class LinearTimeModelSpec(ConfigModel):
     """Step-time model at device speed 1.0 (`sim.cluster.time_model.LinearStepTimeModel`), fitted per setup:
     step_s = base_s + prefill_token_s x prefill tokens + decode_seq_s x decodes
@@ -249,6 +269,7 @@ class LinearTimeModelSpec(ConfigModel):
     decode_seq_s: float = Field(2.0e-4, ge=0, description="Per request decoding one token in the step.")
     decode_context_token_s: float = Field(0.0, ge=0, description="Per KV token read by the step's decodes.")
     prefill_attention_pair_s: float = Field(0.0, ge=0, description="Per query-key pair of the step's prefill tokens.")
+    host_link: HostLinkSpec = _host_link_field()
 
 
 def _efficiency(default: float, what: str):
@@ -275,6 +296,7 @@ class RooflineTimeModelSpec(ConfigModel):
     memory_efficiency: float = _efficiency(0.8, "memory bandwidth weight and KV reads")
     step_overhead_s: float = Field(0.002, ge=0, description="Fixed cost of every step beyond the kernels (scheduling, launches, sampling).")
     seq_overhead_s: float = Field(0.0, ge=0, description="Cost per request in the step beyond its FLOPs and bytes (input preparation, sampling).")
+    host_link: HostLinkSpec = _host_link_field()
 
     _hardware = field_validator("hardware")(_known_hardware)  # the canonical name (aliases accepted)
 
@@ -451,6 +473,29 @@ class Scenario(ConfigModel):
             return spec
         return spec.model_copy(update={"hardware": device.hardware or spec.hardware,
                                        "tensor_parallel": device.tensor_parallel or spec.tensor_parallel})
+
+    def device_host_link(self, device: DeviceSpec) -> tuple[float, float]:
+        """(bandwidth bytes/s per direction, latency s per copy) of `device`'s link to host memory: the time model's
+        `host_link`, else its hardware profile's link x efficiency; with tensor parallelism every rank copies its
+        share of a block over its own link, so the device's rate is that many links'."""
+        spec = self.device_time_model(device)
+        link = spec.host_link
+        if spec.kind != "roofline":
+            if link.bandwidth is None:
+                raise ValueError("engine.cpu_kv_bytes needs time_model.host_link.bandwidth (bytes/s) under a linear "
+                                 "time model (it has no hardware profile to take it from)")
+            return link.bandwidth, 1e-5 if link.latency_s is None else link.latency_s
+        profile = hardware_profile(spec.hardware)
+        bandwidth = link.bandwidth if link.bandwidth is not None else profile.host_bandwidth * link.efficiency
+        latency = link.latency_s if link.latency_s is not None else profile.host_latency
+        return bandwidth * spec.tensor_parallel, latency
+
+    @model_validator(mode="after")
+    def _host_tier_needs_a_link(self) -> Scenario:
+        if getattr(self.engine, "cpu_kv_bytes", 0):
+            for dev in self.all_devices():
+                self.device_host_link(dev)
+        return self
 
     @model_validator(mode="after")
     def _roofline_needs_architecture(self) -> Scenario:
@@ -650,3 +695,20 @@ def load_scenario(path: str | Path | None = None) -> tuple[Scenario, Path]:
     if not isinstance(data, dict):
         raise ScenarioError(f"{file}: a scenario is a YAML mapping, got {type(data).__name__}")
     return validate_scenario(data, source=str(file), base_dir=file.resolve().parent), file.resolve()
+
+
+def with_cpu_kv_gib(scenario: Scenario, gib: float) -> Scenario:
+    """`scenario` with a host (CPU) KV tier of `gib` GiB per worker (vLLM --kv-offloading-size; 0: none)."""
+    if gib < 0 or not math.isfinite(gib):
+        raise ScenarioError(f"cpu_kv_gib must be a number of GiB >= 0, got {gib!r}")
+    if "cpu_kv_bytes" not in type(scenario.engine).model_fields:
+        if gib == 0:
+            return scenario
+        raise ScenarioError(f"cpu_kv_gib: engine.kind {scenario.engine.kind!r} has no host KV tier in kvsim "
+                            "(only vllm: its OffloadingConnector)")
+    return scenario.with_overrides(**{"engine.cpu_kv_bytes": int(round(gib * GIB))})
+
+
+def cpu_kv_gib(scenario: Scenario) -> float:
+    """The scenario's host KV tier per worker in GiB (0 when it has none)."""
+    return getattr(scenario.engine, "cpu_kv_bytes", 0) / GIB

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from sim.cli import main
 from sim.replay import replay
 from sim.results.records import RequestRecord, RunResult, Slo
-from sim.results.report import SUMMARY_COLUMNS, aggregate
+from sim.results.report import SUMMARY_COLUMNS, TIER_COLUMNS, aggregate
 from sim.results.streaming_stats import StreamingStats
 from sim.results.summary import imbalance_max_mean, jain_index, summarize
 from sim.scenario import ScenarioError, SloSpec, load_scenario
@@ -130,7 +130,8 @@ def test_an_empty_run_has_nan_rates_not_errors():
 
 
 def test_the_new_columns_are_appended_and_aggregated():
-    assert SUMMARY_COLUMNS[-15:-3] == NEW_COLUMNS
+    assert SUMMARY_COLUMNS[-len(TIER_COLUMNS):] == TIER_COLUMNS  # the host tier's, appended after these
+    assert SUMMARY_COLUMNS[-15 - len(TIER_COLUMNS):-3 - len(TIER_COLUMNS)] == NEW_COLUMNS
     assert SUMMARY_COLUMNS[:8] == ("workers", "prefixes", "concurrency", "router", "engine", "repeat", "seed",
                                    "requests")
     key = {"workers": 2, "prefixes": 1, "concurrency": 1, "router": "random", "engine": "vllm"}

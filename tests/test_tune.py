@@ -332,7 +332,7 @@ def test_plan_says_when_no_router_meets_the_target():
 
 @pytest.mark.parametrize("args, names", [
     (["--vary", "workers", "--choose-router", "random"], "not both"),
-    ([], "give --vary workers|kv-gib or --choose-router"),
+    ([], "give --vary workers|kv-gib|cpu-kv-gib or --choose-router"),
     (["--choose-router", "random", "--horizon", "100"], "--horizon does not apply to --choose-router"),
     (["--vary", "workers", "--constraint", "ttft_p99_ms<=1"], "--constraint, --budget do not apply to --vary"),
     (["--choose-router", "random", "--objective", "min-workers"], "needs maximize:COLUMN or minimize:COLUMN"),

@@ -171,6 +171,36 @@ def hardware_options(command: Callable) -> Callable:
              "Default: the scenario's.")(command)
 
 
+CPU_KV_HELP = ("Host (CPU) KV tier per worker in GiB: vLLM's --kv-offloading-size (its OffloadingConnector, rules of "
+               "vLLM 0.33.0): evicted GPU blocks are kept there and loaded back over the device's host link "
+               "(time_model.host_link); 0 = none. Default: the scenario's (engine.cpu_kv_bytes).")
+
+
+def gib_list(ctx: click.Context, param: click.Parameter, value: str | None) -> list[float] | None:
+    """A comma-separated list of GiB amounts >= 0 (`--cpu-kv-gib 0,4,16`), or a one-line error."""
+    if value is None:
+        return None
+    try:
+        items = [float(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a comma-separated list of GiB, e.g. 0,4,16") from None
+    if not items or any(not math.isfinite(v) or v < 0 for v in items):
+        raise click.BadParameter(f"{value!r}: every value must be a number of GiB >= 0")
+    return items
+
+
+def on_cpu_kv(scenario: Scenario, gib: float | None) -> Scenario:
+    """`scenario` with `--cpu-kv-gib` applied (unchanged without it), or a one-line error."""
+    from sim.scenario import with_cpu_kv_gib
+
+    if gib is None:
+        return scenario
+    try:
+        return with_cpu_kv_gib(scenario, gib)
+    except (ScenarioError, ValueError) as err:
+        raise click.ClickException(str(err).removeprefix("Value error, ")) from None
+
+
 def _gpu_option(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[str, int] | None:
     from sim.timing.hardware import parse_gpu
 

@@ -11,8 +11,9 @@ from click.core import ParameterSource
 from rich.table import Table
 
 from sim.cli.app import (
-    ENGINE_HELP, SLO_HELP, checked_out_dir, console, executor_options, finite_float, hardware_options, load_or_exit,
-    main, on_engine, on_hardware, one_engine, open_executor_or_exit, progress_bar, router_list, slo_option, with_slo,
+    CPU_KV_HELP, ENGINE_HELP, SLO_HELP, checked_out_dir, console, executor_options, finite_float, hardware_options,
+    load_or_exit, main, on_cpu_kv, on_engine, on_hardware, one_engine, open_executor_or_exit, progress_bar,
+    router_list, slo_option, with_slo,
 )
 from sim.cli.tuning import CONSTRAINT_HELP, paste_text, parse_constraints, parse_objective, value_text
 from sim.results.figures import plan_figure
@@ -32,8 +33,9 @@ from sim.studies.tune import DEFAULT_OBJECTIVE, Constraint
 @click.option("--target-hit-rate", type=click.FloatRange(0, 1), default=None, help="Request hit rate to reach.")
 @click.option("--target-ttft-p99-ms", type=click.FloatRange(min=0), default=None,
               help="TTFT p99 (ms) not to exceed (needs a calibrated scenario).")
-@click.option("--vary", type=click.Choice(sorted(["workers", "kv-gib"])), default=None,
-              help="What may change: the worker count, or the KV cache per worker in GiB (or give --choose-router).")
+@click.option("--vary", type=click.Choice(sorted(["workers", "kv-gib", "cpu-kv-gib"])), default=None,
+              help="What may change: the worker count, the GPU KV cache per worker in GiB, or the host (CPU) KV tier "
+                   "per worker in GiB (vLLM's --kv-offloading-size) (or give --choose-router).")
 @click.option("--choose-router", "choose", callback=router_list, default=None,
               help="Instead of --vary: which of these routers (comma-separated NAME or NAME:key=value,...) and "
                    "settings meet the targets and --constraint best; each is tuned over its default search space "
@@ -46,11 +48,13 @@ from sim.studies.tune import DEFAULT_OBJECTIVE, Constraint
               help="--choose-router: simulations per router (trials x repeats).")
 @click.option("--seed", type=int, default=None, help="--choose-router: base seed. Default: the scenario's.")
 @click.option("--concurrency", type=click.IntRange(min=1), default=None, help="Requests in flight. Default: the scenario's.")
-@click.option("--min", "low", type=float, callback=finite_float, default=None, help="Smallest value to try. Default: 1 worker / 1 GiB.")
-@click.option("--max", "high", type=float, callback=finite_float, default=None, help="Largest value to try. Default: 64 workers / 32 GiB.")
-@click.option("--step", type=click.FloatRange(min=0.01), default=0.25, show_default=True, help="Resolution of kv-gib.")
+@click.option("--min", "low", type=float, callback=finite_float, default=None, help="Smallest value to try. Default: 1 worker / 1 GiB / 0 GiB of host KV.")
+@click.option("--max", "high", type=float, callback=finite_float, default=None, help="Largest value to try. Default: 64 workers / 32 GiB / 64 GiB of host KV.")
+@click.option("--step", type=click.FloatRange(min=0.01), default=0.25, show_default=True, help="Resolution of kv-gib and cpu-kv-gib.")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
-              help="Workers while varying kv-gib or choosing a router. Default: the scenario's.")
+              help="Workers while varying kv-gib or cpu-kv-gib or choosing a router. Default: the scenario's.")
+@click.option("--cpu-kv-gib", "cpu_kv_gib", type=click.FloatRange(min=0), default=None,
+              help="While varying something else: " + CPU_KV_HELP)
 @click.option("--router", "routers", callback=router_list, default=None,
               help="Routers to plan for: NAME or NAME:key=value,..., comma-separated (see `kvsim routers`). "
                    "Default: the scenario's.")
@@ -72,10 +76,11 @@ from sim.studies.tune import DEFAULT_OBJECTIVE, Constraint
               help="Continue the plan journaled in --out DIR/runs.jsonl: each router's search (--choose-router) or "
                    "bisection (--vary) replays, taking its finished simulations from the journal.")
 def plan(scenario_path, prefixes, zipf, target_hit_rate, target_ttft_p99_ms, vary, choose, constraints, objective,
-         budget, seed, concurrency, low, high, step, workers, routers, engine, repeats, horizon, jobs, executor_kind, dask_scheduler, slo,
-         model, gpu, out_dir, resume) -> None:
-    """Find, per router, the cheapest setting that meets a target: how many workers, or how much KV per worker;
-    or, with --choose-router, which router and settings meet the targets and constraints best.
+         budget, seed, concurrency, low, high, step, workers, cpu_kv_gib, routers, engine, repeats, horizon, jobs,
+         executor_kind, dask_scheduler, slo, model, gpu, out_dir, resume) -> None:
+    """Find, per router, the cheapest setting that meets a target: how many workers, how much GPU KV per worker,
+    or how much host (CPU) KV per worker; or, with --choose-router, which router and settings meet the targets and
+    constraints best.
 
     --vary: the analytic block model screens the range; simulation confirms by bisection with repeats (steady
     state), and the table reports the simulated mean at the answer with its 95 % interval beside the analytic answer.
@@ -85,6 +90,11 @@ def plan(scenario_path, prefixes, zipf, target_hit_rate, target_ttft_p99_ms, var
 
     base, _ = load_or_exit(scenario_path)
     base = on_hardware(with_slo(on_engine(base, engine), slo), model, gpu)
+    if cpu_kv_gib is not None and vary == "cpu-kv-gib":
+        raise click.UsageError("--cpu-kv-gib fixes the host tier; --vary cpu-kv-gib searches it: give one")
+    base = on_cpu_kv(base, cpu_kv_gib)
+    if vary == "cpu-kv-gib":
+        on_cpu_kv(base, 1.0)  # a one-line error now if the engine has no host tier
     overrides: dict[str, object] = {}
     if prefixes is not None:
         overrides["workload.prefixes"] = prefixes
@@ -96,7 +106,7 @@ def plan(scenario_path, prefixes, zipf, target_hit_rate, target_ttft_p99_ms, var
         overrides["workload.concurrency"] = concurrency
     if (vary is None) == (choose is None):
         raise click.UsageError("give --vary (how much of one thing) or --choose-router (which router), not both"
-                               if vary else "give --vary workers|kv-gib or --choose-router ROUTERS")
+                               if vary else "give --vary workers|kv-gib|cpu-kv-gib or --choose-router ROUTERS")
     ctx = click.get_current_context()
     only = (("low", "high", "step", "horizon", "routers") if choose
             else ("constraints", "budget", "seed", "objective", "slo"))
@@ -128,14 +138,17 @@ def plan(scenario_path, prefixes, zipf, target_hit_rate, target_ttft_p99_ms, var
         return
     try:
         target = PlanTarget(target_hit_rate, target_ttft_p99_ms)
-        low = (1.0 if vary == "workers" else 1.0) if low is None else low
-        high = (64.0 if vary == "workers" else 32.0) if high is None else high
+        low = (0.0 if vary == "cpu-kv-gib" else 1.0) if low is None else low
+        high = {"workers": 64.0, "kv-gib": 32.0, "cpu-kv-gib": 64.0}[vary] if high is None else high
         for hint, value in (("--min", low), ("--max", high)):
             if vary == "workers" and (value != int(value) or value < 1):
                 raise click.BadParameter(f"{value:g}: --vary workers takes whole numbers of workers >= 1",
                                          param_hint=hint)
             if vary == "kv-gib" and value <= 0:
                 raise click.BadParameter(f"{value:g}: --vary kv-gib takes GiB of KV cache > 0", param_hint=hint)
+            if vary == "cpu-kv-gib" and value < 0:
+                raise click.BadParameter(f"{value:g}: --vary cpu-kv-gib takes GiB of host KV >= 0 (0: none)",
+                                         param_hint=hint)
         if low > high:
             raise click.BadParameter(f"--min {low:g} is above --max {high:g}", param_hint="--min")
         spec = PlanSpec(vary=vary, grid=make_grid(vary, low, high, step), target=target, repeats=repeats,

@@ -10,8 +10,8 @@ import click
 from rich.table import Table
 
 from sim.cli.app import (
-    ENGINE_HELP, SLO_HELP, checked_out_dir, console, err_console, executor_options, fmt, load_or_exit, main, on_engine,
-    one_engine, open_executor_or_exit, progress_bar, router_list, slo_option, with_slo,
+    CPU_KV_HELP, ENGINE_HELP, SLO_HELP, checked_out_dir, console, err_console, executor_options, fmt, load_or_exit,
+    main, on_cpu_kv, on_engine, one_engine, open_executor_or_exit, progress_bar, router_list, slo_option, with_slo,
 )
 from sim.results.figures import replay_figure
 from sim.results.report import csv_bytes, write_atomic
@@ -101,9 +101,10 @@ def trace_overrides(base: Scenario, *, block_size: int | None, kv_tokens: int | 
               help="Book reuse available and captured (default: the scenario's, on). It keeps every block hash ever "
                    "sent: turn it off for traces of millions of requests to keep memory bounded by the caches.")
 @click.option("--slo", callback=slo_option, default=None, help=SLO_HELP)
+@click.option("--cpu-kv-gib", "cpu_kv_gib", type=click.FloatRange(min=0), default=None, help=CPU_KV_HELP)
 @executor_options
 def replay(trace, workers, kv_tokens, kv_blocks, kv_bytes, router, engine, scenario_path, block_size,
-           trace_block_size, speed, limit, bin_s, out_dir, jobs, reuse_breakdown, slo, executor_kind,
+           trace_block_size, speed, limit, bin_s, out_dir, jobs, reuse_breakdown, slo, cpu_kv_gib, executor_kind,
            dask_scheduler) -> None:
     """Replay a Mooncake JSONL trace (timestamp ms, input_length, output_length, hash_ids) open loop.
 
@@ -125,7 +126,7 @@ def replay(trace, workers, kv_tokens, kv_blocks, kv_bytes, router, engine, scena
     from sim.workloads.traces import TraceError, read_mooncake
 
     checked_out_dir(out_dir)
-    base = with_slo(trace_base(scenario_path, engine), slo)
+    base = on_cpu_kv(with_slo(trace_base(scenario_path, engine), slo), cpu_kv_gib)
     overrides, B = trace_overrides(base, block_size=block_size, kv_tokens=kv_tokens, kv_blocks=kv_blocks,
                                    kv_bytes=kv_bytes, reuse_breakdown=reuse_breakdown)
     overrides["cluster.workers"] = workers

@@ -12,13 +12,15 @@ from rich.table import Table
 
 from sim.studies.analytic import formula_hit_rate
 from sim.cli.app import (
-    ENGINE_HELP, SLO_HELP, checked_out_dir, console, engine_list, executor_options, fmt, hardware_options, int_list,
-    load_or_exit, main, on_engine, on_hardware, one_engine, reference_measurements, router_list, slo_option, with_slo,
+    CPU_KV_HELP, ENGINE_HELP, SLO_HELP, checked_out_dir, console, engine_list, executor_options, fmt, gib_list,
+    hardware_options, int_list, load_or_exit, main, on_cpu_kv, on_engine, on_hardware, one_engine,
+    reference_measurements, router_list, slo_option, with_slo,
 )
 from sim.results.figures import engine_figure, hit_rate_figure, ttft_cdf_figure
 from sim.results.output_set import write_output_set
 from sim.results.report import SUMMARY_COLUMNS, aggregate, csv_bytes, write_atomic
 from sim.scenario import ScenarioError
+from sim.scenario import cpu_kv_gib as cpu_kv_gib_of
 from sim.studies.reference import measured
 from sim.routing.spec import router_label, router_overrides
 
@@ -35,6 +37,8 @@ from sim.routing.spec import router_label, router_overrides
 @click.option("--engine", "engines", callback=engine_list, default=None,
               help="Engines, comma-separated (vllm, sglang; see `kvsim engines`): every point runs on each, with the "
                    "same request stream. Default: the scenario's.")
+@click.option("--cpu-kv-gib", "cpu_kv_gib", callback=gib_list, default=None,
+              help="Host (CPU) KV tiers per worker to sweep, GiB, comma-separated (e.g. 0,16): " + CPU_KV_HELP)
 @click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True, help="Runs per point; repeat r uses seed + r.")
 @click.option("--seed", type=int, default=None, help="Base seed. Default: the scenario's.")
 @click.option("--jobs", type=click.IntRange(min=1), default=None,
@@ -51,8 +55,8 @@ from sim.routing.spec import router_label, router_overrides
               help="Continue the sweep journaled in --out DIR/runs.jsonl: skip its finished runs (same scenario "
                    "needed). Without it the journal starts afresh.")
 @click.pass_context
-def sweep(ctx, scenario_path, prefixes, workers, concurrency, routers, engines, repeats, seed, jobs, executor_kind,
-          dask_scheduler, slo, model, gpu, out_dir, resume) -> None:
+def sweep(ctx, scenario_path, prefixes, workers, concurrency, routers, engines, cpu_kv_gib, repeats, seed, jobs,
+          executor_kind, dask_scheduler, slo, model, gpu, out_dir, resume) -> None:
     """Run a grid of points and compare the hit rate with the formula and the measurements.
 
     The table shows, per (workers, N, concurrency, router), the mean over repeats of the request hit rate
@@ -79,7 +83,10 @@ def sweep(ctx, scenario_path, prefixes, workers, concurrency, routers, engines, 
         repeats=repeats,
         seed=base.seed if seed is None else seed,
         engines=engines or [None],
+        cpu_kv_gib=cpu_kv_gib or [None],
     )
+    for gib in cpu_kv_gib or ():
+        on_cpu_kv(base, gib)  # a one-line error before anything runs (e.g. an engine without a host tier)
     out = checked_out_dir(out_dir)
 
     try:
@@ -94,15 +101,19 @@ def sweep(ctx, scenario_path, prefixes, workers, concurrency, routers, engines, 
     aggregated = aggregate(rows)
     table = Table(title=f"{base.name}: request hit rate (mean of {repeats} run{'s' * (repeats > 1)}), C = {capacity:.2f}")
     with_goodput = base.slo.to_slo().is_set  # NOTE: without an SLO every request meets it: nothing to show
-    for col in ("workers", "N", "conc", "router", "engine", "hit rate", "formula", "measured", "sim-meas",
-                "full hit", "token hit", "TTFT p50 ms", "TTFT p99 ms", "req/s",
+    # NOTE: the host-tier columns only when a tier is swept or set: a GPU-only table stays as it was.
+    tiers = bool(cpu_kv_gib) or any(float(r.get("cpu_kv_gib", 0)) > 0 for r in rows)
+    tier_cols = ("CPU GiB", "GPU hit", "CPU hit", "TTFT GPU-hit p50", "TTFT CPU-hit p50", "TTFT miss p50") if tiers else ()
+    for col in ("workers", "N", "conc", "router", "engine", *tier_cols[:1], "hit rate", "formula", "measured",
+                "sim-meas", "full hit", "token hit", "TTFT p50 ms", "TTFT p99 ms", "req/s", *tier_cols[1:],
                 *(("SLO met",) if with_goodput else ())):
         table.add_column(col, justify="left" if col in ("router", "engine") else "right")
     errors = []
     for row in aggregated:
         key = (row["workers"], row["prefixes"], row["concurrency"])
-        # NOTE: the reference was measured with the scenario's own router and engine.
-        ours = row["router"] == base.router.name and row["engine"] == base.engine.kind
+        # NOTE: the reference was measured with the scenario's own router, engine and host tier (none).
+        ours = (row["router"] == base.router.name and row["engine"] == base.engine.kind
+                and float(row.get("cpu_kv_gib", 0.0)) == cpu_kv_gib_of(base))
         meas = reference.get(key) if ours else None
         hit = float(row["request_hit_rate"])
         sd = f" ±{row['request_hit_rate_sd']:.3f}" if repeats > 1 else ""
@@ -110,12 +121,16 @@ def sweep(ctx, scenario_path, prefixes, workers, concurrency, routers, engines, 
         if meas is not None:
             errors.append(hit - meas)
             diff = f"{100 * (hit - meas):+.1f} pp"
+        tier_values = ((fmt(row["gpu_hit_rate"]), fmt(row["cpu_hit_rate"]), fmt(row["ttft_gpu_hit_p50_ms"], ".0f"),
+                        fmt(row["ttft_cpu_hit_p50_ms"], ".0f"), fmt(row["ttft_miss_p50_ms"], ".0f")) if tiers else ())
         table.add_row(
             str(row["workers"]), str(row["prefixes"]), str(row["concurrency"]), str(row["router"]), str(row["engine"]),
+            *((f"{float(row['cpu_kv_gib']):g}",) if tiers else ()),
             f"{hit:.3f}{sd}", f"{formula_hit_rate(capacity, int(row['prefixes'])):.3f}",
             "-" if meas is None else f"{meas:.3f}", diff,
             fmt(row["full_hit_rate"]), fmt(row["token_hit_rate"]),
             fmt(row["ttft_p50_ms"], ".0f"), fmt(row["ttft_p99_ms"], ".0f"), fmt(row["throughput_rps"], ".1f"),
+            *tier_values,
             *((fmt(row["goodput_fraction"]),) if with_goodput else ()),
         )
     console.print(table)
@@ -157,12 +172,14 @@ def sweep(ctx, scenario_path, prefixes, workers, concurrency, routers, engines, 
 @click.option("--router", callback=router_list, default=None, help="Router: NAME or NAME:key=value,... (see `kvsim routers`). "
               "Default: the scenario's.")
 @click.option("--engine", callback=one_engine, default=None, help=ENGINE_HELP)
+@click.option("--cpu-kv-gib", "cpu_kv_gib", type=click.FloatRange(min=0), default=None, help=CPU_KV_HELP)
 @click.option("--seed", type=int, default=None, help="Seed. Default: the scenario's.")
 @click.option("--slo", callback=slo_option, default=None, help=SLO_HELP)
 @hardware_options
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Write DIR/summary.csv (one row) and DIR/requests.csv (a row per request, warm-ups flagged).")
-def run_command(scenario_path, prefixes, workers, concurrency, router, engine, seed, slo, model, gpu, out_dir) -> None:
+def run_command(scenario_path, prefixes, workers, concurrency, router, engine, cpu_kv_gib, seed, slo, model, gpu,
+                out_dir) -> None:
     """Run one point of SCENARIO (default: the built-in service-baseline) and print its summary (goodput against
     --slo or the scenario's slo block)."""
     from sim.runner import run
@@ -170,7 +187,7 @@ def run_command(scenario_path, prefixes, workers, concurrency, router, engine, s
 
     out = checked_out_dir(out_dir)
     base, _ = load_or_exit(scenario_path)
-    base = on_hardware(with_slo(on_engine(base, engine), slo), model, gpu)
+    base = on_cpu_kv(on_hardware(with_slo(on_engine(base, engine), slo), model, gpu), cpu_kv_gib)
     overrides = {k: v for k, v in {
         "workload.prefixes": prefixes, "cluster.workers": workers, "workload.concurrency": concurrency,
         "seed": seed,
@@ -187,7 +204,8 @@ def run_command(scenario_path, prefixes, workers, concurrency, router, engine, s
     summary = summarize(result)
     row = {"workers": result.num_workers, "prefixes": scenario.workload.prefixes,
            "concurrency": scenario.workload.concurrency, "router": router_label(scenario.router.name, scenario.router.options),
-           "engine": scenario.engine.kind, "repeat": 0, "seed": scenario.seed, **summary.row()}
+           "engine": scenario.engine.kind, "cpu_kv_gib": cpu_kv_gib_of(scenario), "repeat": 0, "seed": scenario.seed,
+           **summary.row()}
     tm = scenario.time_model
     timing = (f", {scenario.model.name} on {tm.hardware}" + (f"x{tm.tensor_parallel}" if tm.tensor_parallel > 1 else "")
               if tm.kind == "roofline" and not scenario.cluster.deployments else "")
@@ -201,13 +219,17 @@ def run_command(scenario_path, prefixes, workers, concurrency, router, engine, s
     table.add_row("formula min(1, C/N)", f"{formula_hit_rate(scenario.kv_capacity_requests, scenario.workload.prefixes):.3f}")
     console.print(table)
     workers_table = Table(title="per worker (measured phase)")
-    for col in ("worker", "device", "requests", "token hit rate", "evicted blocks", "preemptions", "steps"):
+    tier = cpu_kv_gib_of(scenario) > 0
+    for col in ("worker", "device", "requests", "token hit rate", "evicted blocks", "preemptions", "steps",
+                *(("CPU stored", "CPU loaded", "CPU evicted") if tier else ())):
         workers_table.add_column(col, justify="right")
     for w, n in zip(result.workers, summary.requests_per_worker):
         stats = w.prefix_cache
         workers_table.add_row(str(w.worker), w.device, str(n),
                               fmt(stats.hits / stats.queries if stats.queries else float("nan")),
-                              str(w.evicted_blocks), str(w.preemptions), str(w.steps))
+                              str(w.evicted_blocks), str(w.preemptions), str(w.steps),
+                              *((str(w.cpu_stored_blocks), str(w.cpu_loaded_blocks), str(w.cpu_evicted_blocks))
+                                if tier else ()))
     console.print(workers_table)
     if out_dir:
         out = Path(out_dir)

@@ -9,6 +9,7 @@ import simpy
 from sim.cluster.device import Device
 from sim.cluster.reuse import ReuseLedger
 from sim.cluster.router import PrefixState, PrefixStateSpec, Router
+from sim.cluster.host_link import HostLinkQueue
 from sim.cluster.time_model import LinearStepTimeModel
 from sim.timing.hardware import hardware_profile
 from sim.timing.roofline import RooflineStepTimeModel
@@ -26,7 +27,7 @@ from sim.workloads.shared_prefix import rng_for
 def build_time_model(spec: TimeModelSpec, model: ModelSpec) -> StepTimeModel:
     """A device's step-time model (`Scenario.device_time_model`): the fitted linear one, or the roofline of the
     model on the spec's hardware."""
-    fields = spec.model_dump(exclude={"kind"})
+    fields = spec.model_dump(exclude={"kind", "host_link"})
     if spec.kind == "linear":
         return LinearStepTimeModel(**fields)
     del fields["hardware"], fields["tensor_parallel"]
@@ -64,8 +65,14 @@ class Cluster:
                             num_workers=dev.workers, cores=dev.cores)
             time_model = build_time_model(scenario.device_time_model(dev), scenario.model)
             self.devices.append(device)
+            link = None
+            if getattr(scenario.engine, "cpu_kv_bytes", 0):
+                bandwidth, latency = scenario.device_host_link(dev)
+                # NOTE: the workers sharing a device share its link.
+                link = HostLinkQueue(bandwidth_bytes_per_s=bandwidth, latency_s=latency)
             for _ in range(dev.workers):
-                engine = build_engine(scenario.engine, kv_bytes_per_token=scenario.model.kv_bytes_per_token)
+                engine = build_engine(scenario.engine, kv_bytes_per_token=scenario.model.kv_bytes_per_token,
+                                      host_link=link)
                 worker = Worker(
                     env, len(self.workers), engine, device, time_model,
                     on_first_token=self._first_token, on_finished=self._finished, fast_forward=fast_forward,

@@ -110,8 +110,17 @@ class Worker:
             self.num_changes += 1  # admission and allocation happen at the step's start
             if plan.is_empty:
                 if engine.has_work:
-                    raise RuntimeError(f"worker {self.index}: {engine.describe_stall()}")
+                    wake_s = engine.next_background_s()
+                    if wake_s is None:
+                        raise RuntimeError(f"worker {self.index}: {engine.describe_stall()}")
+                    # NOTE: only KV copies are in flight: sleep until the next completes or a request arrives.
+                    self._wakeup = env.event()
+                    self._wake_after(self._wakeup, wake_s - env.now, 0)
+                    yield self._wakeup
+                    self._wakeup = None
                 continue  # the engine found nothing left to do (its loop went idle)
+            if plan.stall_s:
+                yield env.timeout(plan.stall_s)  # the forward pass waits for flushed KV copies
             yield self.device.run(step_seconds(plan))
             self.num_steps += 1
             outcome = update_from_output(plan, env.now)

@@ -312,7 +312,8 @@ class Engine(Protocol):
 
     def next_background_s(self) -> float | None:
         """When work the engine runs beside its steps (KV copies to or from a host tier) next completes, for an
-        engine with nothing to schedule until then; None when there is none."""
+        engine with nothing to schedule until then (a time at or before now: step again at once); None when there
+        is none."""
         ...
 
     def describe_stall(self) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import math
+import textwrap
 from collections import defaultdict
 from collections.abc import Sequence
 
@@ -57,6 +58,16 @@ def _plot_formula(ax, capacity_requests: float, max_n: int, style: str) -> None:
             label=f"formula min(1, C/N), C = {capacity_requests:.2f} prompts per worker")
 
 
+def with_host_tier(router: str, row: dict[str, object], several_tiers: bool) -> str:
+    """A series' router label, with its host (CPU) KV tier when the rows have several ("random +16 GiB CPU KV")."""
+    gib = float(row.get("cpu_kv_gib", 0.0) or 0.0)
+    return f"{router} +{gib:g} GiB CPU KV" if several_tiers else router
+
+
+def _several_tiers(rows: Sequence[dict[str, object]]) -> bool:
+    return len({float(r.get("cpu_kv_gib", 0.0) or 0.0) for r in rows}) > 1
+
+
 def hit_rate_figure(
     aggregated: Sequence[dict[str, object]], *, capacity_requests: float,
     measured: dict[tuple[int, int, int], float], title: str, measured_label: str = "measured",
@@ -69,11 +80,12 @@ def hit_rate_figure(
     workers = sorted({int(r["workers"]) for r in aggregated})
     concurrencies = sorted({int(r["concurrency"]) for r in aggregated})
     several_engines = len({r.get("engine") for r in aggregated}) > 1
-    series = sorted({(str(r["router"]), str(r.get("engine"))) for r in aggregated})
+    tiers = _several_tiers(aggregated)
+    series = sorted({(with_host_tier(str(r["router"]), r, tiers), str(r.get("engine"))) for r in aggregated})
     all_n = sorted({int(r["prefixes"]) for r in aggregated}
                    | {n for (w, n, c) in measured if w in workers and c in concurrencies})
     repeats = max((int(r.get("repeats", 1)) for r in aggregated), default=1)
-    legend_rows = math.ceil((len(series) + 2) / 3)
+    legend_rows = math.ceil((len(series) + 2) / min(3, 2 * len(workers) - 1))
     fig, axes, rect = _grid(plt, len(concurrencies), len(workers), panel_w=4.6, panel_h=3.5,
                             legend_h=0.3 + 0.22 * legend_rows, sharex=True, sharey=True)
     colours = plt.get_cmap("tab10" if len(series) <= 10 else "tab20").colors
@@ -86,7 +98,8 @@ def hit_rate_figure(
             k = len(series) + bool(pts)
             for i, (router, engine) in enumerate(series):
                 rows = sorted((r for r in aggregated if int(r["workers"]) == w and int(r["concurrency"]) == conc
-                               and str(r["router"]) == router and str(r.get("engine")) == engine),
+                               and with_host_tier(str(r["router"]), r, tiers) == router
+                               and str(r.get("engine")) == engine),
                               key=lambda r: int(r["prefixes"]))
                 if not rows:
                     continue
@@ -113,10 +126,13 @@ def hit_rate_figure(
         for h, lab in zip(*ax.get_legend_handles_labels()):
             labels.setdefault(lab, h)
     order = sorted(labels, key=lambda lab: (lab.startswith("formula"), lab == measured_label, lab))
-    fig.legend([labels[lab] for lab in order], order, loc="lower center", ncol=3, fontsize=8, frameon=False)
+    # NOTE: one column of panels is too narrow for three legend entries abreast.
+    fig.legend([labels[lab] for lab in order], order, loc="lower center", ncol=min(3, 2 * len(workers) - 1),
+               fontsize=8, frameon=False)
     interval = f"mean ± 95% CI (t) over {repeats} runs" if repeats > 1 else "1 run per point: no interval"
-    fig.suptitle(f"{title} ({interval})" + ("" if shown_measured else "; no measurement at these points"),
-                 fontsize=11)
+    text = f"{title} ({interval})" + ("" if shown_measured else "; no measurement at these points")
+    # NOTE: wrapped to the figure's width (about 11 characters per inch at this size): one panel is narrow.
+    fig.suptitle(textwrap.fill(text, width=max(40, int(11 * fig.get_figwidth()))), fontsize=11)
     return _png(fig, rect=rect)
 
 
@@ -166,9 +182,11 @@ def ttft_cdf_figure(outcomes: Sequence, *, title: str,
 
     measured = measured or {}
     pooled: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: {"hit": [], "miss": []})
+    tiers = _several_tiers([o.row for o in outcomes])
     for o in outcomes:
         p = o.point
-        key = ((p.router, str(o.row.get("engine", "")), p.concurrency), p.workers, p.prefixes)
+        router = with_host_tier(p.router, o.row, tiers)
+        key = ((router, str(o.row.get("engine", "")), p.concurrency), p.workers, p.prefixes)
         pooled[key]["hit"] += o.ttft.hit_ms
         pooled[key]["miss"] += o.ttft.miss_ms
     rows, note = ttft_panel_rows([k[0] for k in pooled], measured_group)

@@ -50,6 +50,8 @@ class RequestRecord:
     """Prompt tokens the router believed cached on the chosen worker when it chose (-1: exact state or none)."""
     held_tokens: int = -1
     """Prompt tokens the chosen worker's cache held at that moment (-1 when `believed_tokens` is -1)."""
+    cpu_cached_tokens: int = 0
+    """Of `cached_tokens`, those loaded from the host (CPU) KV tier; the rest were on the GPU."""
 
     @property
     def ttft_s(self) -> float:
@@ -75,6 +77,11 @@ class RequestRecord:
     @property
     def is_hit(self) -> bool:
         return self.cached_tokens > 0
+
+    @property
+    def is_cpu_hit(self) -> bool:
+        """Part of the hit came from the host tier (a load-back): its TTFT includes the copy."""
+        return self.cpu_cached_tokens > 0
 
     @property
     def is_full_hit(self) -> bool:
@@ -107,6 +114,7 @@ class RequestRecord:
             captured_tokens=routing[1],
             believed_tokens=routing[2],
             held_tokens=routing[3],
+            cpu_cached_tokens=state.num_cpu_hit_tokens,
         )
 
 
@@ -181,12 +189,19 @@ class WorkerCounters:
     """Engine steps (forward passes) run."""
     evicted_tokens: int = 0
     """Evicted KV in tokens."""
+    cpu_stored_blocks: int = 0
+    """Blocks copied to the host (CPU) KV tier."""
+    cpu_loaded_blocks: int = 0
+    """Blocks loaded back from the host tier."""
+    cpu_evicted_blocks: int = 0
+    """Blocks evicted from the host tier."""
 
     @classmethod
     def of(cls, worker: int, device: str, counters: EngineCounters, *, steps: int) -> WorkerCounters:
         return cls(worker=worker, device=device, prefix_cache=counters.prefix_cache,
                    evicted_blocks=counters.evicted_blocks, preemptions=counters.preemptions, steps=steps,
-                   evicted_tokens=counters.evicted_tokens)
+                   evicted_tokens=counters.evicted_tokens, cpu_stored_blocks=counters.cpu_stored_blocks,
+                   cpu_loaded_blocks=counters.cpu_loaded_blocks, cpu_evicted_blocks=counters.cpu_evicted_blocks)
 
     def minus(self, earlier: WorkerCounters) -> WorkerCounters:
         return WorkerCounters(
@@ -197,6 +212,9 @@ class WorkerCounters:
             preemptions=self.preemptions - earlier.preemptions,
             steps=self.steps - earlier.steps,
             evicted_tokens=self.evicted_tokens - earlier.evicted_tokens,
+            cpu_stored_blocks=self.cpu_stored_blocks - earlier.cpu_stored_blocks,
+            cpu_loaded_blocks=self.cpu_loaded_blocks - earlier.cpu_loaded_blocks,
+            cpu_evicted_blocks=self.cpu_evicted_blocks - earlier.cpu_evicted_blocks,
         )
 
 

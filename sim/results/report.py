@@ -18,6 +18,12 @@ from pathlib import Path
 
 from sim.results.intervals import t_interval
 
+TIER_COLUMNS = (
+    "cpu_kv_gib", "gpu_hit_rate", "cpu_hit_rate", "cpu_token_hit_rate", "ttft_gpu_hit_p50_ms", "ttft_gpu_hit_p99_ms",
+    "ttft_cpu_hit_p50_ms", "ttft_cpu_hit_p99_ms", "cpu_stored_blocks", "cpu_loaded_blocks", "cpu_evicted_blocks",
+)
+"""The host (CPU) KV tier's columns: its GiB per worker, hits and TTFT by tier, blocks stored, loaded, evicted."""
+
 SUMMARY_COLUMNS = (
     "workers", "prefixes", "concurrency", "router", "engine", "repeat", "seed", "requests",
     "request_hit_rate", "full_hit_rate", "token_hit_rate",
@@ -29,16 +35,19 @@ SUMMARY_COLUMNS = (
     "slo_ttft_ms", "slo_tpot_ms", "slo_e2e_ms", "slo_met_requests", "goodput_rps", "goodput_fraction",
     "tpot_p50_ms", "tpot_p99_ms", "e2e_p50_ms", "e2e_p99_ms", "imbalance_max_mean", "jain_index",
     "ttft_slo_met", "tpot_slo_met", "e2e_slo_met",
+    *TIER_COLUMNS,
 )
+"""A run's summary columns; columns added later are appended, so old positions never move (last: `TIER_COLUMNS`)."""
 
 AGGREGATED_COLUMNS = (
     "request_hit_rate", "full_hit_rate", "token_hit_rate", "ttft_p50_ms", "ttft_p99_ms", "throughput_rps",
     "preemptions", "max_worker_share", "reuse_available", "reuse_captured", "reuse_delivered", "view_false_hit_rate",
     "goodput_rps", "goodput_fraction", "tpot_p50_ms", "tpot_p99_ms", "e2e_p99_ms", "imbalance_max_mean", "jain_index",
+    "gpu_hit_rate", "cpu_hit_rate", "ttft_hit_p50_ms", "ttft_miss_p50_ms", "ttft_gpu_hit_p50_ms", "ttft_cpu_hit_p50_ms",
 )
 """The summary columns `aggregate` averages over repeats (each with `_sd` and `_ci95`)."""
 
-GROUP_KEYS = ("workers", "prefixes", "concurrency", "router", "engine")
+GROUP_KEYS = ("workers", "prefixes", "concurrency", "router", "engine", "cpu_kv_gib")
 
 
 def _umask() -> int:
@@ -74,10 +83,10 @@ def csv_bytes(rows: Sequence[dict[str, object]], columns: Sequence[str]) -> byte
 
 def aggregate(rows: Sequence[dict[str, object]]) -> list[dict[str, object]]:
     """Mean, standard deviation (`_sd`) and 95 % t-interval half-width (`_ci95`, nan for one run) over repeats for
-    each (workers, prefixes, concurrency, router, engine)."""
+    each (workers, prefixes, concurrency, router, engine, host KV GiB: 0 in rows without one)."""
     groups: dict[tuple, list[dict[str, object]]] = defaultdict(list)
     for row in rows:
-        groups[tuple(row[k] for k in GROUP_KEYS)].append(row)
+        groups[tuple(row.get(k, 0.0) for k in GROUP_KEYS)].append(row)
     out = []
     for key, members in sorted(groups.items()):
         agg: dict[str, object] = dict(zip(GROUP_KEYS, key))

@@ -81,8 +81,12 @@ class StreamingStats(RequestRates):
     slo: Slo = Slo()
     requests: int = 0
     hit_requests: int = 0
+    cpu_hit_requests: int = 0
+    """Requests whose hit came partly from the host (CPU) KV tier."""
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    cpu_cached_tokens: int = 0
+    """Of `cached_tokens`, those loaded from the host tier."""
     available_tokens: int = 0
     captured_tokens: int = 0
     view_checked: int = 0
@@ -113,8 +117,10 @@ class StreamingStats(RequestRates):
     def add(self, r: RequestRecord) -> None:
         self.requests += 1
         self.hit_requests += r.cached_tokens > 0
+        self.cpu_hit_requests += r.cpu_cached_tokens > 0
         self.prompt_tokens += r.prompt_tokens
         self.cached_tokens += r.cached_tokens
+        self.cpu_cached_tokens += r.cpu_cached_tokens
         self.available_tokens = booked_add(self.available_tokens, r.available_tokens)
         self.captured_tokens = booked_add(self.captured_tokens, r.captured_tokens)
         if r.believed_tokens >= 0:
@@ -149,8 +155,10 @@ class StreamingStats(RequestRates):
             raise ValueError("merging statistics of different shapes (workers, time bins or SLO)")
         self.requests += other.requests
         self.hit_requests += other.hit_requests
+        self.cpu_hit_requests += other.cpu_hit_requests
         self.prompt_tokens += other.prompt_tokens
         self.cached_tokens += other.cached_tokens
+        self.cpu_cached_tokens += other.cpu_cached_tokens
         self.available_tokens = booked_add(self.available_tokens, other.available_tokens)
         self.captured_tokens = booked_add(self.captured_tokens, other.captured_tokens)
         self.view_checked += other.view_checked

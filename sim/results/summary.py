@@ -108,6 +108,10 @@ class Summary(RequestRates):
     * `tpot_ms` / `e2e_ms`: p50 and p99 of time per output token (requests of one output token have none) and of
       send-to-last-token latency.
     * `imbalance_max_mean` and `jain_index` of `requests_per_worker` (idle workers included).
+    * By tier, with a host (CPU) KV tier: `gpu_hit_rate` (requests whose whole hit was on the GPU) + `cpu_hit_rate`
+      (requests that loaded part of their hit from the host tier) = `request_hit_rate`; `cpu_token_hit_rate`: the
+      loaded tokens over prompt tokens (in `token_hit_rate` too); TTFT percentiles of GPU hits and CPU hits apart
+      (`ttft_ms` keys `gpu_hit_p50`, `cpu_hit_p50`, ...); blocks stored to, loaded from and evicted from the tier.
     """
 
     requests: int
@@ -144,6 +148,25 @@ class Summary(RequestRates):
     """Of those, requests whose chosen worker held less than the router believed."""
     view_false_tokens: int = 0
     """Believed-but-absent prompt tokens, summed over those requests."""
+    cpu_hit_requests: int = 0
+    """Measured requests whose hit came partly from the host tier."""
+    cpu_hit_tokens: int = 0
+    """Prompt tokens loaded from the host tier (part of `hit_tokens`)."""
+    cpu_stored_blocks: int = 0
+    cpu_loaded_blocks: int = 0
+    cpu_evicted_blocks: int = 0
+
+    @property
+    def gpu_hit_rate(self) -> float:
+        return (self.hit_requests - self.cpu_hit_requests) / self.requests if self.requests else NAN
+
+    @property
+    def cpu_hit_rate(self) -> float:
+        return self.cpu_hit_requests / self.requests if self.requests else NAN
+
+    @property
+    def cpu_token_hit_rate(self) -> float:
+        return self.cpu_hit_tokens / self.query_tokens if self.query_tokens else NAN
 
     @property
     def rate_prompt_tokens(self) -> int:
@@ -200,6 +223,13 @@ class Summary(RequestRates):
             "ttft_slo_met": self.ttft_slo_met,
             "tpot_slo_met": self.tpot_slo_met,
             "e2e_slo_met": self.e2e_slo_met,
+            "gpu_hit_rate": self.gpu_hit_rate,
+            "cpu_hit_rate": self.cpu_hit_rate,
+            "cpu_token_hit_rate": self.cpu_token_hit_rate,
+            **{f"ttft_{tier}_hit_p{q}_ms": self.ttft_ms[f"{tier}_hit_p{q}"] for tier in ("gpu", "cpu") for q in (50, 99)},
+            "cpu_stored_blocks": self.cpu_stored_blocks,
+            "cpu_loaded_blocks": self.cpu_loaded_blocks,
+            "cpu_evicted_blocks": self.cpu_evicted_blocks,
         }
 
 
@@ -215,6 +245,8 @@ def summarize(result: RunResult) -> Summary:
     ttft_all = [r.ttft_s for r in measured]
     ttft_hit = [r.ttft_s for r in measured if r.is_hit]
     ttft_miss = [r.ttft_s for r in measured if not r.is_hit]
+    ttft_gpu_hit = [r.ttft_s for r in measured if r.is_hit and not r.is_cpu_hit]
+    ttft_cpu_hit = [r.ttft_s for r in measured if r.is_cpu_hit]
     per_worker = [0] * result.num_workers
     for r in measured:
         per_worker[r.worker] += 1
@@ -233,7 +265,8 @@ def summarize(result: RunResult) -> Summary:
             f"{prefix}p{q}": _percentile_ms(values, q)
             for prefix, values in (("", ttft_all), ("hit_", ttft_hit), ("miss_", ttft_miss))
             for q in (50, 90, 99)
-        },
+        } | {f"{tier}_hit_p{q}": _percentile_ms(values, q)
+             for tier, values in (("gpu", ttft_gpu_hit), ("cpu", ttft_cpu_hit)) for q in (50, 99)},
         requests_per_worker=tuple(per_worker),
         slo=slo,
         slo_met_requests=sum(1 for r in measured if slo.met_by(r)),
@@ -247,4 +280,9 @@ def summarize(result: RunResult) -> Summary:
         view_checked=sum(1 for r in measured if r.believed_tokens >= 0),
         view_false_hits=sum(1 for r in measured if r.believed_tokens > r.held_tokens),
         view_false_tokens=sum(max(0, r.believed_tokens - r.held_tokens) for r in measured),
+        cpu_hit_requests=sum(1 for r in measured if r.is_cpu_hit),
+        cpu_hit_tokens=sum(r.cpu_cached_tokens for r in measured),
+        cpu_stored_blocks=sum(w.cpu_stored_blocks for w in result.workers),
+        cpu_loaded_blocks=sum(w.cpu_loaded_blocks for w in result.workers),
+        cpu_evicted_blocks=sum(w.cpu_evicted_blocks for w in result.workers),
     )

@@ -1,4 +1,5 @@
-"""What-if capacity planning: the cheapest worker count or KV size per worker that meets a target, per router.
+"""What-if capacity planning: the cheapest worker count, GPU KV size or host (CPU) KV tier per worker that meets a
+target, per router.
 
 For each router: screen with the analytic block model (`sim.studies.analytic`: the per-worker LRU-over-blocks model for
 random and round-robin routing, the prefix-partition model for routers that keep a prefix on one worker), then
@@ -26,13 +27,13 @@ import numpy as np
 from sim.studies import analytic
 from sim.routing.spec import router_overrides, split_router_spec
 from sim.runner import run
-from sim.scenario import Scenario, length_mean
+from sim.scenario import Scenario, cpu_kv_gib, length_mean, with_cpu_kv_gib
 from sim.results.summary import summarize
 from sim.studies.executor import Executor, using
 from sim.studies.tune import Objective, RunStore, TuneResult, tune
 
 GIB = 1 << 30
-VARY_UNITS = {"workers": "workers", "kv-gib": "GiB"}
+VARY_UNITS = {"workers": "workers", "kv-gib": "GiB", "cpu-kv-gib": "GiB"}
 PARTITIONING_ROUTERS = {"prefix-hash", "kv-aware", "llm-d", "sglang-cache-aware", "aibrix-prefix-cache",
                         "vllm-router-session", "vllm-router-prefix-aware", "vllm-router-loadaware", "preble"}
 """Routers that tend to keep a prefix on one worker (the analytic screen's prefix-partition model)."""
@@ -149,6 +150,8 @@ def configure(base: Scenario, spec: PlanSpec, router: str, value: float) -> Scen
     }
     if spec.vary == "kv-gib":
         overrides["engine.kv_cache_bytes"] = int(value * GIB)
+    if spec.vary == "cpu-kv-gib":
+        base = with_cpu_kv_gib(base, value)
     return base.with_overrides(**overrides)
 
 
@@ -160,8 +163,11 @@ def analytic_hit_rate(scenario: Scenario, router: str) -> float:
     output = round(length_mean(w.output_tokens))
     prefix = round(length_mean(w.prefix_tokens))
     K, U = analytic.shared_prefix_blocks(prefix, prompt, output, B)
+    # NOTE: a host tier counts as more blocks of the same LRU: an optimistic screen (it holds prompt blocks only,
+    # and its order is not the GPU's); the bisection's simulations decide.
+    cpu_blocks = scenario.engine.num_cpu_chunks(scenario.model.kv_bytes_per_token) if cpu_kv_gib(scenario) else 0
     common = dict(popularity=np.array(w.popularity_weights()), prefix_blocks=K, own_blocks=U,
-                  usable_blocks=scenario.capacity_tokens // B, block_size=B, prompt_tokens=prompt)
+                  usable_blocks=scenario.capacity_tokens // B + cpu_blocks, block_size=B, prompt_tokens=prompt)
     if _partitions(router):
         return analytic.prefix_routing_hit_rates(workers=scenario.cluster.workers, **common).request_hit_rate
     return analytic.random_routing_hit_rates(workers=scenario.cluster.workers, **common).request_hit_rate

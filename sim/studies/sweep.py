@@ -1,4 +1,4 @@
-"""A grid of runs over workers x prefixes x concurrency x router x repeat, run on an executor
+"""A grid of runs over workers x prefixes x concurrency x router x host KV x repeat, run on an executor
 (`sim.studies.executor`: local processes or a Dask cluster)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from sim.results.records import TtftSamples
 from sim.routing.spec import router_overrides
 from sim.runner import build_router, run
-from sim.scenario import Scenario
+from sim.scenario import Scenario, cpu_kv_gib, with_cpu_kv_gib
 from sim.results.summary import summarize
 from sim.studies.executor import Executor, LocalExecutor, available_cores, using
 
@@ -29,10 +29,14 @@ class SweepPoint:
     seed: int
     engine: str | None = None
     """Engine kind (None: the base scenario's)."""
+    cpu_kv_gib: float | None = None
+    """Host (CPU) KV tier per worker in GiB (`engine.cpu_kv_bytes`; 0: none; None: the base scenario's)."""
 
     def scenario(self, base: Scenario) -> Scenario:
         if self.engine is not None:
             base = base.with_engine(self.engine)
+        if self.cpu_kv_gib is not None:
+            base = with_cpu_kv_gib(base, self.cpu_kv_gib)
         return base.with_overrides(**{
             "cluster.workers": self.workers,
             "workload.prefixes": self.prefixes,
@@ -44,13 +48,14 @@ class SweepPoint:
 
 def sweep_points(
     *, workers: Iterable[int], prefixes: Iterable[int], concurrency: Iterable[int], routers: Iterable[str],
-    repeats: int, seed: int, engines: Iterable[str | None] = (None,),
+    repeats: int, seed: int, engines: Iterable[str | None] = (None,), cpu_kv_gib: Iterable[float | None] = (None,),
 ) -> list[SweepPoint]:
     """Every combination; repeat r runs with seed + r (so repeat 0 of every point shares the base seed, and every
-    engine and router sees the same request stream)."""
+    engine, router and host tier sees the same request stream)."""
     return [
-        SweepPoint(w, n, c, r, k, seed + k, e)
-        for e, w, n, c, r, k in itertools.product(engines, workers, prefixes, concurrency, routers, range(repeats))
+        SweepPoint(w, n, c, r, k, seed + k, e, g)
+        for e, g, w, n, c, r, k in itertools.product(engines, cpu_kv_gib, workers, prefixes, concurrency, routers,
+                                                     range(repeats))
     ]
 
 
@@ -69,7 +74,8 @@ def run_point(base: Scenario, point: SweepPoint) -> PointOutcome:
     summary = summarize(result)
     row = {
         "workers": point.workers, "prefixes": point.prefixes, "concurrency": point.concurrency,
-        "router": point.router, "engine": scenario.engine.kind, "repeat": point.repeat, "seed": point.seed,
+        "router": point.router, "engine": scenario.engine.kind, "cpu_kv_gib": cpu_kv_gib(scenario),
+        "repeat": point.repeat, "seed": point.seed,
         **summary.row(),
     }
     return PointOutcome(point, row, TtftSamples.of(result.measured))

@@ -5,10 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import ClassVar
 
-from sim.engines.interface import EngineCounters, EngineLoad, StepOutcome, StepPlan, StepTimeModel
+from sim.engines.interface import EngineCounters, EngineLoad, HostLink, StepOutcome, StepPlan, StepTimeModel
 from sim.engines.vllm.behaviour import VllmBehaviour
 from sim.engines.vllm.decode_stretch import DecodeStretch
 from sim.engines.vllm.kv_cache_manager import KVCacheManager
+from sim.engines.vllm.offload.connector import OffloadingConnector
+from sim.engines.vllm.offload.cpu_manager import CpuOffloadingManager
+from sim.engines.vllm.offload.transfers import HostTransfers
 from sim.engines.vllm.request_state import RequestState
 from sim.engines.vllm.scheduler import Scheduler, SchedulerLimits
 from sim.engines.vllm.spec import VllmEngineSpec
@@ -19,13 +22,14 @@ class VllmEngine:
     """One vLLM v1 worker (synchronous engine loop, as vLLM runs on CPU and as the oracle checks it).
 
     `cache` is the `KVCacheManager` (the worker's `PrefixCache`); `scheduler` does the work. The rules that changed
-    between releases come from `spec.vllm_version` (`sim.engines.vllm.behaviour`).
+    between releases come from `spec.vllm_version` (`sim.engines.vllm.behaviour`). With `spec.cpu_kv_bytes` the
+    scheduler has a host tier (`OffloadingConnector`) whose copies run on `host_link` (`HostTransfers`).
     """
 
     kind: ClassVar[str] = "vllm"
     Spec: ClassVar[type[VllmEngineSpec]] = VllmEngineSpec
 
-    def __init__(self, spec: VllmEngineSpec, *, kv_bytes_per_token: int) -> None:
+    def __init__(self, spec: VllmEngineSpec, *, kv_bytes_per_token: int, host_link: HostLink | None = None) -> None:
         behaviour = VllmBehaviour.for_version(spec.vllm_version)
         self.spec = spec
         self.cache = KVCacheManager(
@@ -33,11 +37,33 @@ class VllmEngine:
             max_model_len=spec.max_model_len, unhashed_to_head=behaviour.unhashed_to_head,
             free_tail_first=spec.free_order == "tail-first",
         )
+        self.connector: OffloadingConnector | None = None
+        self.transfers: HostTransfers | None = None
+        if spec.cpu_kv_bytes:
+            if host_link is None:
+                raise ValueError("engine.cpu_kv_bytes needs a host link to time its copies")
+            manager = CpuOffloadingManager(spec.num_cpu_chunks(kv_bytes_per_token),
+                                           eviction_policy=spec.cpu_eviction_policy)
+            self.connector = OffloadingConnector(manager, block_size=spec.block_size,
+                                                 bytes_per_block=spec.block_size * kv_bytes_per_token)
+            self.transfers = HostTransfers(self.connector, host_link)
         self.scheduler = Scheduler(SchedulerLimits(spec.max_num_batched_tokens, spec.max_num_seqs, spec.max_model_len),
-                                   self.cache, behaviour)
+                                   self.cache, behaviour, self.connector)
         # NOTE: `Engine.schedule` is the scheduler's own method: the worker calls it every step, and binding it
         # here saves a frame per call.
-        self.schedule: Callable[[float], StepPlan] = self.scheduler.schedule
+        self.schedule: Callable[[float], StepPlan] = (self.scheduler.schedule if self.connector is None
+                                                      else self._schedule_with_transfers)
+
+    def _schedule_with_transfers(self, now_s: float) -> StepPlan:
+        plan = self.scheduler.schedule(now_s)
+        assert self.transfers is not None and self.scheduler.connector_step is not None
+        plan.stall_s = self.transfers.start_step(self.scheduler.connector_step, now_s)
+        if plan.is_empty:
+            # NOTE: a step that computes nothing (only loads waiting, or copies in flight) still ends at once, as
+            # vLLM's loop runs it: completions are taken and its stores start; the worker then sleeps until the
+            # next copy completes (`next_background_s`) or a request arrives.
+            self.update_from_output(plan, now_s)
+        return plan
 
     def add_request(self, request: Request, *, worker: int, arrival_s: float) -> RequestState:
         state = RequestState(request, worker, arrival_s, block_size=self.cache.block_size)
@@ -46,8 +72,7 @@ class VllmEngine:
 
     @property
     def has_work(self) -> bool:
-        s = self.scheduler
-        return bool(s.waiting or s.running)
+        return self.scheduler.has_work
 
     @property
     def num_requests(self) -> int:
@@ -55,10 +80,19 @@ class VllmEngine:
 
     def load(self) -> EngineLoad:
         s = self.scheduler
-        return EngineLoad(num_running=len(s.running), num_waiting=len(s.waiting), kv_usage=self.cache.usage())
+        return EngineLoad(num_running=len(s.running), num_waiting=len(s.waiting) + len(s.holding),
+                          kv_usage=self.cache.usage())
 
     def update_from_output(self, plan: StepPlan, now_s: float) -> StepOutcome:
-        outcome = self.scheduler.update_from_output(plan, now_s)
+        transfers = self.transfers
+        if transfers is None:
+            outcome = self.scheduler.update_from_output(plan, now_s)
+        else:
+            step = self.scheduler.connector_step
+            assert step is not None, "update_from_output without a schedule() before it"
+            done = transfers.end_step(step, now_s)
+            self.scheduler.connector_step = None
+            outcome = self.scheduler.update_from_output(plan, now_s, finished_jobs=done)
         if self.cache.pool.events:
             # NOTE: vLLM's engine core takes the step's KV events after processing its output.
             self.cache.publish(now_s)
@@ -68,6 +102,8 @@ class VllmEngine:
         s = self.scheduler
         if s.waiting or not s.running:
             return None  # the common case, decided without a call: a step with work to admit or nothing running
+        if s.connector is not None and (s.holding or s.connector.has_work):
+            return None  # copies in flight or a load to promote: steps that are not plain decodes
         return DecodeStretch.plan(s, time_model, speed=speed, now_s=now_s, max_model_len=self.spec.max_model_len)
 
     def finish_stretch(self, stretch: DecodeStretch, num_steps: int, now_s: float) -> list[RequestState]:
@@ -79,12 +115,25 @@ class VllmEngine:
 
     def counters(self) -> EngineCounters:
         evicted = self.cache.pool.num_evicted_blocks
+        c = self.connector
         return EngineCounters(prefix_cache=self.cache.stats.copy(), evicted_blocks=evicted,
                               evicted_tokens=evicted * self.cache.block_size,
-                              preemptions=self.scheduler.num_preemptions)
+                              preemptions=self.scheduler.num_preemptions,
+                              cpu_stored_blocks=0 if c is None else c.counters.num_stored_chunks,
+                              cpu_loaded_blocks=0 if c is None else c.counters.num_loaded_chunks,
+                              cpu_evicted_blocks=0 if c is None else c.manager.counters().num_evicted_chunks)
+
+    def next_background_s(self) -> float | None:
+        if self.transfers is None:
+            return None
+        if self.scheduler.has_loaded_requests:
+            return 0.0  # a load reported done: the next step promotes it, at once
+        return self.transfers.next_done_s()
 
     def describe_stall(self) -> str:
         s = self.scheduler
+        if not s.waiting:
+            return f"nothing schedulable with {len(s.holding)} requests waiting for KV loads and {len(s.running)} running"
         head = s.waiting[0]
         return (f"nothing schedulable with {len(s.waiting)} waiting and {len(s.running)} running; head request "
                 f"{head.request.request_id} needs {head.num_tokens} tokens, {self.cache.num_free_blocks} blocks free")

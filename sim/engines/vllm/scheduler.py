@@ -69,6 +69,11 @@ class Scheduler:
                     or (self.connector is not None and self.connector.has_work))
 
     @property
+    def has_loaded_requests(self) -> bool:
+        """A CPU load is reported done and its request waits to be promoted by the next `schedule()`."""
+        return bool(self._loaded)
+
+    @property
     def num_requests(self) -> int:
         return len(self.waiting) + len(self.running) + len(self.holding)
 

@@ -22,6 +22,13 @@ class VllmEngineSpec(ConfigModel):
     max_num_batched_tokens: int = Field(8192, ge=1, description="Token budget per engine step.")
     max_num_seqs: int = Field(256, ge=1, description="Most requests running at once per worker.")
     max_model_len: int = Field(4096, ge=2, description="Longest sequence (prompt + output) in tokens.")
+    cpu_kv_bytes: int = Field(
+        0, ge=0,
+        description="Host (CPU) KV tier per worker in bytes (vLLM --kv-offloading-size x 2^30: the OffloadingConnector, "
+                    "rules of vLLM 0.33.0's connector whatever vllm_version says); 0: none. Evicted GPU blocks are "
+                    "found there and loaded back; timed on the device's host link (time_model.host_link).")
+    cpu_eviction_policy: Literal["lru"] = Field(
+        "lru", description="The host tier's eviction policy (vLLM's default lru; its arc is not mirrored yet).")
     free_order: Literal["tail-first", "head-first"] = Field(
         "tail-first",
         description="Order a finished request's blocks enter the free queue: vLLM's tail-first, or the naive-LRU "
@@ -43,6 +50,12 @@ class VllmEngineSpec(ConfigModel):
         if self.num_gpu_blocks_override is not None:
             return self.num_gpu_blocks_override
         return self.kv_cache_bytes // (self.block_size * kv_bytes_per_token)
+
+    def num_cpu_chunks(self, kv_bytes_per_token: int) -> int:
+        """The host tier's chunks (one GPU block each), as vLLM's `CPUOffloadingSpec` counts them: floor(bytes /
+        block bytes rounded up to the 4 KiB page) (`CS` 106-130)."""
+        block_bytes = self.block_size * kv_bytes_per_token
+        return self.cpu_kv_bytes // (-(-block_bytes // 4096) * 4096)
 
     def capacity_tokens(self, kv_bytes_per_token: int) -> int:
         """Usable token slots: every block but the null block."""

@@ -7,23 +7,30 @@ from sim.engines.vllm.offload.connector import ConnectorStep, OffloadingConnecto
 
 
 class HostTransfers:
-    """Runs a connector's jobs on a `HostLink`, as vLLM's offloading worker does (`OW`, `GW`; rules §2.3, §3.2):
+    """Runs a connector's jobs on a `HostLink` as vLLM 0.33.0's offloading worker does (sim/timing/host-link.md;
+    rules §2.3, §3.2). A step runs from its start t0 to its end t1 (its forward pass):
 
-    * a step's loads are submitted at its start, before the forward pass, which they overlap (`start_kv_transfers`);
-    * its stores are submitted at the next step's start, i.e. when it ends ("offloading starts AFTER transfers
-      related to token sampling", `OW` 272-284);
-    * jobs the step must flush (`jobs_to_flush`) are submitted at once if not yet, and the forward pass waits for
-      them: the step's `stall_s`;
-    * after each forward pass the worker reports every job complete by then (`get_finished`); an engine with
-      nothing else to do is woken when the next job completes (`next_done_s`), as vLLM's busy loop would see it.
+    * jobs handed to the worker in a step (its loads, and the stores created by the step before: "offloading starts
+      AFTER transfers related to token sampling", `OW` 272-284) are submitted after the forward pass is launched,
+      and every copy first waits for the compute stream (`kv_connector_model_runner_mixin.py` 79-96, `GW` 694): on
+      the link they start at t1 (at t0 in a step that computes nothing), each direction one FIFO queue;
+    * the worker checks its copies right after launching a step's forward (`get_transfer_results`): a job is
+      reported in the first step starting at or after its completion, and the scheduler sees it when that step
+      ends; so a CPU hit waits at least its admitting step and the next one, and prefills in the one after;
+    * jobs a step must flush (`jobs_to_flush`) are submitted at once if not yet and its forward pass waits for
+      them: the step's `stall_s`; they are reported in that step;
+    * an engine with only copies in flight polls (empty steps): it is woken when the next copy completes.
     """
 
     def __init__(self, connector: OffloadingConnector, link: HostLink) -> None:
         self.connector = connector
         self.link = link
         self._done_s: dict[int, float] = {}
-        """Submitted jobs -> completion time."""
+        """Submitted jobs -> completion time, in submission order."""
+        self._stores_to_hand: list[int] = []
+        """Stores created by the last step, handed to the worker in this one."""
         self._flushed: set[int] = set()
+        self._step_start_s = 0.0
 
     def _submit(self, job_id: int, start_s: float) -> None:
         job = self.connector.job(job_id)
@@ -31,34 +38,34 @@ class HostTransfers:
                                                      num_bytes=job.num_bytes)
 
     def start_step(self, step: ConnectorStep, now_s: float) -> float:
-        """Submit the step's loads (and flushed stores); returns the seconds its forward pass waits."""
-        for job in step.load_jobs:
-            self._submit(job.job_id, now_s)
+        """A step starts now; returns the seconds its forward pass waits for flushed jobs."""
+        self._step_start_s = now_s
         if not step.jobs_to_flush:
             return 0.0
         for jid in step.jobs_to_flush:
             if jid not in self._done_s:
                 self._submit(jid, now_s)
+        self._stores_to_hand = [j for j in self._stores_to_hand if j not in self._done_s]
         self._flushed.update(step.jobs_to_flush)
         return max(0.0, max(self._done_s[j] for j in step.jobs_to_flush) - now_s)
 
     def end_step(self, step: ConnectorStep, now_s: float) -> list[int]:
-        """The jobs complete by now (flushed ones always), in submission order; then submits the step's stores."""
-        done = [j for j, t in self._done_s.items() if t <= now_s or j in self._flushed]
+        """The step ends now: hand its jobs to the link and return those reported done in it (in submission
+        order)."""
+        seen_s = self._step_start_s
+        done = [j for j, t in self._done_s.items() if t <= seen_s or j in self._flushed]
         for j in done:
             del self._done_s[j]
         self._flushed.difference_update(done)
-        for job in step.store_jobs:
-            if job.job_id not in self._done_s:
-                self._submit(job.job_id, now_s)
-        return done
-
-    def poll(self, now_s: float) -> list[int]:
-        """Jobs complete by now, for a step that ran nothing."""
-        done = [j for j, t in self._done_s.items() if t <= now_s]
-        for j in done:
-            del self._done_s[j]
+        for jid in self._stores_to_hand:
+            self._submit(jid, now_s)
+        for job in step.load_jobs:
+            self._submit(job.job_id, now_s)
+        self._stores_to_hand = [j.job_id for j in step.store_jobs if j.job_id not in self._done_s]
         return done
 
     def next_done_s(self) -> float | None:
+        """When the next copy in flight completes; now for stores still to hand (the next step does it)."""
+        if self._stores_to_hand:
+            return 0.0
         return min(self._done_s.values()) if self._done_s else None
