@@ -109,6 +109,10 @@ class Worker:
             plan = schedule(env.now)
             self.num_changes += 1  # admission and allocation happen at the step's start
             if plan.is_empty:
+                if plan.stall_s:
+                    yield env.timeout(plan.stall_s)  # it computed nothing but waited for flushed KV copies
+                if plan.preempted:
+                    continue  # a step that only preempted: the next one admits (vLLM skips admission after one)
                 if engine.has_work:
                     wake_s = engine.next_background_s()
                     if wake_s is None:

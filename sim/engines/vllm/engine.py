@@ -61,8 +61,9 @@ class VllmEngine:
         if plan.is_empty:
             # NOTE: a step that computes nothing (only loads waiting, or copies in flight) still ends at once, as
             # vLLM's loop runs it: completions are taken and its stores start; the worker then sleeps until the
-            # next copy completes (`next_background_s`) or a request arrives.
-            self.update_from_output(plan, now_s)
+            # next copy completes (`next_background_s`) or a request arrives. A flush still makes it wait
+            # (`stall_s`, which the worker waits too).
+            self.update_from_output(plan, now_s + plan.stall_s)
         return plan
 
     def add_request(self, request: Request, *, worker: int, arrival_s: float) -> RequestState:
@@ -132,8 +133,12 @@ class VllmEngine:
 
     def describe_stall(self) -> str:
         s = self.scheduler
-        if not s.waiting:
-            return f"nothing schedulable with {len(s.holding)} requests waiting for KV loads and {len(s.running)} running"
+        if s.holding:
+            head = s.holding[0]
+            return (f"nothing schedulable with {len(s.holding)} requests holding KV blocks (CPU loads), "
+                    f"{len(s.waiting)} waiting and {len(s.running)} running; head request {head.request.request_id} "
+                    f"holds {len(head.block_ids)} blocks ({'loading' if head.loading else 'loaded'}, "
+                    f"{head.num_computed_tokens} of {head.num_tokens} tokens), {self.cache.num_free_blocks} blocks free")
         head = s.waiting[0]
         return (f"nothing schedulable with {len(s.waiting)} waiting and {len(s.running)} running; head request "
                 f"{head.request.request_id} needs {head.num_tokens} tokens, {self.cache.num_free_blocks} blocks free")

@@ -128,6 +128,8 @@ class OffloadingConnector:
         self._step = ConnectorStep()
         self._allocated_block_ids: set[int] = set()
         self._pending_finished: list[RequestState] = []
+        self._store_retries: set[RequestState] = set()
+        """Requests whose last store offer found no room: they offer again at their next step."""
         self._block_fences: dict[int, set[int]] = {}
         """GPU block id -> in-flight store jobs reading it, for requests that have finished (`OS` 2336-2376)."""
 
@@ -139,9 +141,9 @@ class OffloadingConnector:
 
     @property
     def has_work(self) -> bool:
-        """Jobs in flight, or finished requests whose finish pass has not run: vLLM's engine takes one more step
-        for those (`has_finished_requests`, `S` 3157-3177)."""
-        return bool(self._jobs or self._pending_finished)
+        """Jobs in flight, finished requests whose finish pass has not run (vLLM's engine takes one more step for
+        those, `has_finished_requests`, `S` 3157-3177), or store offers to retry: steps that are not plain decodes."""
+        return bool(self._jobs or self._pending_finished or self._store_retries)
 
     def job(self, job_id: int) -> TransferJob:
         return self._jobs[job_id]
@@ -272,6 +274,7 @@ class OffloadingConnector:
             if st is None:
                 continue
             st.finished = True
+            self._store_retries.discard(state)
             self.manager.request_finished(state)
             if not st.job_ids:
                 del self._requests[state]
@@ -291,11 +294,14 @@ class OffloadingConnector:
         start = st.next_stored_chunk
         if num_chunks <= start:
             st.next_stored_chunk = max(start, num_chunks)
+            self._store_retries.discard(state)
             return
         hashes = self._chunk_hashes(state, start, num_chunks)
         out = self.manager.prepare_store(state, hashes)
         if out is None:
+            self._store_retries.add(state)
             return  # no room: the same chunks are offered again next time (`OS` 1988-1996)
+        self._store_retries.discard(state)
         st.next_stored_chunk = num_chunks
         if out.evicted_chunk_hashes:
             step.evicted.append((state, out.evicted_chunk_hashes))
