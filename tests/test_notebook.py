@@ -12,7 +12,7 @@ from nbclient import NotebookClient
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 # What each notebook must print once executed: a line of each of its analyses.
 EXPECTED = {
-    "capacity_planning.ipynb": ("GiB per worker", "block model"),
+    "capacity_planning.ipynb": ("GiB per worker", "block model", "GiB host KV per worker", "of host KV per worker"),
     "router_study.ipynb": ("bound min(1, W·C/N)", "live", "mocker kv_router", "processing_s=0.01"),
 }
 
