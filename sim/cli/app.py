@@ -171,9 +171,11 @@ def hardware_options(command: Callable) -> Callable:
              "Default: the scenario's.")(command)
 
 
-CPU_KV_HELP = ("Host (CPU) KV tier per worker in GiB: vLLM's --kv-offloading-size (its OffloadingConnector, rules of "
-               "vLLM 0.33.0): evicted GPU blocks are kept there and loaded back over the device's host link "
-               "(time_model.host_link); 0 = none. Default: the scenario's (engine.cpu_kv_bytes).")
+CPU_KV_DETAIL = ("vLLM's --kv-offloading-size (its OffloadingConnector, rules of vLLM 0.33.0): prompts' full blocks "
+                 "are copied there as they are computed and loaded back over the device's host link "
+                 "(time_model.host_link) when the GPU no longer holds them; 0 = none. Default: the scenario's "
+                 "(engine.cpu_kv_bytes).")
+CPU_KV_HELP = "Host (CPU) KV tier per worker in GiB: " + CPU_KV_DETAIL
 
 
 def gib_list(ctx: click.Context, param: click.Parameter, value: str | None) -> list[float] | None:

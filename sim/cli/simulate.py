@@ -12,7 +12,7 @@ from rich.table import Table
 
 from sim.studies.analytic import formula_hit_rate
 from sim.cli.app import (
-    CPU_KV_HELP, ENGINE_HELP, SLO_HELP, checked_out_dir, console, engine_list, executor_options, fmt, gib_list,
+    CPU_KV_DETAIL, CPU_KV_HELP, ENGINE_HELP, SLO_HELP, checked_out_dir, console, engine_list, executor_options, fmt, gib_list,
     hardware_options, int_list, load_or_exit, main, on_cpu_kv, on_engine, on_hardware, one_engine,
     reference_measurements, router_list, slo_option, with_slo,
 )
@@ -38,7 +38,8 @@ from sim.routing.spec import router_label, router_overrides
               help="Engines, comma-separated (vllm, sglang; see `kvsim engines`): every point runs on each, with the "
                    "same request stream. Default: the scenario's.")
 @click.option("--cpu-kv-gib", "cpu_kv_gib", callback=gib_list, default=None,
-              help="Host (CPU) KV tiers per worker to sweep, GiB, comma-separated (e.g. 0,16): " + CPU_KV_HELP)
+              help="Host (CPU) KV tiers per worker to sweep, in GiB, comma-separated (e.g. 0,16); each is "
+                   + CPU_KV_DETAIL)
 @click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True, help="Runs per point; repeat r uses seed + r.")
 @click.option("--seed", type=int, default=None, help="Base seed. Default: the scenario's.")
 @click.option("--jobs", type=click.IntRange(min=1), default=None,

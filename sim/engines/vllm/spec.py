@@ -25,8 +25,9 @@ class VllmEngineSpec(ConfigModel):
     cpu_kv_bytes: int = Field(
         0, ge=0,
         description="Host (CPU) KV tier per worker in bytes (vLLM --kv-offloading-size x 2^30: the OffloadingConnector, "
-                    "rules of vLLM 0.33.0's connector whatever vllm_version says); 0: none. Evicted GPU blocks are "
-                    "found there and loaded back; timed on the device's host link (time_model.host_link).")
+                    "rules of vLLM 0.33.0's connector whatever vllm_version says); 0: none. Prompts' full blocks are "
+                    "copied there as they are computed and loaded back when the GPU no longer holds them, timed on "
+                    "the device's host link (time_model.host_link).")
     cpu_eviction_policy: Literal["lru"] = Field(
         "lru", description="The host tier's eviction policy (vLLM's default lru; its arc is not mirrored yet).")
     free_order: Literal["tail-first", "head-first"] = Field(

@@ -1,14 +1,19 @@
-"""vLLM's KV offloading tier (0.33.0, `vllm/v1/kv_offload`): so far only the scheduler-side CPU manager
-(`cpu_manager`), not yet wired into the engine.
+"""vLLM's KV offloading tier (0.33.0, `vllm/v1/kv_offload` and the `OffloadingConnector`), as a host (CPU) KV tier
+of a vLLM worker (`engine.cpu_kv_bytes`): the CPU manager and its LRU (`cpu_manager`), the connector's scheduler side
+(`connector`: lookup, deferrals, load and store jobs, flushes) and its copies in simulated time (`transfers`).
 
-Rules and source citations: benchmarks/vllm-oracle/offloading/vllm-0.33-offloading-rules.md.
+Rules and source citations: benchmarks/vllm-oracle/offloading/vllm-0.33-offloading-rules.md; copy timing:
+sim/timing/host-link.md.
 """
 
+from sim.engines.vllm.offload.connector import ConnectorStep, OffloadCounters, OffloadingConnector, TransferJob
 from sim.engines.vllm.offload.cpu_manager import (
     CpuManagerCounters,
     CpuOffloadingManager,
     LookupResult,
     PrepareStoreOutput,
 )
+from sim.engines.vllm.offload.transfers import HostTransfers
 
-__all__ = ["CpuManagerCounters", "CpuOffloadingManager", "LookupResult", "PrepareStoreOutput"]
+__all__ = ["ConnectorStep", "CpuManagerCounters", "CpuOffloadingManager", "HostTransfers", "LookupResult",
+           "OffloadCounters", "OffloadingConnector", "PrepareStoreOutput", "TransferJob"]

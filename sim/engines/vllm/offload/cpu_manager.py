@@ -20,6 +20,7 @@ Differences from vLLM, all on purpose:
 from __future__ import annotations
 
 import enum
+import heapq
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -331,12 +332,16 @@ class CpuOffloadingManager:
         if num_to_evict > 0:
             # NOTE: chunks in the offer itself are protected: one already stored must stay (`CM` 331-334).
             protected = set(chunk_hashes)
-            candidates = sorted((self._ranks[h], h) for h, c in self._chunks.items()
-                                if c.ref_cnt == 0 and h not in protected)
-            if num_to_evict > len(candidates):
+            chunks = self._chunks
+            num_protected = sum(1 for h in protected if h in chunks and chunks[h].ref_cnt == 0)
+            if num_to_evict > self._num_evictable - num_protected:
                 self._num_allocation_failures += 1
                 return None
-            for _, h in candidates[:num_to_evict]:
+            # NOTE: ranks are unique, so the k smallest by rank are the heap's next k pops (no full sort needed).
+            ranks = self._ranks
+            victims = heapq.nsmallest(num_to_evict, (h for h, c in chunks.items()
+                                                     if c.ref_cnt == 0 and h not in protected), key=ranks.__getitem__)
+            for h in victims:
                 self._free_slots.append(self._chunks.pop(h).chunk_id)
                 del self._ranks[h]
                 evicted.append(h)
