@@ -256,3 +256,21 @@ def test_a_linear_time_model_must_name_its_host_link():
         with_cpu_kv_gib(scenario.with_overrides(**{"engine.vllm_version": "0.33.0"}), 1)
     ok = with_cpu_kv_gib(scenario.with_overrides(**{"time_model.host_link": {"bandwidth": 1e10}}), 1)
     assert ok.engine.cpu_kv_bytes == GIB
+
+
+def test_a_whole_prompt_from_cpu_recomputes_its_last_token_and_counts_it_as_gpu_work():
+    # A block-aligned 64-token prompt, stored, evicted from the GPU by two floods, sent again: the CPU lookup is not
+    # capped at the prompt's length - 1, so all 4 blocks load (vLLM's connector counts 64 host tokens), and the
+    # last token is recomputed: the request's hit is 63 tokens, all of them from the host tier.
+    spec = VllmEngineSpec(kv_cache_bytes=20 * 16 * KV, cpu_kv_bytes=32 * 16 * KV, vllm_version="0.33.0")
+    engine = VllmEngine(spec, kv_bytes_per_token=KV, host_link=HostLinkQueue(bandwidth_bytes_per_s=16e6,
+                                                                              latency_s=1e-3))
+    t = 0.0
+    for rid, (tokens, prefix) in enumerate(((64, 1), (150, 2), (150, 3), (64, 1))):
+        state = engine.add_request(_request(rid, tokens, prefix=prefix), worker=0, arrival_s=t)
+        while engine.has_work:
+            t, plan = _step(engine, t, 0.010)
+            if plan.is_empty and engine.has_work:
+                t = max(t, engine.next_background_s())
+    assert (state.num_cached_tokens, state.num_cpu_hit_tokens) == (63, 63)
+    assert engine.scheduler.connector.counters.hits == 64

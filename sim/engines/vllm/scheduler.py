@@ -238,6 +238,9 @@ class Scheduler:
             state.num_computed_tokens = computed
             if state.num_cached_tokens is None:
                 state.num_cached_tokens = computed
+                # NOTE: a load reaching the prompt's end recomputes its last token: the request's cached tokens
+                # are one fewer than it loaded (vLLM's connector still counts the load in full).
+                state.num_cpu_hit_tokens = min(state.num_cpu_hit_tokens, computed)
                 state.admitted_s = now_s
             if computed + num_new < state.num_tokens:
                 self._inflight_prefills.add(state)
