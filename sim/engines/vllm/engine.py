@@ -103,8 +103,9 @@ class VllmEngine:
         s = self.scheduler
         if s.waiting or not s.running:
             return None  # the common case, decided without a call: a step with work to admit or nothing running
-        if s.connector is not None and (s.holding or s.connector.has_work):
-            return None  # copies in flight or a load to promote: steps that are not plain decodes
+        if s.connector is not None and (s.holding or s.connector.blocks_decode_stretch
+                                        or self.transfers.has_stores_to_hand):
+            return None  # a load to promote, a finish pass, a store to offer again or to hand: not plain decodes
         return DecodeStretch.plan(s, time_model, speed=speed, now_s=now_s, max_model_len=self.spec.max_model_len)
 
     def finish_stretch(self, stretch: DecodeStretch, num_steps: int, now_s: float) -> list[RequestState]:
@@ -112,6 +113,13 @@ class VllmEngine:
         finished = stretch.finished()
         if finished:
             self.scheduler.finish(finished, now_s)
+        if self.transfers is not None and num_steps:
+            # NOTE: stores in flight may complete during a stretch; nothing in it reads the tier, so they are taken
+            # at its end, as the checks of its steps saw them: done by the start of its last step (after the
+            # finishes, as `update_from_output` orders them).
+            done = self.transfers.seen_by(stretch.start_s + stretch.elapsed_s(num_steps - 1))
+            if done:
+                self.scheduler.connector.complete(done)
         return finished
 
     def counters(self) -> EngineCounters:

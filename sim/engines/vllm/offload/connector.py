@@ -140,6 +140,12 @@ class OffloadingConnector:
         return bool(self._jobs)
 
     @property
+    def blocks_decode_stretch(self) -> bool:
+        """Something the next step's `build_step` does besides plain decodes: a finish pass or a store to offer
+        again (stores in flight alone do not: their completions change nothing a decode step reads)."""
+        return bool(self._pending_finished or self._store_retries)
+
+    @property
     def has_work(self) -> bool:
         """Jobs in flight, finished requests whose finish pass has not run (vLLM's engine takes one more step for
         those, `has_finished_requests`, `S` 3157-3177), or store offers to retry: steps that are not plain decodes."""

@@ -131,6 +131,7 @@ class CpuOffloadingManager:
         "_free_slots",
         "_chunks",
         "_ranks",
+        "_heap",
         "_next_rank",
         "_generation",
         "_requests",
@@ -163,6 +164,9 @@ class CpuOffloadingManager:
         self._free_slots: list[int] = []
         self._chunks: dict[ChunkHash, _Chunk] = {}
         self._ranks: dict[ChunkHash, Rank] = {}
+        self._heap: list[tuple[Rank, ChunkHash]] = []
+        """Every rank a chunk was given, least first; an entry whose rank is no longer the chunk's is stale
+        (vLLM's lazy-invalidation heap, `LRU` 66-99)."""
         self._next_rank = 0
         self._generation = 0
         self._requests: dict[str, _RequestAccess] = {}
@@ -220,7 +224,7 @@ class CpuOffloadingManager:
                 continue
             rank = (request_rank, -end_token)
             if self._ranks[h] < rank:
-                self._ranks[h] = rank
+                self._set_rank(h, rank)
 
     def request_finished(self, request_id: str) -> None:
         """Commit the request's recency: its observed chunks get fresh ranks, tail first (`CM` 421-448,
@@ -235,7 +239,7 @@ class CpuOffloadingManager:
         for h in reversed(order):
             if h in self._chunks:  # evicted or failed stores draw no rank (`LRU` _assign_new_rank)
                 self._next_rank += 1
-                self._ranks[h] = (self._next_rank, 0)
+                self._set_rank(h, (self._next_rank, 0))
 
     # --- lookup and load ---
 
@@ -337,10 +341,7 @@ class CpuOffloadingManager:
             if num_to_evict > self._num_evictable - num_protected:
                 self._num_allocation_failures += 1
                 return None
-            # NOTE: ranks are unique, so the k smallest by rank are the heap's next k pops (no full sort needed).
-            ranks = self._ranks
-            victims = heapq.nsmallest(num_to_evict, (h for h, c in chunks.items()
-                                                     if c.ref_cnt == 0 and h not in protected), key=ranks.__getitem__)
+            victims = self._pop_victims(num_to_evict, protected)
             for h in victims:
                 self._free_slots.append(self._chunks.pop(h).chunk_id)
                 del self._ranks[h]
@@ -360,12 +361,40 @@ class CpuOffloadingManager:
             end_token = access.chunk_end_tokens.get(h)
             if end_token is None:
                 self._next_rank += 1
-                self._ranks[h] = (self._next_rank, 0)
+                self._set_rank(h, (self._next_rank, 0))
             else:
-                self._ranks[h] = (self._request_rank(access), -end_token)
+                self._set_rank(h, (self._request_rank(access), -end_token))
         self._num_write_pending += len(new)
         access.inserted.update(new)
         return PrepareStoreOutput(tuple(new), tuple(slots), tuple(evicted))
+
+    def _set_rank(self, chunk_hash: ChunkHash, rank: Rank) -> None:
+        self._ranks[chunk_hash] = rank
+        heapq.heappush(self._heap, (rank, chunk_hash))
+        if len(self._heap) > 4 * len(self._ranks) + 64:
+            # NOTE: compaction: stale entries (re-ranked or evicted chunks) would otherwise pile up.
+            self._heap = [(r, h) for h, r in self._ranks.items()]
+            heapq.heapify(self._heap)
+
+    def _pop_victims(self, num: int, protected: set) -> list[ChunkHash]:
+        """The `num` evictable, unprotected chunks of least rank, in rank order (the caller checked there are
+        enough). Ranks are unique, so ties never compare hashes."""
+        heap, ranks, chunks = self._heap, self._ranks, self._chunks
+        victims: list[ChunkHash] = []
+        chosen: set[ChunkHash] = set()
+        kept: list[tuple[Rank, ChunkHash]] = []
+        while len(victims) < num:
+            rank, h = heapq.heappop(heap)
+            if ranks.get(h) != rank or h in chosen:
+                continue  # stale (re-ranked since, or gone), or a duplicate entry of one rank given twice
+            if chunks[h].ref_cnt != 0 or h in protected:
+                kept.append((rank, h))  # not evictable now, but may be later at this same rank
+                continue
+            victims.append(h)
+            chosen.add(h)
+        for entry in kept:
+            heapq.heappush(heap, entry)
+        return victims
 
     def complete_store(self, chunk_hashes: Sequence[ChunkHash], *, success: bool = True) -> None:
         """Finish stores: on success the chunks become ready and evictable at the rank they already have; on
@@ -387,6 +416,7 @@ class CpuOffloadingManager:
         """Drop every chunk, pinned or not, and restart ranks and slots (`CM` 450-463, `LRU` clear)."""
         self._chunks.clear()
         self._ranks.clear()
+        self._heap.clear()
         self._next_rank = 0
         self._generation += 1
         self._num_evictable = 0

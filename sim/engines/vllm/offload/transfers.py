@@ -64,6 +64,18 @@ class HostTransfers:
         self._stores_to_hand = [j.job_id for j in step.store_jobs if j.job_id not in self._done_s]
         return done
 
+    @property
+    def has_stores_to_hand(self) -> bool:
+        """Stores created by the last step that the next one hands to the link."""
+        return bool(self._stores_to_hand)
+
+    def seen_by(self, step_start_s: float) -> list[int]:
+        """The jobs a step starting at `step_start_s` sees complete, taken (for steps run as a decode stretch)."""
+        done = [j for j, t in self._done_s.items() if t <= step_start_s]
+        for j in done:
+            del self._done_s[j]
+        return done
+
     def next_done_s(self) -> float | None:
         """When the next copy in flight completes; now for stores still to hand (the next step does it)."""
         if self._stores_to_hand:
