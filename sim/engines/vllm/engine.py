@@ -103,9 +103,8 @@ class VllmEngine:
         s = self.scheduler
         if s.waiting or not s.running:
             return None  # the common case, decided without a call: a step with work to admit or nothing running
-        if s.connector is not None and (s.holding or s.connector.blocks_decode_stretch
-                                        or self.transfers.has_stores_to_hand):
-            return None  # a load to promote, a finish pass, a store to offer again or to hand: not plain decodes
+        if s.connector is not None and (s.holding or s.connector.blocks_decode_stretch):
+            return None  # a load to promote, a finish pass or a store to offer again: not plain decodes
         return DecodeStretch.plan(s, time_model, speed=speed, now_s=now_s, max_model_len=self.spec.max_model_len)
 
     def finish_stretch(self, stretch: DecodeStretch, num_steps: int, now_s: float) -> list[RequestState]:

@@ -10,10 +10,13 @@ class HostTransfers:
     """Runs a connector's jobs on a `HostLink` as vLLM 0.33.0's offloading worker does (sim/timing/host-link.md;
     rules §2.3, §3.2). A step runs from its start t0 to its end t1 (its forward pass):
 
-    * jobs handed to the worker in a step (its loads, and the stores created by the step before: "offloading starts
-      AFTER transfers related to token sampling", `OW` 272-284) are submitted after the forward pass is launched,
-      and every copy first waits for the compute stream (`kv_connector_model_runner_mixin.py` 79-96, `GW` 694): on
-      the link they start at t1 (at t0 in a step that computes nothing), each direction one FIFO queue;
+    * a step's loads are submitted after its forward pass is launched and wait for the compute stream
+      (`kv_connector_model_runner_mixin.py` 79-96, `GW` 694): on the link they start at t1 (at t0 in a step that
+      computes nothing);
+    * a step's stores are deferred to the next step ("offloading starts AFTER transfers related to token
+      sampling", `OW` 272-284), which submits them before its forward (`handle_preemptions`, `OW` 219-244) behind
+      the forward they were computed in: they also start at t1, the next step's start; each direction is one FIFO
+      queue;
     * the worker checks its copies right after launching a step's forward (`get_transfer_results`): a job is
       reported in the first step starting at or after its completion, and the scheduler sees it when that step
       ends; so a CPU hit waits at least its admitting step and the next one, and prefills in the one after;
@@ -27,8 +30,6 @@ class HostTransfers:
         self.link = link
         self._done_s: dict[int, float] = {}
         """Submitted jobs -> completion time, in submission order."""
-        self._stores_to_hand: list[int] = []
-        """Stores created by the last step, handed to the worker in this one."""
         self._flushed: set[int] = set()
         self._step_start_s = 0.0
 
@@ -45,7 +46,6 @@ class HostTransfers:
         for jid in step.jobs_to_flush:
             if jid not in self._done_s:
                 self._submit(jid, now_s)
-        self._stores_to_hand = [j for j in self._stores_to_hand if j not in self._done_s]
         self._flushed.update(step.jobs_to_flush)
         return max(0.0, max(self._done_s[j] for j in step.jobs_to_flush) - now_s)
 
@@ -57,17 +57,12 @@ class HostTransfers:
         for j in done:
             del self._done_s[j]
         self._flushed.difference_update(done)
-        for jid in self._stores_to_hand:
-            self._submit(jid, now_s)
         for job in step.load_jobs:
             self._submit(job.job_id, now_s)
-        self._stores_to_hand = [j.job_id for j in step.store_jobs if j.job_id not in self._done_s]
+        for job in step.store_jobs:
+            if job.job_id not in self._done_s:  # a flushed one went at the step's start
+                self._submit(job.job_id, now_s)
         return done
-
-    @property
-    def has_stores_to_hand(self) -> bool:
-        """Stores created by the last step that the next one hands to the link."""
-        return bool(self._stores_to_hand)
 
     def seen_by(self, step_start_s: float) -> list[int]:
         """The jobs a step starting at `step_start_s` sees complete, taken (for steps run as a decode stretch)."""
@@ -77,7 +72,5 @@ class HostTransfers:
         return done
 
     def next_done_s(self) -> float | None:
-        """When the next copy in flight completes; now for stores still to hand (the next step does it)."""
-        if self._stores_to_hand:
-            return 0.0
+        """When the next copy in flight completes."""
         return min(self._done_s.values()) if self._done_s else None
