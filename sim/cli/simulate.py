@@ -212,7 +212,9 @@ def run_command(scenario_path, prefixes, workers, concurrency, router, engine, c
               if tm.kind == "roofline" and not scenario.cluster.deployments else "")
     table = Table(title=f"{scenario.name}{timing}: {result.num_workers} workers, N={scenario.workload.prefixes}, "
                         f"C={scenario.workload.concurrency}, router={scenario.router.name}, "
-                        f"engine={scenario.engine.kind} {scenario.engine.version}, seed={scenario.seed}")
+                        f"engine={scenario.engine.kind} {scenario.engine.version}"
+                        + (f", host KV {cpu_kv_gib_of(scenario):g} GiB/worker" if cpu_kv_gib_of(scenario) else "")
+                        + f", seed={scenario.seed}")
     table.add_column("metric")
     table.add_column("value", justify="right")
     for key in SUMMARY_COLUMNS[SUMMARY_COLUMNS.index("requests"):]:
@@ -221,7 +223,9 @@ def run_command(scenario_path, prefixes, workers, concurrency, router, engine, c
     console.print(table)
     workers_table = Table(title="per worker (measured phase)")
     tier = cpu_kv_gib_of(scenario) > 0
-    for col in ("worker", "device", "requests", "token hit rate", "evicted blocks", "preemptions", "steps",
+    # NOTE: a worker's prefix-cache counters are the GPU's (vLLM's prefix_cache_*); CPU hits are counted apart.
+    for col in ("worker", "device", "requests", "GPU token hit rate" if tier else "token hit rate", "evicted blocks",
+                "preemptions", "steps",
                 *(("CPU stored", "CPU loaded", "CPU evicted") if tier else ())):
         workers_table.add_column(col, justify="right")
     for w, n in zip(result.workers, summary.requests_per_worker):
