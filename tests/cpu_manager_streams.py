@@ -4,7 +4,8 @@ A stream is a list of runs; a run is a manager configuration and a list of opera
 (benchmarks/vllm-oracle/offloading/manager_oracle.py documents the format). vLLM answers it through
 `manager_oracle.py` under the oracle venv; kvsim answers it here (`replay_kvsim`) through
 `sim.engines.vllm.offload.CpuOffloadingManager`; both answers must be equal op by op: lookup answers, granted
-stores with their slots and evictions in order (or None), LRU order and ref counts, and the stats.
+stores with their slots and evictions in order (or None), LRU order (under ARC: T1, T2, B1, B2 in order and
+target_t1_size) and ref counts, and the stats.
 
 The random runs are generated with kvsim's own manager deciding which ops are legal next (vLLM asserts on, say, a
 load of a chunk that is not ready), so that the stream is fixed once generated; if kvsim's idea of what is legal
@@ -34,7 +35,8 @@ def new_manager(spec: dict) -> CpuOffloadingManager:
 
 
 def state(m: CpuOffloadingManager) -> dict:
-    return {"lru_order": m.lru_order(), "ref_counts": sorted([h, r] for h, r in m.ref_counts().items())}
+    order = {"arc": m.arc_state()} if m.eviction_policy == "arc" else {"lru_order": m.lru_order()}
+    return {**order, "ref_counts": sorted([h, r] for h, r in m.ref_counts().items())}
 
 
 def apply(m: CpuOffloadingManager, op: dict):
@@ -133,11 +135,14 @@ def probe_run() -> dict:
     return {"num_chunks": 6, "ops": ops}
 
 
-def random_run(seed: int, *, store_threshold: int = 1, max_tracker_size: int = 64_000) -> dict:
+def random_run(seed: int, *, store_threshold: int = 1, max_tracker_size: int = 64_000,
+               eviction_policy: str = "lru", min_chunks: int = 2, requests: tuple[int, int] = (4, 10)) -> dict:
     """A random but legal interleaving of up to three live requests over a few shared prefixes."""
     rng = random.Random(seed)
-    spec = {"num_chunks": rng.randint(2, 8), "store_threshold": store_threshold,
+    spec = {"num_chunks": rng.randint(min_chunks, 8), "store_threshold": store_threshold,
             "max_tracker_size": max_tracker_size, "ops": []}
+    if eviction_policy != "lru":  # the LRU streams' specs (and so their digests) stay as they were recorded
+        spec["eviction_policy"] = eviction_policy
     m = new_manager(spec)
     ops: list[dict] = spec["ops"]
 
@@ -150,7 +155,7 @@ def random_run(seed: int, *, store_threshold: int = 1, max_tracker_size: int = 6
     pending_loads: list[list[int]] = []
     pending_stores: list[list[int]] = []
     num_started = 0
-    num_requests = rng.randint(4, 10)
+    num_requests = rng.randint(*requests)
     while num_started < num_requests or live or pending_loads or pending_stores:
         choices = []
         if num_started < num_requests and len(live) < 3:
@@ -215,6 +220,9 @@ STREAMS = {
     "random_lru": lambda: {"runs": [random_run(seed) for seed in range(40)]},
     "random_threshold": lambda: {"runs": [random_run(1000 + seed, store_threshold=2, max_tracker_size=4)
                                           for seed in range(20)]},
+    # ARC on 3-8 chunks: evictions from both lists, B1 and B2 ghost hits moving the target, reuse at finish.
+    "random_arc": lambda: {"runs": [random_run(2000 + seed, eviction_policy="arc", min_chunks=3, requests=(8, 16))
+                                    for seed in range(40)]},
 }
 
 

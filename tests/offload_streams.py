@@ -7,8 +7,9 @@ conventions in benchmarks/vllm-oracle/offloading/README.md). kvsim's side runs `
 with `OffloadingConnector` through the same loop and the same fake worker (`LockstepTransfers`, a port of the
 oracle's `FakeWorker`). Compared exactly: per request the GPU and CPU hit tokens, the load step, the steps spent
 waiting for the load and deferred, admission, first token and finish; per worker the GPU and connector prefix-cache
-counters, the allocation counters, the CPU tier's final LRU order, the GPU free queue and KV events; per step every
-load, store, flush and eviction decision and which jobs were handed to and reported by the worker.
+counters, the allocation counters, the CPU tier's final LRU order (ARC: T1, T2, target), the GPU free queue and KV
+events; per step every load, store, flush and eviction decision and which jobs were handed to and reported by the
+worker.
 
 Chunk names: a CPU chunk is named [request id, chunk index] after the first store job that wrote it on that worker
 (vLLM's sha256 values are seeded per process), on both sides.
@@ -117,11 +118,18 @@ def _build(name: str) -> dict:
     if name == "pressure":
         return dict(_base(30, 24, workers=2, mode="closed_loop", concurrency=8, batched=64, max_num_seqs=5,
                           seed=3, transfer_steps=2), requests=_pressure(77))
+    if name == "pressure_arc":
+        # The same shape under ARC, other requests, a smaller tier: evictions from T1 and T2, ghost hits moving the
+        # target (to a non-integer value on worker 0), CPU hits.
+        spec = _base(30, 20, workers=2, mode="closed_loop", concurrency=8, batched=64, max_num_seqs=5, seed=4,
+                     transfer_steps=2)
+        spec["offload"]["eviction_policy"] = "arc"
+        return dict(spec, requests=_pressure(78))
     raise KeyError(name)
 
 
 NARRATED = _narrated()
-STREAMS = [*NARRATED, "reference_n12_c8_3w", "reference_n12_c8_3w_slow", "pressure"]
+STREAMS = [*NARRATED, "reference_n12_c8_3w", "reference_n12_c8_3w_slow", "pressure", "pressure_arc"]
 
 
 def build_stream(name: str) -> dict:
@@ -293,7 +301,7 @@ def replay_kvsim(stream: dict, vllm_version: str = ORACLE_VLLM_VERSION) -> dict:
             "preempted_requests": st.preempted_requests, "preempted_queries": st.preempted_queries,
             "preempted_hits": st.preempted_hits, "num_free_blocks_end": s.kv.num_free_blocks,
             "cpu_num_chunks": mgr.num_chunks,
-            "cpu_resident_end": {"lru_order": [names[w][h] for h in mgr.lru_order()]},
+            "cpu_resident_end": _resident(mgr, names[w]),
             "cpu_not_ready_or_pinned_end": sorted(names[w][h] for h, ref in mgr.ref_counts().items() if ref != 0),
             "connector_prefix_cache_stats": {
                 "requests": c.requests, "queries": c.queries, "hits": c.hits,
@@ -305,6 +313,16 @@ def replay_kvsim(stream: dict, vllm_version: str = ORACLE_VLLM_VERSION) -> dict:
     return {"num_steps": k, "requests": [rec[i] for i in range(len(reqs))], "workers": workers,
             "free_queue_end": [s.kv.pool.free_queue() for s in scheds], "events": [r.rows for r in recorders],
             "offload_steps": step_rows}
+
+
+def _resident(mgr: CpuOffloadingManager, names: dict) -> dict:
+    """The CPU tier's chunks at the end as offload_oracle.py reports them: LRU order, or ARC's T1 and T2 (LRU end
+    first) and target (its ghost lists are not reported)."""
+    if mgr.eviction_policy == "lru":
+        return {"lru_order": [names[h] for h in mgr.lru_order()]}
+    a = mgr.arc_state()
+    return {"t1": [names[h] for h in a["t1"]], "t2": [names[h] for h in a["t2"]],
+            "target_t1_size": a["target_t1_size"]}
 
 
 # ---------------------------------------------------------------------------------------------- comparison

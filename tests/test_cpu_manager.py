@@ -1,9 +1,9 @@
-"""kvsim's mirror of vLLM 0.33.0's CPU offloading manager (LRU), `sim.engines.vllm.offload.cpu_manager`.
+"""kvsim's mirror of vLLM 0.33.0's CPU offloading manager (LRU and ARC), `sim.engines.vllm.offload.cpu_manager`.
 
 * Narrated scenarios with exact state (rules: benchmarks/vllm-oracle/offloading/vllm-0.33-offloading-rules.md §4).
-* In CI: kvsim replays `cpu_manager_streams.STREAMS` (the rules doc's probe and 60 random legal op sequences) and
-  must reproduce the answers recorded from vLLM's own `CPUOffloadingManager` (tests/golden/cpu_manager/*.json)
-  op by op.
+* In CI: kvsim replays `cpu_manager_streams.STREAMS` (the rules doc's probe, 60 random legal op sequences under
+  LRU and 40 under ARC) and must reproduce the answers recorded from vLLM's own `CPUOffloadingManager`
+  (tests/golden/cpu_manager/*.json) op by op.
 * Opt-in (`-m vllm_oracle`, KVSIM_VLLM_PYTHON naming the oracle venv's python): the same against vLLM live. Golden
   files are regenerated with `KVSIM_VLLM_PYTHON=... python tests/cpu_manager_streams.py`.
 """
@@ -176,9 +176,124 @@ def test_loads_and_stores_of_illegal_chunks_name_the_chunk():
         m.prepare_store("A", ["k1", "k1"])
 
 
-def test_arc_is_named_as_not_mirrored():
-    with pytest.raises(NotImplementedError, match="arc"):
-        CpuOffloadingManager(4, eviction_policy="arc")
+def test_an_unknown_policy_is_refused():
+    with pytest.raises(ValueError, match="'lru' or 'arc'"):
+        CpuOffloadingManager(4, eviction_policy="lfu")
+
+
+# --- ARC (rules §4.4, vLLM's cpu/policies/arc.py) ---
+
+
+def arc(m: CpuOffloadingManager) -> tuple:
+    a = m.arc_state()
+    return a["t1"], a["t2"], a["b1"], a["b2"], a["target_t1_size"]
+
+
+def test_arc_a_chunk_reused_by_a_later_request_moves_to_t2_at_its_finish():
+    m = CpuOffloadingManager(6, eviction_policy="arc")
+    # A's stores enter T1 in offer order; its finish moves them to T1's MRU end tail first, so the head is last.
+    store(m, "A", ["a0", "a1", "a2"])
+    assert arc(m) == (["a2", "a1", "a0"], [], [], [], 0.0)
+    # B loads A's first two chunks and stores its own third: nothing moves until B finishes (loads, pins and
+    # unpins are not policy accesses); then, tail first, b2 (only inserted) goes to T1's MRU end and a1, a0
+    # (reused) go from T1 to T2.
+    start(m, "B", ["a0", "a1", "b2"])
+    assert m.prepare_load("B", ["a0", "a1"]) == (0, 1)
+    m.complete_load(["a0", "a1"])
+    assert m.prepare_store("B", ["b2"]) == PrepareStoreOutput(("b2",), (3,), ())
+    m.complete_store(["b2"])
+    assert arc(m) == (["a2", "a1", "a0", "b2"], [], [], [], 0.0)
+    m.request_finished("B")
+    assert arc(m) == (["a2", "b2"], ["a1", "a0"], [], [], 0.0)
+    # C re-offers A's whole prompt (all ready: nothing stored, every chunk a reuse): a2 leaves T1, and a1, a0
+    # move to T2's MRU end behind it.
+    assert store(m, "C", ["a0", "a1", "a2"]) == PrepareStoreOutput((), (), ())
+    assert arc(m) == (["b2"], ["a2", "a1", "a0"], [], [], 0.0)
+    m.check_invariants()
+
+
+def test_arc_a_store_miss_in_b1_raises_the_target_before_the_eviction():
+    m = CpuOffloadingManager(2, eviction_policy="arc")
+    store(m, "A", ["k1", "k2"])
+    # Target 0: the victim is T1's LRU end, k2 (A's tail), which becomes a B1 ghost.
+    assert store(m, "B", ["k3"]).evicted_chunk_hashes == ("k2",)
+    assert arc(m) == (["k1", "k3"], [], ["k2"], [], 0.0)
+    # C stores k2 again: a B1 hit, so the target rises by max(1, |B2| / |B1|) = 1 first; |T1| = 2 >= 1 still
+    # evicts from T1 (k1 goes to B1); k2 is inserted into T1 and leaves B1.
+    out = store(m, "C", ["k2"])
+    assert (out.evicted_chunk_hashes, out.chunk_ids) == (("k1",), (0,))
+    assert arc(m) == (["k3", "k2"], [], ["k1"], [], 1.0)
+    # A request that misses the same ghost twice adapts once (vLLM dedupes per request, `CM` 293-301): D's
+    # first offer fails (k2 pinned, k3 in the offer) yet counts; its retry does not adapt again.
+    start(m, "L", ["k2"])
+    m.prepare_load("L", ["k2"])
+    start(m, "D", ["k3", "k1"])
+    assert m.prepare_store("D", ["k3", "k1"]) is None
+    assert arc(m) == (["k3", "k2"], [], ["k1"], [], 2.0)
+    m.complete_load(["k2"])
+    assert m.prepare_store("D", ["k3", "k1"]) == PrepareStoreOutput(("k1",), (0,), ("k2",))
+    assert arc(m) == (["k3", "k1"], [], ["k2"], [], 2.0)
+    m.check_invariants()
+
+
+def test_arc_evicts_from_t1_while_it_holds_at_least_the_target_else_from_t2_and_a_b2_hit_lowers_it():
+    m = CpuOffloadingManager(4, eviction_policy="arc")
+    store(m, "A", ["a0", "a1"])
+    start(m, "L", ["a0", "a1"])
+    m.prepare_load("L", ["a0", "a1"])
+    m.complete_load(["a0", "a1"])
+    m.request_finished("L")
+    store(m, "B", ["b0", "b1"])
+    assert arc(m) == (["b1", "b0"], ["a1", "a0"], [], [], 0.0)
+    # Full. Target 0: T1's LRU end goes (b1), and each B1 hit then adds 1 to the target.
+    assert store(m, "C", ["c0"]).evicted_chunk_hashes == ("b1",)
+    assert store(m, "D", ["b1"]).evicted_chunk_hashes == ("b0",)  # target 1, |T1| = 2 >= 1
+    assert store(m, "E", ["b0"]).evicted_chunk_hashes == ("c0",)  # target 2, |T1| = 2 >= 2
+    assert arc(m) == (["b1", "b0"], ["a1", "a0"], ["c0"], [], 2.0)
+    # Target 3 > |T1| = 2: the victim is T2's LRU end, a1, which becomes a B2 ghost.
+    assert store(m, "F", ["c0"]).evicted_chunk_hashes == ("a1",)
+    assert arc(m) == (["b1", "b0", "c0"], ["a0"], [], ["a1"], 3.0)
+    # A B2 hit lowers the target by max(1, |B1| / |B2|) = 1: |T1| = 3 >= 2, T1's LRU end goes. The re-stored
+    # a1 enters T1, not T2: a store is not a reuse.
+    assert store(m, "G", ["a1"]).evicted_chunk_hashes == ("b1",)
+    assert arc(m) == (["b0", "c0", "a1"], ["a0"], ["b1"], [], 2.0)
+    m.check_invariants()
+
+
+def test_arc_never_evicts_write_pending_or_pinned_chunks_and_falls_back_to_the_other_list():
+    m = CpuOffloadingManager(3, eviction_policy="arc")
+    store(m, "A", ["a0"])
+    start(m, "L", ["a0"])
+    m.prepare_load("L", ["a0"])
+    m.complete_load(["a0"])
+    m.request_finished("L")
+    start(m, "B", ["b0", "b1"])
+    m.prepare_store("B", ["b0", "b1"])  # in flight: write-pending in T1
+    # |T1| = 2 >= target 0, but neither T1 chunk can go: the victim is T2's a0.
+    start(m, "C", ["c0"])
+    assert m.prepare_store("C", ["c0"]) == PrepareStoreOutput(("c0",), (0,), ("a0",))
+    assert arc(m) == (["b0", "b1", "c0"], [], [], ["a0"], 0.0)
+    # Everything is write-pending now: the next store gets None and changes nothing (but the B2 hit's target
+    # change, made before the eviction is tried, which stays at 0 here).
+    start(m, "D", ["a0"])
+    assert m.prepare_store("D", ["a0"]) is None
+    assert arc(m) == (["b0", "b1", "c0"], [], [], ["a0"], 0.0)
+    # A failed store drops its chunk without a ghost entry.
+    m.complete_store(["b1"], success=False)
+    assert arc(m) == (["b0", "c0"], [], [], ["a0"], 0.0)
+    m.check_invariants()
+
+
+def test_arc_state_and_lru_order_each_belong_to_their_policy_and_reset_clears_arc():
+    m = CpuOffloadingManager(2, eviction_policy="arc")
+    store(m, "A", ["k1", "k2"])
+    store(m, "B", ["k3"])
+    with pytest.raises(ValueError, match="arc_state"):
+        m.lru_order()
+    with pytest.raises(ValueError, match="lru_order"):
+        CpuOffloadingManager(2).arc_state()
+    m.reset_cache()
+    assert arc(m) == ([], [], [], [], 0.0) and m.lookup("k1") is MISS
 
 
 # --- against vLLM's own manager ---
@@ -194,7 +309,7 @@ def test_the_recorded_streams_exercise_what_they_claim():
         stream, answer = build_stream(name), ORACLE.golden(name)["answer"]
         return [(o, r) for spec, run in zip(stream["runs"], answer["runs"]) for o, r in zip(spec["ops"], run["results"])]
 
-    for name in ("random_lru", "random_threshold"):
+    for name in ("random_lru", "random_threshold", "random_arc"):
         pairs = ops(name)
         assert any(o["op"] == "prepare_store" and r is None for o, r in pairs)
         assert "HIT_PENDING" in [r for _, r in pairs] and "HIT" in [r for _, r in pairs]
@@ -204,6 +319,12 @@ def test_the_recorded_streams_exercise_what_they_claim():
     skipped = [run["final"]["stats"]["vllm:kv_offload_stores_skipped"]
                for run in ORACLE.golden("random_threshold")["answer"]["runs"]]
     assert sum(skipped) > 0
+    # ARC: evictions from T2 as well as T1 (a victim later seen as a B2 ghost), the target moving up (B1 hits)
+    # and down (B2 hits), and reused chunks reaching T2.
+    states = [r["arc"] for o, r in ops("random_arc") if o["op"] == "state"]
+    assert any(a["b2"] for a in states) and any(a["b1"] for a in states) and any(a["t2"] for a in states)
+    targets = [(a["target_t1_size"], b["target_t1_size"]) for a, b in zip(states, states[1:])]
+    assert any(y > x for x, y in targets) and any(y < x for x, y in targets)
 
 
 @pytest.mark.vllm_oracle

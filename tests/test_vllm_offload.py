@@ -1,10 +1,10 @@
-"""kvsim's CPU KV tier vs vLLM 0.33.0's own OffloadingConnector (scheduler side, CPU manager, LRU), decision for
-decision.
+"""kvsim's CPU KV tier vs vLLM 0.33.0's own OffloadingConnector (scheduler side, CPU manager, LRU and one ARC stream),
+decision for decision.
 
 * In CI: kvsim replays each stream of `offload_streams.STREAMS` and must reproduce the answer recorded from vLLM
   (tests/golden/vllm_offload/*.json) exactly: per request the GPU and CPU hit tokens, the load step, the steps it
   waited for its load or was deferred, admission, first token, finish and preemptions; per worker the GPU and
-  connector prefix-cache counters, the allocation counters, the CPU tier's final LRU order, the GPU free queue and
+  connector prefix-cache counters, the allocation counters, the CPU tier's final LRU order (ARC: T1, T2, target), the GPU free queue and
   GPU KV events; per step every load, store, flush and eviction and the jobs handed to and reported by the worker.
 * Opt-in (`-m vllm_oracle`, KVSIM_VLLM_PYTHON naming the oracle venv's python): the same against vLLM live;
   regenerate the golden files with `KVSIM_VLLM_PYTHON=... python tests/offload_streams.py`.
@@ -40,6 +40,11 @@ def test_the_recorded_streams_exercise_what_they_claim():
         assert sum(1 for r in reqs if r["cpu_hit_tokens"]) > 5, name
         assert any(r["evicted"] for r in rows(name)), name
     assert sum(r["num_preemptions"] for r in answers["pressure"]["requests"]) > 0
+    # ARC: CPU hits, evictions, chunks reused into T2 and the target moved off 0 on both workers.
+    arc = answers["pressure_arc"]
+    assert sum(1 for r in arc["requests"] if r["cpu_hit_tokens"]) > 5
+    assert any(r["evicted"] for r in rows("pressure_arc"))
+    assert all(w["cpu_resident_end"]["t2"] and w["cpu_resident_end"]["target_t1_size"] > 0 for w in arc["workers"])
     assert any(r["deferred_steps"] for r in answers["reference_n12_c8_3w_slow"]["requests"])
 
 

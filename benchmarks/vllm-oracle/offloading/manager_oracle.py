@@ -18,6 +18,9 @@ Ops and their results (one per op, in order):
   {"op": "reset_cache"}                                         -> null
   {"op": "state"}   -> {"lru_order": [hash...] (all resident, by LRU rank, first = evicted first),
                         "ref_counts": [[hash, ref_cnt], ...] sorted by hash}
+                       with eviction_policy "arc", ARCCachePolicy's lists in their OrderedDict order (LRU end
+                       first) instead of "lru_order": {"arc": {"t1": [...], "t2": [...], "b1": [...], "b2": [...],
+                       "target_t1_size": float}, "ref_counts": ...}
 A stream may also be {"runs": [input, ...]}: each run on a fresh manager, answered as {"vllm_version", "runs": [...]}.
 Output: {"vllm_version", "results": [...], "final": state plus "stats": get_stats().reduce() taken once at the
 end (so the allocation histogram and stores_skipped cover the whole run)}.
@@ -33,6 +36,7 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 import vllm  # noqa: E402
 from vllm.v1.kv_offload.base import ReqContext, make_offload_key  # noqa: E402
 from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager  # noqa: E402
+from vllm.v1.kv_offload.cpu.policies.arc import ARCCachePolicy  # noqa: E402
 
 
 def key(h: int):
@@ -45,6 +49,12 @@ def name(k) -> int:
 
 def state(m: CPUOffloadingManager) -> dict:
     policy = m._policy
+    if isinstance(policy, ARCCachePolicy):
+        chunks = {**policy.t1, **policy.t2}
+        return {"arc": {"t1": [name(k) for k in policy.t1], "t2": [name(k) for k in policy.t2],
+                        "b1": [name(k) for k in policy.b1], "b2": [name(k) for k in policy.b2],
+                        "target_t1_size": float(policy.target_t1_size)},
+                "ref_counts": sorted([name(k), chunks[k].ref_cnt] for k in chunks)}
     chunks = policy.chunks
     order = sorted(chunks, key=lambda k: (policy._ranks[k], k))
     return {"lru_order": [name(k) for k in order],

@@ -28,8 +28,10 @@ class VllmEngineSpec(ConfigModel):
                     "rules of vLLM 0.33.0's connector whatever vllm_version says); 0: none. Prompts' full blocks are "
                     "copied there as they are computed and loaded back when the GPU no longer holds them, timed on "
                     "the device's host link (time_model.host_link).")
-    cpu_eviction_policy: Literal["lru"] = Field(
-        "lru", description="The host tier's eviction policy (vLLM's default lru; its arc is not mirrored yet).")
+    cpu_eviction_policy: Literal["lru", "arc"] = Field(
+        "lru", description="The host tier's eviction policy (kv_connector_extra_config eviction_policy): vLLM's "
+                           "default lru (request-scoped recency), or arc (adaptive replacement: chunks seen once "
+                           "vs reused, with ghost lists), both as in vLLM 0.33.0's CPU offloading manager.")
     free_order: Literal["tail-first", "head-first"] = Field(
         "tail-first",
         description="Order a finished request's blocks enter the free queue: vLLM's tail-first, or the naive-LRU "

@@ -1,6 +1,7 @@
 """vLLM's KV offloading tier (0.33.0, `vllm/v1/kv_offload` and the `OffloadingConnector`), as a host (CPU) KV tier
-of a vLLM worker (`engine.cpu_kv_bytes`): the CPU manager and its LRU (`cpu_manager`), the connector's scheduler side
-(`connector`: lookup, deferrals, load and store jobs, flushes) and its copies in simulated time (`transfers`).
+of a vLLM worker (`engine.cpu_kv_bytes`): the CPU manager and its LRU or ARC policy (`cpu_manager`), the connector's
+scheduler side (`connector`: lookup, deferrals, load and store jobs, flushes) and its copies in simulated time
+(`transfers`).
 
 Rules and source citations: benchmarks/vllm-oracle/offloading/vllm-0.33-offloading-rules.md; copy timing:
 sim/timing/host-link.md.

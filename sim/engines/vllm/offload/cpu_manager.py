@@ -1,9 +1,10 @@
-"""A pure-Python mirror of vLLM 0.33.0's scheduler-side CPU offloading manager with the LRU policy.
+"""A pure-Python mirror of vLLM 0.33.0's scheduler-side CPU offloading manager with its LRU and ARC policies.
 
-Mirrors `vllm/v1/kv_offload/cpu/manager.py` (`CPUOffloadingManager`, cited `CM`) and
-`vllm/v1/kv_offload/cpu/policies/lru.py` (`LRUCachePolicy`, cited `LRU`), line numbers of 0.33.0. The manager
-only keeps metadata: which chunk hashes the CPU tier holds, in which slot, whether a store is still in flight,
-how many loads read each chunk, and the recency order. The copies themselves belong to the worker.
+Mirrors `vllm/v1/kv_offload/cpu/manager.py` (`CPUOffloadingManager`, cited `CM`),
+`vllm/v1/kv_offload/cpu/policies/lru.py` (`LRUCachePolicy`, cited `LRU`), `vllm/v1/kv_offload/cpu/policies/arc.py`
+(`ARCCachePolicy`, cited `ARC`) and `policies/base.py` (`CachePolicy`, cited `PB`), line numbers of 0.33.0. The
+manager only keeps metadata: which chunk hashes the CPU tier holds, in which slot, whether a store is still in
+flight, how many loads read each chunk, and the recency order. The copies themselves belong to the worker.
 
 Differences from vLLM, all on purpose:
 * Chunk hashes are opaque, hashable and mutually comparable values (kvsim's block hashes); vLLM's `OffloadKey`
@@ -15,6 +16,9 @@ Differences from vLLM, all on purpose:
   allocation histogram and the skipped-stores counter per stats interval.
 * The LRU min-heap with lazy invalidation (`LRU` 66-99) is replaced by a minimum over the evictable chunks by
   `(rank, chunk_hash)`: the heap's top valid entry is exactly that minimum, so the eviction order is the same.
+* ARC keeps vLLM's four OrderedDicts (T1, T2, B1, B2) and `target_t1_size` as they are; the manager's
+  `_chunks` dict is the union of T1 and T2 (for lookups and counts). `CM.touch` (policy `touch`, `ARC` 99-114)
+  is not mirrored: no scheduler code calls it in 0.33.0 (only the tiering manager, rules doc §4.4).
 """
 
 from __future__ import annotations
@@ -95,11 +99,12 @@ class _RequestAccess:
     reused: set[ChunkHash] = field(default_factory=set)
     store_missed: set[ChunkHash] = field(default_factory=set)
     request_rank: int | None = None
-    """Drawn from the global rank counter the first time the request touches the policy (`LRU` 51-61)."""
+    """Drawn from the global rank counter the first time the request touches the policy (`LRU` 51-61; LRU only)."""
 
 
 class CpuOffloadingManager:
-    """The CPU tier's chunk pool and recency, as vLLM 0.33.0's `CPUOffloadingManager` + `LRUCachePolicy`.
+    """The CPU tier's chunk pool and recency, as vLLM 0.33.0's `CPUOffloadingManager` + `LRUCachePolicy` (the
+    default, `eviction_policy="lru"`) or + `ARCCachePolicy` (`eviction_policy="arc"`).
 
     Invariants:
     * A resident chunk is *write-pending* (ref_cnt -1, lookup answers HIT_PENDING), *pinned* (ref_cnt > 0: loads
@@ -121,10 +126,31 @@ class CpuOffloadingManager:
       assigned tail first, so its head ends most recent (`LRU` 155-164).
     NOTE: a running request's provisional rank can be older than a just-finished request's commit, so the
     running request's chunks are evicted first (offloading/README.md, self-test 3).
+
+    Ordering (ARC, `ARC` 16-214; read it with `arc_state()`). Resident chunks are in exactly one of T1 (not
+    reused yet) and T2 (reused), each an ordered list, LRU end first; B1 / B2 are ghost lists of chunks evicted
+    from T1 / T2 (never resident, disjoint, each at most `num_chunks` long); `0 <= target_t1_size <= num_chunks`.
+    * `prepare_store`: the request's store misses not seen by it before, tail of the offer first, adapt the target
+      if they are ghosts: one in B1 raises it by `max(1, |B2|/|B1|)` (capped at num_chunks), one in B2 lowers it
+      by `max(1, |B1|/|B2|)` (floored at 0), and the ghost moves to its list's MRU end (`ARC` 78-96, `CM`
+      293-301). This happens before any eviction, even if the store then gets None. Granted chunks are appended
+      to T1 in offer order and dropped from the ghosts (`ARC` 66-71), after the eviction.
+    * Eviction, one victim at a time, scanning each list from its LRU end without restarting: T1's next
+      evictable unprotected chunk while `|T1| - (taken from T1 so far) >= int(target_t1_size)`, else T2's, falling
+      back to the other list; then the victims go to the MRU end of B1 / B2 in victim order and each ghost list
+      is trimmed from its LRU end to `num_chunks` (`ARC` 150-214).
+    * `request_finished`, over the observed chunks tail to head (the same order as LRU's commit): a chunk the
+      request only inserted moves to the MRU end of its list; a chunk it reused (loaded, or re-offered while
+      ready, and not inserted by it) moves from T1 to T2's MRU end, or to T2's MRU end (`ARC` 117-139).
+      Observing a chunk (prepare_load / prepare_store) changes nothing by itself (`PB` 96-107), and neither do
+      completions, pins or unpins (`PB` 154-160).
+    * A failed store drops its chunk from T1 or T2 without any ghost entry (`ARC` 74-76); `reset_cache` clears
+      all four lists and the target (`ARC` 142-147).
     """
 
     __slots__ = (
         "num_chunks",
+        "eviction_policy",
         "store_threshold",
         "max_tracker_size",
         "_num_allocated_slots",
@@ -143,21 +169,25 @@ class CpuOffloadingManager:
         "_num_allocation_failures",
         "_num_stores_skipped",
         "_num_evicted_chunks",
+        "_arc",
+        "_t1",
+        "_t2",
+        "_b1",
+        "_b2",
+        "_target_t1_size",
     )
 
     def __init__(self, num_chunks: int, *, eviction_policy: str = "lru", store_threshold: int = 1,
                  max_tracker_size: int = 64_000) -> None:
         if num_chunks < 1:
             raise ValueError(f"num_chunks must be >= 1, got {num_chunks}")
-        if eviction_policy == "arc":
-            raise NotImplementedError("eviction_policy 'arc' (vLLM ARCCachePolicy, cpu/policies/arc.py) is not "
-                                      "mirrored yet; only 'lru' is")
-        if eviction_policy != "lru":
-            raise ValueError(f"eviction_policy must be 'lru' (or the unmirrored 'arc'), got {eviction_policy!r}")
+        if eviction_policy not in ("lru", "arc"):
+            raise ValueError(f"eviction_policy must be 'lru' or 'arc', got {eviction_policy!r}")
         if store_threshold < 1 or max_tracker_size < 1:
             raise ValueError(f"store_threshold and max_tracker_size must be >= 1, got {store_threshold}, "
                              f"{max_tracker_size}")
         self.num_chunks = num_chunks
+        self.eviction_policy = eviction_policy
         self.store_threshold = store_threshold
         self.max_tracker_size = max_tracker_size
         self._num_allocated_slots = 0
@@ -179,6 +209,14 @@ class CpuOffloadingManager:
         self._num_allocation_failures = 0
         self._num_stores_skipped = 0
         self._num_evicted_chunks = 0
+        # ARC's state (`ARC` 52-59); empty and unused under LRU. T1 / T2 map a resident chunk to the same
+        # `_Chunk` as `_chunks`; the ghost lists only record presence.
+        self._arc = eviction_policy == "arc"
+        self._t1: OrderedDict[ChunkHash, _Chunk] = OrderedDict()
+        self._t2: OrderedDict[ChunkHash, _Chunk] = OrderedDict()
+        self._b1: OrderedDict[ChunkHash, None] = OrderedDict()
+        self._b2: OrderedDict[ChunkHash, None] = OrderedDict()
+        self._target_t1_size: float = 0.0
 
     # --- requests ---
 
@@ -216,6 +254,8 @@ class CpuOffloadingManager:
             return
         access.observed.extend(new)
         access.seen.update(new)
+        if self._arc:
+            return  # ARC inherits the base no-op on_request_access (`PB` 96-107)
         # NOTE: the request rank is drawn here even if none of the chunks is resident (`LRU` 138).
         request_rank = self._request_rank(access)
         for h in new:
@@ -227,8 +267,9 @@ class CpuOffloadingManager:
                 self._set_rank(h, rank)
 
     def request_finished(self, request_id: str) -> None:
-        """Commit the request's recency: its observed chunks get fresh ranks, tail first (`CM` 421-448,
-        `LRU` 155-164). Unknown (or already finished) requests are ignored."""
+        """Commit the request's recency: under LRU its observed chunks get fresh ranks, tail first (`CM` 421-448,
+        `LRU` 155-164); under ARC, tail first, its reused chunks go to T2's MRU end and its insertion-only ones to
+        their list's MRU end (`ARC` 117-139). Unknown (or already finished) requests are ignored."""
         access = self._requests.pop(request_id, None)
         if access is None or access.generation != self._generation:
             return
@@ -236,10 +277,33 @@ class CpuOffloadingManager:
         # NOTE: sorted by end token only if every observed chunk has one (policies/base.py order_request_keys).
         if all(h in access.chunk_end_tokens for h in order):
             order.sort(key=access.chunk_end_tokens.__getitem__)
+        if self._arc:
+            self._arc_request_finished(order, access)
+            return
         for h in reversed(order):
             if h in self._chunks:  # evicted or failed stores draw no rank (`LRU` _assign_new_rank)
                 self._next_rank += 1
                 self._set_rank(h, (self._next_rank, 0))
+
+    def _arc_request_finished(self, order: list[ChunkHash], access: _RequestAccess) -> None:
+        """`ARC.on_request_finished` (`ARC` 117-139) with `CM` 443-448's classification: insertion-only = inserted
+        minus reused; `access.reused` never holds a chunk inserted before it was reused (`CM` 185-189)."""
+        t1, t2 = self._t1, self._t2
+        reused = access.reused
+        insertion_only = access.inserted - reused
+        for h in reversed(order):
+            if h in insertion_only:
+                # A store is not a frequency hit: keep the chunk's list, restore tail-to-head recency.
+                if h in t1:
+                    t1.move_to_end(h)
+                elif h in t2:
+                    t2.move_to_end(h)
+                continue
+            if h in reused:
+                if h in t1:
+                    t2[h] = t1.pop(h)  # NOTE: even if write-pending again (re-stored since it was reused)
+                elif h in t2:
+                    t2.move_to_end(h)
 
     # --- lookup and load ---
 
@@ -321,7 +385,11 @@ class CpuOffloadingManager:
         access = self._access(request_id)
         # NOTE: vLLM tells the policy of these misses once per request (`CM` 293-301). LRU inherits
         # on_store_miss -> touch, which re-ranks only resident chunks (`LRU` 129-131, 63-68), and misses are never
-        # resident: a no-op here. Kept for ARC, whose ghost lists learn from it.
+        # resident: a no-op. ARC adapts its target to ghost hits, tail of the offer first (`ARC` 92-96).
+        if self._arc:
+            new_misses = [h for h in new if h not in access.store_missed]
+            for h in reversed(new_misses):
+                self._arc_adapt_to_ghost_hit(h)
         access.store_missed.update(new)
         recorded = set(new) | set(ready_resident)
         self._observe(access, [h for h in chunk_hashes if h in recorded])
@@ -341,11 +409,17 @@ class CpuOffloadingManager:
             if num_to_evict > self._num_evictable - num_protected:
                 self._num_allocation_failures += 1
                 return None
-            victims = self._pop_victims(num_to_evict, protected)
-            for h in victims:
-                self._free_slots.append(self._chunks.pop(h).chunk_id)
-                del self._ranks[h]
-                evicted.append(h)
+            if self._arc:
+                victims = self._arc_evict(num_to_evict, protected)
+                for h in victims:
+                    self._free_slots.append(self._chunks.pop(h).chunk_id)
+                    evicted.append(h)
+            else:
+                victims = self._pop_victims(num_to_evict, protected)
+                for h in victims:
+                    self._free_slots.append(self._chunks.pop(h).chunk_id)
+                    del self._ranks[h]
+                    evicted.append(h)
             self._num_evictable -= num_to_evict
             self._num_evicted_chunks += num_to_evict
 
@@ -357,7 +431,13 @@ class CpuOffloadingManager:
             else:
                 slot = self._free_slots.pop()
             slots.append(slot)
-            self._chunks[h] = _Chunk(slot)
+            chunk = self._chunks[h] = _Chunk(slot)
+            if self._arc:
+                # `ARC.insert` (`ARC` 66-71): T1's MRU end, out of the ghost lists.
+                self._t1[h] = chunk
+                self._b1.pop(h, None)
+                self._b2.pop(h, None)
+                continue
             end_token = access.chunk_end_tokens.get(h)
             if end_token is None:
                 self._next_rank += 1
@@ -396,6 +476,71 @@ class CpuOffloadingManager:
             heapq.heappush(heap, entry)
         return victims
 
+    def _arc_adapt_to_ghost_hit(self, chunk_hash: ChunkHash) -> None:
+        """`ARC._adapt_to_ghost_hit` (`ARC` 78-89), its expressions kept as they are (`max(1, ratio)` is the int 1
+        when the ratio is at most 1; the cap is the int num_chunks)."""
+        b1, b2 = self._b1, self._b2
+        if chunk_hash in b1:
+            delta = max(1, len(b2) / len(b1))
+            self._target_t1_size = min(self._target_t1_size + delta, self.num_chunks)
+            b1.move_to_end(chunk_hash)
+        elif chunk_hash in b2:
+            delta = max(1, len(b1) / len(b2))
+            self._target_t1_size = max(self._target_t1_size - delta, 0)
+            b2.move_to_end(chunk_hash)
+
+    def _arc_evict(self, num: int, protected: set) -> list[ChunkHash]:
+        """`ARC.evict` (`ARC` 150-214): the `num` victims in selection order, moved to the ghost lists, which are then
+        trimmed to num_chunks. The caller checked that `num` evictable unprotected chunks exist; every one of them
+        is reachable (the T1 and T2 scans only skip chunks that are not candidates), so the selection never fails
+        here."""
+        t1, t2 = self._t1, self._t2
+        candidates: list[tuple[ChunkHash, bool]] = []  # (chunk, from T1)
+        virtual_t1_size = len(t1)
+        target = int(self._target_t1_size)
+        # Monotonic scans from each list's LRU end (`ARC` 162-165).
+        t1_iter = iter(t1.items())
+        t2_iter = iter(t2.items())
+
+        def next_candidate(entries) -> ChunkHash | None:
+            for h, chunk in entries:
+                if chunk.ref_cnt == 0 and h not in protected:
+                    return h
+            return None
+
+        for _ in range(num):
+            h = None
+            from_t1 = False
+            if virtual_t1_size >= target:
+                h = next_candidate(t1_iter)
+                if h is not None:
+                    from_t1 = True
+                    virtual_t1_size -= 1
+            if h is None:
+                h = next_candidate(t2_iter)
+            if h is None:
+                h = next_candidate(t1_iter)
+                if h is None:
+                    raise AssertionError("ARC eviction found fewer candidates than the evictable count promised")
+                from_t1 = True
+                virtual_t1_size -= 1
+            candidates.append((h, from_t1))
+
+        b1, b2 = self._b1, self._b2
+        victims = []
+        for h, from_t1 in candidates:
+            if from_t1:
+                del t1[h]
+                b1[h] = None
+            else:
+                del t2[h]
+                b2[h] = None
+            victims.append(h)
+        for ghost in (b1, b2):
+            for _ in range(len(ghost) - self.num_chunks):
+                ghost.popitem(last=False)
+        return victims
+
     def complete_store(self, chunk_hashes: Sequence[ChunkHash], *, success: bool = True) -> None:
         """Finish stores: on success the chunks become ready and evictable at the rank they already have; on
         failure they are dropped and their slots freed. Chunks not write-pending are ignored (`CM` 374-419)."""
@@ -409,11 +554,22 @@ class CpuOffloadingManager:
                 self._num_evictable += 1
             else:
                 del self._chunks[h]
-                del self._ranks[h]
+                if self._arc:
+                    # `ARC.remove` (`ARC` 74-76): no ghost entry.
+                    if self._t1.pop(h, None) is None:
+                        self._t2.pop(h, None)
+                else:
+                    del self._ranks[h]
                 self._free_slots.append(chunk.chunk_id)
 
     def reset_cache(self) -> None:
-        """Drop every chunk, pinned or not, and restart ranks and slots (`CM` 450-463, `LRU` clear)."""
+        """Drop every chunk, pinned or not, and restart ranks and slots (`CM` 450-463, `LRU` clear); under ARC also
+        the ghost lists and the target (`ARC` 142-147)."""
+        self._t1.clear()
+        self._t2.clear()
+        self._b1.clear()
+        self._b2.clear()
+        self._target_t1_size = 0.0
         self._chunks.clear()
         self._ranks.clear()
         self._heap.clear()
@@ -427,8 +583,20 @@ class CpuOffloadingManager:
     # --- reading state ---
 
     def lru_order(self) -> list[ChunkHash]:
-        """Every resident chunk, pinned and write-pending ones included, first = evicted first once evictable."""
+        """Every resident chunk, pinned and write-pending ones included, first = evicted first once evictable.
+        LRU only: ARC has no single order (which list it evicts from depends on the target); under ARC this
+        raises ValueError, use `arc_state()`."""
+        if self._arc:
+            raise ValueError("lru_order() is for eviction_policy 'lru'; this manager is 'arc': use arc_state()")
         return [h for _, h in sorted((r, h) for h, r in self._ranks.items())]
+
+    def arc_state(self) -> dict:
+        """ARC's lists as vLLM holds them, LRU end first: {"t1", "t2"} resident chunks (pinned and write-pending
+        ones included), {"b1", "b2"} ghosts, and "target_t1_size" (as a float). ARC only (ValueError under LRU)."""
+        if not self._arc:
+            raise ValueError("arc_state() is for eviction_policy 'arc'; this manager is 'lru': use lru_order()")
+        return {"t1": list(self._t1), "t2": list(self._t2), "b1": list(self._b1), "b2": list(self._b2),
+                "target_t1_size": float(self._target_t1_size)}
 
     def ref_counts(self) -> dict[ChunkHash, int]:
         """Resident chunk -> ref count (-1 write-pending, 0 evictable, n > 0 pinned by n loads)."""
@@ -457,6 +625,20 @@ class CpuOffloadingManager:
         if (num_evictable, num_pending) != (self._num_evictable, self._num_write_pending):
             raise AssertionError(f"evictable/pending {num_evictable}/{num_pending} != counted "
                                  f"{self._num_evictable}/{self._num_write_pending}")
-        if sorted(slots) != list(range(self._num_allocated_slots)) or self._chunks.keys() != self._ranks.keys():
-            raise AssertionError(f"slots {sorted(slots)} of {self._num_allocated_slots} allocated, or ranks out "
-                                 "of step with chunks")
+        if sorted(slots) != list(range(self._num_allocated_slots)):
+            raise AssertionError(f"slots {sorted(slots)} of {self._num_allocated_slots} allocated")
+        if not self._arc:
+            if self._chunks.keys() != self._ranks.keys():
+                raise AssertionError("ranks out of step with chunks")
+            return
+        t1, t2, b1, b2 = self._t1, self._t2, self._b1, self._b2
+        if t1.keys() & t2.keys() or (t1.keys() | t2.keys()) != self._chunks.keys():
+            raise AssertionError("T1 and T2 must partition the resident chunks")
+        if any(self._chunks[h] is not c for lst in (t1, t2) for h, c in lst.items()):
+            raise AssertionError("T1/T2 hold a chunk object other than the resident one")
+        if b1.keys() & b2.keys() or (b1.keys() | b2.keys()) & self._chunks.keys():
+            raise AssertionError("ghost lists must be disjoint from each other and from the resident chunks")
+        if len(b1) > self.num_chunks or len(b2) > self.num_chunks:
+            raise AssertionError(f"ghost lists longer than {self.num_chunks}: {len(b1)}, {len(b2)}")
+        if not 0 <= self._target_t1_size <= self.num_chunks:
+            raise AssertionError(f"target_t1_size {self._target_t1_size} outside [0, {self.num_chunks}]")
