@@ -18,6 +18,7 @@ Chunk names: a CPU chunk is named [request id, chunk index] after the first stor
 from __future__ import annotations
 
 import random
+from dataclasses import asdict
 
 from oracle_streams import ORACLE_VLLM_VERSION, _EventRecorder, chained_block_hashes, token_ids
 from oracle_support import GOLDEN, REPO, Oracle
@@ -290,23 +291,18 @@ def replay_kvsim(stream: dict, vllm_version: str = ORACLE_VLLM_VERSION) -> dict:
 
     workers = []
     for w, s in enumerate(scheds):
-        st, c, mgr = s.kv.stats, s.connector.counters, s.connector.manager
+        st, c, mgr = s.kv.stats, s.connector.counters.prefix_cache, s.connector.manager
         mc = mgr.counters()
         kv_stats = {"vllm:kv_offload_cpu_allocation_size_count": mc.num_allocation_attempts,
                     "vllm:kv_offload_cpu_allocation_size_sum": mc.num_allocation_chunks}
         if mc.num_allocation_failures:
             kv_stats["vllm:kv_offload_allocation_failure"] = mc.num_allocation_failures
         workers.append({
-            "requests": st.requests, "queries": st.queries, "hits": st.hits,
-            "preempted_requests": st.preempted_requests, "preempted_queries": st.preempted_queries,
-            "preempted_hits": st.preempted_hits, "num_free_blocks_end": s.kv.num_free_blocks,
+            **asdict(st), "num_free_blocks_end": s.kv.num_free_blocks,
             "cpu_num_chunks": mgr.num_chunks,
             "cpu_resident_end": _resident(mgr, names[w]),
             "cpu_not_ready_or_pinned_end": sorted(names[w][h] for h, ref in mgr.ref_counts().items() if ref != 0),
-            "connector_prefix_cache_stats": {
-                "requests": c.requests, "queries": c.queries, "hits": c.hits,
-                "preempted_requests": c.preempted_requests, "preempted_queries": c.preempted_queries,
-                "preempted_hits": c.preempted_hits, "hits_by_source": {"host": c.hits} if c.hits else {}},
+            "connector_prefix_cache_stats": {**asdict(c), "hits_by_source": {"host": c.hits} if c.hits else {}},
             "kv_connector_stats": kv_stats,
             "jobs_in_flight_end": int(s.connector.has_jobs),
         })

@@ -52,6 +52,29 @@ def _step(engine: VllmEngine, now_s: float, step_s: float) -> tuple[float, objec
     return end, plan
 
 
+def _drain(engine: VllmEngine, t: float, step_s: float) -> float:
+    """Step the engine until it has nothing left (copies included), sleeping as the worker does when only copies
+    are in flight; returns the time it ends."""
+    while engine.has_work:
+        before = t
+        t, plan = _step(engine, t, step_s)
+        if plan.is_empty and engine.has_work:
+            wake = engine.next_background_s()
+            assert wake is not None, "an engine with work and nothing scheduled must say when to wake"
+            t = max(t, wake)
+        assert t >= before
+    return t
+
+
+def _serve_one_by_one(engine: VllmEngine, prompts, step_s: float = 0.010, t: float = 0.0):
+    """Send each (tokens, prefix) after the previous one is done; returns the last request's state and the time."""
+    state = None
+    for rid, (tokens, prefix) in enumerate(prompts):
+        state = engine.add_request(_request(rid, tokens, prefix=prefix), worker=0, arrival_s=t)
+        t = _drain(engine, t, step_s)
+    return state, t
+
+
 # --- narrated timing -----------------------------------------------------------------------------------------------
 def test_a_cpu_hit_loads_after_the_admitting_forward_and_prefills_two_steps_later():
     # 20 GPU blocks (19 usable), a 32-block tier, a link of 16 MB/s and 1 ms per copy: a 16 KiB block takes
@@ -59,16 +82,7 @@ def test_a_cpu_hit_loads_after_the_admitting_forward_and_prefills_two_steps_late
     spec = VllmEngineSpec(kv_cache_bytes=20 * 16 * KV, cpu_kv_bytes=32 * 16 * KV, vllm_version="0.33.0")
     link = HostLinkQueue(bandwidth_bytes_per_s=16e6, latency_s=1e-3)
     engine = VllmEngine(spec, kv_bytes_per_token=KV, host_link=link)
-    t = 0.0
-    for rid, (tokens, prefix) in enumerate(((70, 1), (150, 2), (150, 3))):
-        engine.add_request(_request(rid, tokens, prefix=prefix), worker=0, arrival_s=t)
-        while engine.has_work:
-            before = t
-            t, plan = _step(engine, t, 0.010)
-            if plan.is_empty and engine.has_work:
-                wake = engine.next_background_s()
-                t = max(t, wake) if wake is not None else t
-            assert t >= before
+    _, t = _serve_one_by_one(engine, ((70, 1), (150, 2), (150, 3)))
     assert engine.counters().cpu_stored_blocks == 4 + 9 + 9
     # A again: GPU miss, CPU hit of its 4 blocks (64 tokens) while a long request keeps the engine busy.
     engine.add_request(_request(10, 150, prefix=4, output=20), worker=0, arrival_s=t)
@@ -92,15 +106,7 @@ def test_an_idle_engine_sleeps_until_its_copy_is_done_then_prefills_at_once():
     spec = VllmEngineSpec(kv_cache_bytes=20 * 16 * KV, cpu_kv_bytes=32 * 16 * KV, vllm_version="0.33.0")
     engine = VllmEngine(spec, kv_bytes_per_token=KV, host_link=HostLinkQueue(bandwidth_bytes_per_s=16e6,
                                                                               latency_s=1e-3))
-    t = 0.0
-    for rid, (tokens, prefix) in enumerate(((70, 1), (150, 2), (150, 3), (70, 1))):
-        state = engine.add_request(_request(rid, tokens, prefix=prefix), worker=0, arrival_s=t)
-        while engine.has_work:
-            t, plan = _step(engine, t, 0.010)
-            if plan.is_empty and engine.has_work:
-                wake = engine.next_background_s()
-                assert wake is not None, "an engine with work and nothing scheduled must say when to wake"
-                t = max(t, wake)
+    state, _ = _serve_one_by_one(engine, ((70, 1), (150, 2), (150, 3), (70, 1)))
     # The last A: alone on the engine, its load started in its (empty) admitting step and was seen when done.
     assert state.num_cpu_hit_tokens == 64
     load_s = 1e-3 + 4 * 16 * KV / 16e6
@@ -160,12 +166,7 @@ def test_an_ample_tier_holds_every_full_prompt_block_and_no_hit_exceeds_what_was
         req = Request(request_id=rid, prompt_tokens=tokens, output_tokens=output,
                       block_hashes=tuple(("p", prefix, i) if i < prefix else ("u", rid, i) for i in range(tokens // 16)))
         states.append((engine.add_request(req, worker=0, arrival_s=t), set(seen)))
-        while engine.has_work:
-            t, plan = _step(engine, t, 0.005)
-            if plan.is_empty and engine.has_work:
-                wake = engine.next_background_s()
-                assert wake is not None
-                t = max(t, wake)
+        t = _drain(engine, t, 0.005)
         seen.update(req.block_hashes)
     manager = engine.scheduler.connector.manager
     manager.check_invariants()
@@ -265,12 +266,6 @@ def test_a_whole_prompt_from_cpu_recomputes_its_last_token_and_counts_it_as_gpu_
     spec = VllmEngineSpec(kv_cache_bytes=20 * 16 * KV, cpu_kv_bytes=32 * 16 * KV, vllm_version="0.33.0")
     engine = VllmEngine(spec, kv_bytes_per_token=KV, host_link=HostLinkQueue(bandwidth_bytes_per_s=16e6,
                                                                               latency_s=1e-3))
-    t = 0.0
-    for rid, (tokens, prefix) in enumerate(((64, 1), (150, 2), (150, 3), (64, 1))):
-        state = engine.add_request(_request(rid, tokens, prefix=prefix), worker=0, arrival_s=t)
-        while engine.has_work:
-            t, plan = _step(engine, t, 0.010)
-            if plan.is_empty and engine.has_work:
-                t = max(t, engine.next_background_s())
+    state, _ = _serve_one_by_one(engine, ((64, 1), (150, 2), (150, 3), (64, 1)))
     assert (state.num_cached_tokens, state.num_cpu_hit_tokens) == (63, 63)
-    assert engine.scheduler.connector.counters.hits == 64
+    assert engine.scheduler.connector.counters.prefix_cache.hits == 64

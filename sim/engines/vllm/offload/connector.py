@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from sim.engines.interface import PrefixCacheStats
 from sim.engines.vllm.offload.cpu_manager import CpuOffloadingManager, LookupResult
 from sim.engines.vllm.request_state import RequestState
 
@@ -80,15 +81,10 @@ class _RequestOffload:
 class OffloadCounters:
     """Cumulative counters of the connector (vLLM's names per field)."""
 
-    requests: int = 0
-    """Admissions that looked up with tokens beyond the GPU hit (re-admissions after preemption not included)."""
-    queries: int = 0
-    """Their tokens beyond the GPU hit (`vllm:external_prefix_cache_queries`)."""
-    hits: int = 0
-    """Of which loaded from CPU (`vllm:external_prefix_cache_hits`; `prompt_tokens_cached_by_source{host}`)."""
-    preempted_requests: int = 0
-    preempted_queries: int = 0
-    preempted_hits: int = 0
+    prefix_cache: PrefixCacheStats = field(default_factory=PrefixCacheStats)
+    """vLLM's `connector_prefix_cache_stats`: per admission that looked up with tokens beyond the GPU hit, those
+    tokens (`vllm:external_prefix_cache_queries`) and the ones loaded from CPU (`vllm:external_prefix_cache_hits`;
+    `prompt_tokens_cached_by_source{source="host"}`); re-admissions after preemption apart."""
     num_load_jobs: int = 0
     num_loaded_chunks: int = 0
     num_store_jobs: int = 0
@@ -207,17 +203,8 @@ class OffloadingConnector:
                       *, preempted: bool) -> None:
         """The connector's prefix-cache stats of one admission (`S` 1487-1506)."""
         queries = state.num_tokens - num_gpu_hit_tokens
-        if queries == 0:
-            return
-        c = self.counters
-        if preempted:
-            c.preempted_requests += 1
-            c.preempted_queries += queries
-            c.preempted_hits += num_external_tokens
-        else:
-            c.requests += 1
-            c.queries += queries
-            c.hits += num_external_tokens
+        if queries:
+            self.counters.prefix_cache.record(queries, num_external_tokens, preempted=preempted)
 
     def after_alloc(self, state: RequestState, num_gpu_hit_tokens: int, num_external_tokens: int) -> None:
         """The request got blocks for its GPU hit + `num_external_tokens` (+ new tokens) (`OS` 1351-1500)."""
