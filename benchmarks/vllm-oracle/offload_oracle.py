@@ -21,7 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import oracle  # noqa: E402  (sets the vLLM environment variables before any vllm import)
-from oracle import VOCAB_SIZE, OracleError, _event_rows, _free_queue_ids, _validate  # noqa: E402
+from oracle import (  # noqa: E402
+    VOCAB_SIZE, OracleError, _event_rows, _free_queue_ids, _validate, record_gpu_events,
+)
 
 OFFLOAD_DEFAULTS = {"cpu_bytes": None, "eviction_policy": "lru", "transfer_steps": 1}
 
@@ -241,27 +243,7 @@ def run_offload(cfg: dict, off: dict) -> dict:
         mgr.prepare_store = prepare_store
 
     # GPU KV events, exactly as oracle.py records them.
-    raw_events: list[list[tuple[int, object]]] = [[] for _ in range(nw)]
-    stored_origin: dict[int, tuple[object, str, int]] = {}
-    for w, s in enumerate(scheds):
-        kvm = s.kv_cache_manager
-        pool = kvm.block_pool
-        orig_build = pool._build_block_stored_event
-
-        def build(request, block_hashes, parent_block_hash, start_token_idx, *args, _orig=orig_build, **kw):
-            ev = _orig(request, block_hashes, parent_block_hash, start_token_idx, *args, **kw)
-            stored_origin[id(ev)] = (ev, request.request_id, start_token_idx)
-            return ev
-
-        pool._build_block_stored_event = build
-        orig_take = kvm.take_events
-
-        def take(_orig=orig_take, _w=w):
-            evs = _orig()
-            raw_events[_w].extend((step_now[0], ev) for ev in evs)
-            return evs
-
-        kvm.take_events = take
+    raw_events, stored_origin = record_gpu_events(scheds, step_now)
 
     rng = random.Random(cfg["seed"])
     stats = [PrefixCacheStats() for _ in range(nw)]

@@ -127,6 +127,34 @@ def _free_queue_ids(block_pool) -> list[int]:
     return ids
 
 
+
+def record_gpu_events(scheds, step_now: list[int]) -> tuple[list[list[tuple[int, object]]], dict]:
+    """Wrap each scheduler's KV cache manager to keep its GPU KV events with the step that took them
+    (`step_now[0]`), and the block pool's event builder to remember each BlockStored's request and start token
+    (a BlockStored names neither): (events per worker, id(event) -> (event, request id, start token))."""
+    raw_events: list[list[tuple[int, object]]] = [[] for _ in scheds]
+    stored_origin: dict[int, tuple[object, str, int]] = {}
+    for w, s in enumerate(scheds):
+        kvm = s.kv_cache_manager
+        pool = kvm.block_pool
+        orig_build = pool._build_block_stored_event
+
+        def build(request, block_hashes, parent_block_hash, start_token_idx, *args, _orig=orig_build, **kw):
+            ev = _orig(request, block_hashes, parent_block_hash, start_token_idx, *args, **kw)
+            stored_origin[id(ev)] = (ev, request.request_id, start_token_idx)
+            return ev
+
+        pool._build_block_stored_event = build
+        orig_take = kvm.take_events
+
+        def take(_orig=orig_take, _w=w):
+            evs = _orig()
+            raw_events[_w].extend((step_now[0], ev) for ev in evs)
+            return evs
+
+        kvm.take_events = take
+    return raw_events, stored_origin
+
 def run(cfg: dict) -> dict:
     import random
 
@@ -230,29 +258,10 @@ def run(cfg: dict) -> dict:
     # worker. A BlockStored names neither its request nor its position, so the block pool's event builder
     # (shared by cache_full_blocks and emit_cached_block_events) is wrapped to remember both per event.
     step_now = [0]
-    raw_events: list[list[tuple[int, object]]] = [[] for _ in range(nw)]
-    stored_origin: dict[int, tuple[object, str, int]] = {}
-    for w, s in enumerate(scheds):
-        kvm = s.kv_cache_manager
-        if not kvm.enable_kv_cache_events:
+    for s in scheds:
+        if not s.kv_cache_manager.enable_kv_cache_events:
             raise OracleError("KV cache events did not switch on", 4)
-        pool = kvm.block_pool
-        orig_build = pool._build_block_stored_event
-
-        def build(request, block_hashes, parent_block_hash, start_token_idx, *args, _orig=orig_build, **kw):
-            ev = _orig(request, block_hashes, parent_block_hash, start_token_idx, *args, **kw)
-            stored_origin[id(ev)] = (ev, request.request_id, start_token_idx)
-            return ev
-
-        pool._build_block_stored_event = build
-        orig_take = kvm.take_events
-
-        def take(_orig=orig_take, _w=w):
-            evs = _orig()
-            raw_events[_w].extend((step_now[0], ev) for ev in evs)
-            return evs
-
-        kvm.take_events = take
+    raw_events, stored_origin = record_gpu_events(scheds, step_now)
 
     rng = random.Random(cfg["seed"])
     stats = [PrefixCacheStats() for _ in range(nw)]
