@@ -440,9 +440,11 @@ def _event_rows(raw, stored_origin, block_size, BlockStored, BlockRemoved, AllBl
     return rows
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], answer=None, *, name: str = "oracle.py", usage: str = __doc__) -> int:
+    """Read the stream (file argument or stdin), write `answer(stream)` as JSON to stdout (default: this oracle's
+    `run` of the validated stream); errors go to stderr with the OracleError's exit code."""
     if len(argv) > 2 or (len(argv) == 2 and argv[1] in ("-h", "--help")):
-        print(__doc__, file=sys.stderr)
+        print(usage, file=sys.stderr)
         return 2
     # Keep stdout clean: anything vLLM, torch or C code prints goes to stderr.
     real_stdout = os.fdopen(os.dup(1), "w")
@@ -457,9 +459,9 @@ def main(argv: list[str]) -> int:
                 spec = json.load(sys.stdin)
         except (OSError, json.JSONDecodeError) as e:
             raise OracleError(f"cannot read input: {e}")
-        result = run(_validate(spec))
+        result = answer(spec) if answer is not None else run(_validate(spec))
     except OracleError as e:
-        print(f"oracle.py: error: {e}", file=sys.stderr)
+        print(f"{name}: error: {e}", file=sys.stderr)
         return e.code
     json.dump(result, real_stdout)
     real_stdout.write("\n")
