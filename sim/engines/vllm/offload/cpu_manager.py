@@ -14,10 +14,12 @@ Differences from vLLM, all on purpose:
   finished context observed a new key, `CM` 175-177).
 * Counters are cumulative (kvsim's rule: record counters, derive rates later); vLLM's `get_stats` drains the
   allocation histogram and the skipped-stores counter per stats interval.
-* The LRU min-heap with lazy invalidation (`LRU` 66-99) is replaced by a minimum over the evictable chunks by
-  `(rank, chunk_hash)`: the heap's top valid entry is exactly that minimum, so the eviction order is the same.
-* ARC keeps vLLM's four OrderedDicts (T1, T2, B1, B2) and `target_t1_size` as they are; the manager's
-  `_chunks` dict is the union of T1 and T2 (for lookups and counts). `CM.touch` (policy `touch`, `ARC` 99-114)
+* The LRU policy keeps vLLM's min-heap of ranks with lazy invalidation (`LRU` 66-99); an entry that cannot be
+  evicted now (pinned, write-pending or protected) goes back on the heap at its rank.
+* As in vLLM the policy is an object of its own (`_LruPolicy`, `_ArcPolicy`) that the manager tells of accesses,
+  misses, inserts, evictions, removals and finished requests. ARC keeps vLLM's four OrderedDicts (T1, T2, B1, B2)
+  and `target_t1_size` as they are; the manager's `_chunks` dict is the union of T1 and T2 (for lookups and
+  counts). `CM.touch` (policy `touch`, `ARC` 99-114)
   is not mirrored: no scheduler code calls it in 0.33.0 (only the tiering manager, rules doc §4.4).
 """
 
@@ -102,6 +104,247 @@ class _RequestAccess:
     """Drawn from the global rank counter the first time the request touches the policy (`LRU` 51-61; LRU only)."""
 
 
+class _LruPolicy:
+    """`LRUCachePolicy` (`LRU` 26-233): a rank per resident chunk, the least evictable one evicted first (the
+    ordering rules are in `CpuOffloadingManager`'s docstring). `chunks` is the manager's resident-chunk dict."""
+
+    __slots__ = ("chunks", "ranks", "heap", "next_rank")
+
+    def __init__(self, chunks: dict[ChunkHash, _Chunk]) -> None:
+        self.chunks = chunks
+        self.ranks: dict[ChunkHash, Rank] = {}
+        self.heap: list[tuple[Rank, ChunkHash]] = []
+        """Every rank a chunk was given, least first; an entry whose rank is no longer the chunk's is stale
+        (vLLM's lazy-invalidation heap, `LRU` 66-99)."""
+        self.next_rank = 0
+
+    def _request_rank(self, access: _RequestAccess) -> int:
+        if access.request_rank is None:
+            self.next_rank += 1
+            access.request_rank = self.next_rank
+        return access.request_rank
+
+    def _set_rank(self, chunk_hash: ChunkHash, rank: Rank) -> None:
+        self.ranks[chunk_hash] = rank
+        heapq.heappush(self.heap, (rank, chunk_hash))
+        if len(self.heap) > 4 * len(self.ranks) + 64:
+            # NOTE: compaction: stale entries (re-ranked or evicted chunks) would otherwise pile up.
+            self.heap = [(r, h) for h, r in self.ranks.items()]
+            heapq.heapify(self.heap)
+
+    def on_access(self, access: _RequestAccess, new: list[ChunkHash]) -> None:
+        """A request's first observation of chunks (`LRU` on_request_access 133-153)."""
+        # NOTE: the request rank is drawn here even if none of the chunks is resident (`LRU` 138).
+        request_rank = self._request_rank(access)
+        for h in new:
+            end_token = access.chunk_end_tokens.get(h)
+            if end_token is None or h not in self.chunks:
+                continue
+            rank = (request_rank, -end_token)
+            if self.ranks[h] < rank:
+                self._set_rank(h, rank)
+
+    def on_store_misses(self, access: _RequestAccess, new: list[ChunkHash]) -> None:
+        """NOTE: LRU inherits on_store_miss -> touch, which re-ranks only resident chunks (`LRU` 129-131, 63-68),
+        and misses are never resident: a no-op."""
+
+    def insert(self, chunk_hash: ChunkHash, access: _RequestAccess) -> None:
+        end_token = access.chunk_end_tokens.get(chunk_hash)
+        if end_token is None:
+            self.next_rank += 1
+            self._set_rank(chunk_hash, (self.next_rank, 0))
+        else:
+            self._set_rank(chunk_hash, (self._request_rank(access), -end_token))
+
+    def evict(self, num: int, protected: set) -> list[ChunkHash]:
+        """The `num` evictable, unprotected chunks of least rank, in rank order (the caller checked there are
+        enough), forgotten here. Ranks are unique, so ties never compare hashes."""
+        heap, ranks, chunks = self.heap, self.ranks, self.chunks
+        victims: list[ChunkHash] = []
+        chosen: set[ChunkHash] = set()
+        kept: list[tuple[Rank, ChunkHash]] = []
+        while len(victims) < num:
+            rank, h = heapq.heappop(heap)
+            if ranks.get(h) != rank or h in chosen:
+                continue  # stale (re-ranked since, or gone), or a duplicate entry of one rank given twice
+            if chunks[h].ref_cnt != 0 or h in protected:
+                kept.append((rank, h))  # not evictable now, but may be later at this same rank
+                continue
+            victims.append(h)
+            chosen.add(h)
+        for entry in kept:
+            heapq.heappush(heap, entry)
+        for h in victims:
+            del ranks[h]
+        return victims
+
+    def remove(self, chunk_hash: ChunkHash) -> None:
+        del self.ranks[chunk_hash]
+
+    def on_request_finished(self, order: list[ChunkHash], access: _RequestAccess) -> None:
+        """Fresh ranks, tail first (`LRU` 155-164)."""
+        for h in reversed(order):
+            if h in self.chunks:  # evicted or failed stores draw no rank (`LRU` _assign_new_rank)
+                self.next_rank += 1
+                self._set_rank(h, (self.next_rank, 0))
+
+    def reset(self) -> None:
+        self.ranks.clear()
+        self.heap.clear()
+        self.next_rank = 0
+
+    def order(self) -> list[ChunkHash]:
+        return [h for _, h in sorted((r, h) for h, r in self.ranks.items())]
+
+    def check(self) -> None:
+        if self.chunks.keys() != self.ranks.keys():
+            raise AssertionError("ranks out of step with chunks")
+
+
+class _ArcPolicy:
+    """`ARCCachePolicy` (`ARC` 16-214; the ordering rules are in `CpuOffloadingManager`'s docstring). `chunks` is
+    the manager's resident-chunk dict: the union of T1 and T2, holding the same `_Chunk` objects."""
+
+    __slots__ = ("chunks", "num_chunks", "t1", "t2", "b1", "b2", "target_t1_size")
+
+    def __init__(self, chunks: dict[ChunkHash, _Chunk], num_chunks: int) -> None:
+        self.chunks = chunks
+        self.num_chunks = num_chunks
+        self.t1: OrderedDict[ChunkHash, _Chunk] = OrderedDict()
+        self.t2: OrderedDict[ChunkHash, _Chunk] = OrderedDict()
+        self.b1: OrderedDict[ChunkHash, None] = OrderedDict()
+        self.b2: OrderedDict[ChunkHash, None] = OrderedDict()
+        self.target_t1_size: float = 0.0
+
+    def on_access(self, access: _RequestAccess, new: list[ChunkHash]) -> None:
+        """ARC inherits the base no-op on_request_access (`PB` 96-107)."""
+
+    def on_store_misses(self, access: _RequestAccess, new: list[ChunkHash]) -> None:
+        """The request's misses not told before adapt the target to ghost hits, tail of the offer first
+        (`ARC` 92-96, `CM` 293-301)."""
+        for h in reversed([h for h in new if h not in access.store_missed]):
+            self._adapt_to_ghost_hit(h)
+
+    def _adapt_to_ghost_hit(self, chunk_hash: ChunkHash) -> None:
+        """`ARC._adapt_to_ghost_hit` (`ARC` 78-89), its expressions kept as they are (`max(1, ratio)` is the int 1
+        when the ratio is at most 1; the cap is the int num_chunks)."""
+        b1, b2 = self.b1, self.b2
+        if chunk_hash in b1:
+            delta = max(1, len(b2) / len(b1))
+            self.target_t1_size = min(self.target_t1_size + delta, self.num_chunks)
+            b1.move_to_end(chunk_hash)
+        elif chunk_hash in b2:
+            delta = max(1, len(b1) / len(b2))
+            self.target_t1_size = max(self.target_t1_size - delta, 0)
+            b2.move_to_end(chunk_hash)
+
+    def insert(self, chunk_hash: ChunkHash, access: _RequestAccess) -> None:
+        """`ARC.insert` (`ARC` 66-71): T1's MRU end, out of the ghost lists."""
+        self.t1[chunk_hash] = self.chunks[chunk_hash]
+        self.b1.pop(chunk_hash, None)
+        self.b2.pop(chunk_hash, None)
+
+    def evict(self, num: int, protected: set) -> list[ChunkHash]:
+        """`ARC.evict` (`ARC` 150-214): the `num` victims in selection order, moved to the ghost lists, which are then
+        trimmed to num_chunks. The caller checked that `num` evictable unprotected chunks exist; every one of them
+        is reachable (the T1 and T2 scans only skip chunks that are not candidates), so the selection never fails
+        here."""
+        t1, t2 = self.t1, self.t2
+        candidates: list[tuple[ChunkHash, bool]] = []  # (chunk, from T1)
+        virtual_t1_size = len(t1)
+        target = int(self.target_t1_size)
+        # Monotonic scans from each list's LRU end (`ARC` 162-165).
+        t1_iter = iter(t1.items())
+        t2_iter = iter(t2.items())
+
+        def next_candidate(entries) -> ChunkHash | None:
+            for h, chunk in entries:
+                if chunk.ref_cnt == 0 and h not in protected:
+                    return h
+            return None
+
+        for _ in range(num):
+            h = None
+            from_t1 = False
+            if virtual_t1_size >= target:
+                h = next_candidate(t1_iter)
+                if h is not None:
+                    from_t1 = True
+                    virtual_t1_size -= 1
+            if h is None:
+                h = next_candidate(t2_iter)
+            if h is None:
+                h = next_candidate(t1_iter)
+                if h is None:
+                    raise AssertionError("ARC eviction found fewer candidates than the evictable count promised")
+                from_t1 = True
+                virtual_t1_size -= 1
+            candidates.append((h, from_t1))
+
+        b1, b2 = self.b1, self.b2
+        victims = []
+        for h, from_t1 in candidates:
+            if from_t1:
+                del t1[h]
+                b1[h] = None
+            else:
+                del t2[h]
+                b2[h] = None
+            victims.append(h)
+        for ghost in (b1, b2):
+            for _ in range(len(ghost) - self.num_chunks):
+                ghost.popitem(last=False)
+        return victims
+
+    def remove(self, chunk_hash: ChunkHash) -> None:
+        """`ARC.remove` (`ARC` 74-76): a failed store leaves no ghost entry."""
+        if self.t1.pop(chunk_hash, None) is None:
+            self.t2.pop(chunk_hash, None)
+
+    def on_request_finished(self, order: list[ChunkHash], access: _RequestAccess) -> None:
+        """`ARC.on_request_finished` (`ARC` 117-139) with `CM` 443-448's classification: insertion-only = inserted
+        minus reused; `access.reused` never holds a chunk inserted before it was reused (`CM` 185-189)."""
+        t1, t2 = self.t1, self.t2
+        reused = access.reused
+        insertion_only = access.inserted - reused
+        for h in reversed(order):
+            if h in insertion_only:
+                # A store is not a frequency hit: keep the chunk's list, restore tail-to-head recency.
+                if h in t1:
+                    t1.move_to_end(h)
+                elif h in t2:
+                    t2.move_to_end(h)
+                continue
+            if h in reused:
+                if h in t1:
+                    t2[h] = t1.pop(h)  # NOTE: even if write-pending again (re-stored since it was reused)
+                elif h in t2:
+                    t2.move_to_end(h)
+
+    def reset(self) -> None:
+        """`ARC` 142-147."""
+        for lst in (self.t1, self.t2, self.b1, self.b2):
+            lst.clear()
+        self.target_t1_size = 0.0
+
+    def state(self) -> dict:
+        return {"t1": list(self.t1), "t2": list(self.t2), "b1": list(self.b1), "b2": list(self.b2),
+                "target_t1_size": float(self.target_t1_size)}
+
+    def check(self) -> None:
+        t1, t2, b1, b2 = self.t1, self.t2, self.b1, self.b2
+        if t1.keys() & t2.keys() or (t1.keys() | t2.keys()) != self.chunks.keys():
+            raise AssertionError("T1 and T2 must partition the resident chunks")
+        if any(self.chunks[h] is not c for lst in (t1, t2) for h, c in lst.items()):
+            raise AssertionError("T1/T2 hold a chunk object other than the resident one")
+        if b1.keys() & b2.keys() or (b1.keys() | b2.keys()) & self.chunks.keys():
+            raise AssertionError("ghost lists must be disjoint from each other and from the resident chunks")
+        if len(b1) > self.num_chunks or len(b2) > self.num_chunks:
+            raise AssertionError(f"ghost lists longer than {self.num_chunks}: {len(b1)}, {len(b2)}")
+        if not 0 <= self.target_t1_size <= self.num_chunks:
+            raise AssertionError(f"target_t1_size {self.target_t1_size} outside [0, {self.num_chunks}]")
+
+
 class CpuOffloadingManager:
     """The CPU tier's chunk pool and recency, as vLLM 0.33.0's `CPUOffloadingManager` + `LRUCachePolicy` (the
     default, `eviction_policy="lru"`) or + `ARCCachePolicy` (`eviction_policy="arc"`).
@@ -156,9 +399,7 @@ class CpuOffloadingManager:
         "_num_allocated_slots",
         "_free_slots",
         "_chunks",
-        "_ranks",
-        "_heap",
-        "_next_rank",
+        "_policy",
         "_generation",
         "_requests",
         "_offer_counts",
@@ -169,12 +410,6 @@ class CpuOffloadingManager:
         "_num_allocation_failures",
         "_num_stores_skipped",
         "_num_evicted_chunks",
-        "_arc",
-        "_t1",
-        "_t2",
-        "_b1",
-        "_b2",
-        "_target_t1_size",
     )
 
     def __init__(self, num_chunks: int, *, eviction_policy: str = "lru", store_threshold: int = 1,
@@ -193,11 +428,8 @@ class CpuOffloadingManager:
         self._num_allocated_slots = 0
         self._free_slots: list[int] = []
         self._chunks: dict[ChunkHash, _Chunk] = {}
-        self._ranks: dict[ChunkHash, Rank] = {}
-        self._heap: list[tuple[Rank, ChunkHash]] = []
-        """Every rank a chunk was given, least first; an entry whose rank is no longer the chunk's is stale
-        (vLLM's lazy-invalidation heap, `LRU` 66-99)."""
-        self._next_rank = 0
+        self._policy: _LruPolicy | _ArcPolicy = (_ArcPolicy(self._chunks, num_chunks) if eviction_policy == "arc"
+                                                 else _LruPolicy(self._chunks))
         self._generation = 0
         self._requests: dict[str, _RequestAccess] = {}
         # NOTE: offers are counted only with a threshold >= 2 (`CM` 94-96); least recently offered first.
@@ -209,14 +441,6 @@ class CpuOffloadingManager:
         self._num_allocation_failures = 0
         self._num_stores_skipped = 0
         self._num_evicted_chunks = 0
-        # ARC's state (`ARC` 52-59); empty and unused under LRU. T1 / T2 map a resident chunk to the same
-        # `_Chunk` as `_chunks`; the ghost lists only record presence.
-        self._arc = eviction_policy == "arc"
-        self._t1: OrderedDict[ChunkHash, _Chunk] = OrderedDict()
-        self._t2: OrderedDict[ChunkHash, _Chunk] = OrderedDict()
-        self._b1: OrderedDict[ChunkHash, None] = OrderedDict()
-        self._b2: OrderedDict[ChunkHash, None] = OrderedDict()
-        self._target_t1_size: float = 0.0
 
     # --- requests ---
 
@@ -241,30 +465,14 @@ class CpuOffloadingManager:
             access = self._requests[request_id] = fresh
         return access
 
-    def _request_rank(self, access: _RequestAccess) -> int:
-        if access.request_rank is None:
-            self._next_rank += 1
-            access.request_rank = self._next_rank
-        return access.request_rank
-
     def _observe(self, access: _RequestAccess, chunk_hashes: Iterable[ChunkHash]) -> None:
-        """A request's first observation of chunks (`CM` 163-189 then `LRU` on_request_access 133-153)."""
+        """A request's first observation of chunks (`CM` 163-189, then the policy's on_request_access)."""
         new = [h for h in chunk_hashes if h not in access.seen]
         if not new:
             return
         access.observed.extend(new)
         access.seen.update(new)
-        if self._arc:
-            return  # ARC inherits the base no-op on_request_access (`PB` 96-107)
-        # NOTE: the request rank is drawn here even if none of the chunks is resident (`LRU` 138).
-        request_rank = self._request_rank(access)
-        for h in new:
-            end_token = access.chunk_end_tokens.get(h)
-            if end_token is None or h not in self._chunks:
-                continue
-            rank = (request_rank, -end_token)
-            if self._ranks[h] < rank:
-                self._set_rank(h, rank)
+        self._policy.on_access(access, new)
 
     def request_finished(self, request_id: str) -> None:
         """Commit the request's recency: under LRU its observed chunks get fresh ranks, tail first (`CM` 421-448,
@@ -277,33 +485,7 @@ class CpuOffloadingManager:
         # NOTE: sorted by end token only if every observed chunk has one (policies/base.py order_request_keys).
         if all(h in access.chunk_end_tokens for h in order):
             order.sort(key=access.chunk_end_tokens.__getitem__)
-        if self._arc:
-            self._arc_request_finished(order, access)
-            return
-        for h in reversed(order):
-            if h in self._chunks:  # evicted or failed stores draw no rank (`LRU` _assign_new_rank)
-                self._next_rank += 1
-                self._set_rank(h, (self._next_rank, 0))
-
-    def _arc_request_finished(self, order: list[ChunkHash], access: _RequestAccess) -> None:
-        """`ARC.on_request_finished` (`ARC` 117-139) with `CM` 443-448's classification: insertion-only = inserted
-        minus reused; `access.reused` never holds a chunk inserted before it was reused (`CM` 185-189)."""
-        t1, t2 = self._t1, self._t2
-        reused = access.reused
-        insertion_only = access.inserted - reused
-        for h in reversed(order):
-            if h in insertion_only:
-                # A store is not a frequency hit: keep the chunk's list, restore tail-to-head recency.
-                if h in t1:
-                    t1.move_to_end(h)
-                elif h in t2:
-                    t2.move_to_end(h)
-                continue
-            if h in reused:
-                if h in t1:
-                    t2[h] = t1.pop(h)  # NOTE: even if write-pending again (re-stored since it was reused)
-                elif h in t2:
-                    t2.move_to_end(h)
+        self._policy.on_request_finished(order, access)
 
     # --- lookup and load ---
 
@@ -383,13 +565,8 @@ class CpuOffloadingManager:
             self._num_stores_skipped += len(new) - len(kept)
             new = kept
         access = self._access(request_id)
-        # NOTE: vLLM tells the policy of these misses once per request (`CM` 293-301). LRU inherits
-        # on_store_miss -> touch, which re-ranks only resident chunks (`LRU` 129-131, 63-68), and misses are never
-        # resident: a no-op. ARC adapts its target to ghost hits, tail of the offer first (`ARC` 92-96).
-        if self._arc:
-            new_misses = [h for h in new if h not in access.store_missed]
-            for h in reversed(new_misses):
-                self._arc_adapt_to_ghost_hit(h)
+        # NOTE: vLLM tells the policy of these misses once per request (`CM` 293-301).
+        self._policy.on_store_misses(access, new)
         access.store_missed.update(new)
         recorded = set(new) | set(ready_resident)
         self._observe(access, [h for h in chunk_hashes if h in recorded])
@@ -409,17 +586,9 @@ class CpuOffloadingManager:
             if num_to_evict > self._num_evictable - num_protected:
                 self._num_allocation_failures += 1
                 return None
-            if self._arc:
-                victims = self._arc_evict(num_to_evict, protected)
-                for h in victims:
-                    self._free_slots.append(self._chunks.pop(h).chunk_id)
-                    evicted.append(h)
-            else:
-                victims = self._pop_victims(num_to_evict, protected)
-                for h in victims:
-                    self._free_slots.append(self._chunks.pop(h).chunk_id)
-                    del self._ranks[h]
-                    evicted.append(h)
+            for h in self._policy.evict(num_to_evict, protected):
+                self._free_slots.append(self._chunks.pop(h).chunk_id)
+                evicted.append(h)
             self._num_evictable -= num_to_evict
             self._num_evicted_chunks += num_to_evict
 
@@ -431,115 +600,11 @@ class CpuOffloadingManager:
             else:
                 slot = self._free_slots.pop()
             slots.append(slot)
-            chunk = self._chunks[h] = _Chunk(slot)
-            if self._arc:
-                # `ARC.insert` (`ARC` 66-71): T1's MRU end, out of the ghost lists.
-                self._t1[h] = chunk
-                self._b1.pop(h, None)
-                self._b2.pop(h, None)
-                continue
-            end_token = access.chunk_end_tokens.get(h)
-            if end_token is None:
-                self._next_rank += 1
-                self._set_rank(h, (self._next_rank, 0))
-            else:
-                self._set_rank(h, (self._request_rank(access), -end_token))
+            self._chunks[h] = _Chunk(slot)
+            self._policy.insert(h, access)
         self._num_write_pending += len(new)
         access.inserted.update(new)
         return PrepareStoreOutput(tuple(new), tuple(slots), tuple(evicted))
-
-    def _set_rank(self, chunk_hash: ChunkHash, rank: Rank) -> None:
-        self._ranks[chunk_hash] = rank
-        heapq.heappush(self._heap, (rank, chunk_hash))
-        if len(self._heap) > 4 * len(self._ranks) + 64:
-            # NOTE: compaction: stale entries (re-ranked or evicted chunks) would otherwise pile up.
-            self._heap = [(r, h) for h, r in self._ranks.items()]
-            heapq.heapify(self._heap)
-
-    def _pop_victims(self, num: int, protected: set) -> list[ChunkHash]:
-        """The `num` evictable, unprotected chunks of least rank, in rank order (the caller checked there are
-        enough). Ranks are unique, so ties never compare hashes."""
-        heap, ranks, chunks = self._heap, self._ranks, self._chunks
-        victims: list[ChunkHash] = []
-        chosen: set[ChunkHash] = set()
-        kept: list[tuple[Rank, ChunkHash]] = []
-        while len(victims) < num:
-            rank, h = heapq.heappop(heap)
-            if ranks.get(h) != rank or h in chosen:
-                continue  # stale (re-ranked since, or gone), or a duplicate entry of one rank given twice
-            if chunks[h].ref_cnt != 0 or h in protected:
-                kept.append((rank, h))  # not evictable now, but may be later at this same rank
-                continue
-            victims.append(h)
-            chosen.add(h)
-        for entry in kept:
-            heapq.heappush(heap, entry)
-        return victims
-
-    def _arc_adapt_to_ghost_hit(self, chunk_hash: ChunkHash) -> None:
-        """`ARC._adapt_to_ghost_hit` (`ARC` 78-89), its expressions kept as they are (`max(1, ratio)` is the int 1
-        when the ratio is at most 1; the cap is the int num_chunks)."""
-        b1, b2 = self._b1, self._b2
-        if chunk_hash in b1:
-            delta = max(1, len(b2) / len(b1))
-            self._target_t1_size = min(self._target_t1_size + delta, self.num_chunks)
-            b1.move_to_end(chunk_hash)
-        elif chunk_hash in b2:
-            delta = max(1, len(b1) / len(b2))
-            self._target_t1_size = max(self._target_t1_size - delta, 0)
-            b2.move_to_end(chunk_hash)
-
-    def _arc_evict(self, num: int, protected: set) -> list[ChunkHash]:
-        """`ARC.evict` (`ARC` 150-214): the `num` victims in selection order, moved to the ghost lists, which are then
-        trimmed to num_chunks. The caller checked that `num` evictable unprotected chunks exist; every one of them
-        is reachable (the T1 and T2 scans only skip chunks that are not candidates), so the selection never fails
-        here."""
-        t1, t2 = self._t1, self._t2
-        candidates: list[tuple[ChunkHash, bool]] = []  # (chunk, from T1)
-        virtual_t1_size = len(t1)
-        target = int(self._target_t1_size)
-        # Monotonic scans from each list's LRU end (`ARC` 162-165).
-        t1_iter = iter(t1.items())
-        t2_iter = iter(t2.items())
-
-        def next_candidate(entries) -> ChunkHash | None:
-            for h, chunk in entries:
-                if chunk.ref_cnt == 0 and h not in protected:
-                    return h
-            return None
-
-        for _ in range(num):
-            h = None
-            from_t1 = False
-            if virtual_t1_size >= target:
-                h = next_candidate(t1_iter)
-                if h is not None:
-                    from_t1 = True
-                    virtual_t1_size -= 1
-            if h is None:
-                h = next_candidate(t2_iter)
-            if h is None:
-                h = next_candidate(t1_iter)
-                if h is None:
-                    raise AssertionError("ARC eviction found fewer candidates than the evictable count promised")
-                from_t1 = True
-                virtual_t1_size -= 1
-            candidates.append((h, from_t1))
-
-        b1, b2 = self._b1, self._b2
-        victims = []
-        for h, from_t1 in candidates:
-            if from_t1:
-                del t1[h]
-                b1[h] = None
-            else:
-                del t2[h]
-                b2[h] = None
-            victims.append(h)
-        for ghost in (b1, b2):
-            for _ in range(len(ghost) - self.num_chunks):
-                ghost.popitem(last=False)
-        return victims
 
     def complete_store(self, chunk_hashes: Sequence[ChunkHash], *, success: bool = True) -> None:
         """Finish stores: on success the chunks become ready and evictable at the rank they already have; on
@@ -554,26 +619,14 @@ class CpuOffloadingManager:
                 self._num_evictable += 1
             else:
                 del self._chunks[h]
-                if self._arc:
-                    # `ARC.remove` (`ARC` 74-76): no ghost entry.
-                    if self._t1.pop(h, None) is None:
-                        self._t2.pop(h, None)
-                else:
-                    del self._ranks[h]
+                self._policy.remove(h)
                 self._free_slots.append(chunk.chunk_id)
 
     def reset_cache(self) -> None:
         """Drop every chunk, pinned or not, and restart ranks and slots (`CM` 450-463, `LRU` clear); under ARC also
         the ghost lists and the target (`ARC` 142-147)."""
-        self._t1.clear()
-        self._t2.clear()
-        self._b1.clear()
-        self._b2.clear()
-        self._target_t1_size = 0.0
+        self._policy.reset()
         self._chunks.clear()
-        self._ranks.clear()
-        self._heap.clear()
-        self._next_rank = 0
         self._generation += 1
         self._num_evictable = 0
         self._num_write_pending = 0
@@ -586,17 +639,16 @@ class CpuOffloadingManager:
         """Every resident chunk, pinned and write-pending ones included, first = evicted first once evictable.
         LRU only: ARC has no single order (which list it evicts from depends on the target); under ARC this
         raises ValueError, use `arc_state()`."""
-        if self._arc:
+        if not isinstance(self._policy, _LruPolicy):
             raise ValueError("lru_order() is for eviction_policy 'lru'; this manager is 'arc': use arc_state()")
-        return [h for _, h in sorted((r, h) for h, r in self._ranks.items())]
+        return self._policy.order()
 
     def arc_state(self) -> dict:
         """ARC's lists as vLLM holds them, LRU end first: {"t1", "t2"} resident chunks (pinned and write-pending
         ones included), {"b1", "b2"} ghosts, and "target_t1_size" (as a float). ARC only (ValueError under LRU)."""
-        if not self._arc:
+        if not isinstance(self._policy, _ArcPolicy):
             raise ValueError("arc_state() is for eviction_policy 'arc'; this manager is 'lru': use lru_order()")
-        return {"t1": list(self._t1), "t2": list(self._t2), "b1": list(self._b1), "b2": list(self._b2),
-                "target_t1_size": float(self._target_t1_size)}
+        return self._policy.state()
 
     def ref_counts(self) -> dict[ChunkHash, int]:
         """Resident chunk -> ref count (-1 write-pending, 0 evictable, n > 0 pinned by n loads)."""
@@ -627,18 +679,4 @@ class CpuOffloadingManager:
                                  f"{self._num_evictable}/{self._num_write_pending}")
         if sorted(slots) != list(range(self._num_allocated_slots)):
             raise AssertionError(f"slots {sorted(slots)} of {self._num_allocated_slots} allocated")
-        if not self._arc:
-            if self._chunks.keys() != self._ranks.keys():
-                raise AssertionError("ranks out of step with chunks")
-            return
-        t1, t2, b1, b2 = self._t1, self._t2, self._b1, self._b2
-        if t1.keys() & t2.keys() or (t1.keys() | t2.keys()) != self._chunks.keys():
-            raise AssertionError("T1 and T2 must partition the resident chunks")
-        if any(self._chunks[h] is not c for lst in (t1, t2) for h, c in lst.items()):
-            raise AssertionError("T1/T2 hold a chunk object other than the resident one")
-        if b1.keys() & b2.keys() or (b1.keys() | b2.keys()) & self._chunks.keys():
-            raise AssertionError("ghost lists must be disjoint from each other and from the resident chunks")
-        if len(b1) > self.num_chunks or len(b2) > self.num_chunks:
-            raise AssertionError(f"ghost lists longer than {self.num_chunks}: {len(b1)}, {len(b2)}")
-        if not 0 <= self._target_t1_size <= self.num_chunks:
-            raise AssertionError(f"target_t1_size {self._target_t1_size} outside [0, {self.num_chunks}]")
+        self._policy.check()
