@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
+GIB = 1 << 30
+"""Bytes per GiB: what every `*-gib` option and field is multiplied by."""
+
 
 class ConfigModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)

@@ -11,14 +11,13 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import Discriminator, Field, Tag, ValidationError, ValidationInfo, field_validator, model_validator
 
-from sim.config import ConfigModel
+from sim.config import GIB, ConfigModel
 from sim.engines import ENGINES
 from sim.results.records import Slo
 from sim.timing.architecture import ModelArchitecture, load_architecture
 from sim.timing.hardware import hardware_profile
 
 BUILTIN_SCENARIO = "service-baseline"
-GIB = 1 << 30
 
 
 def _memory_limit_bytes() -> int:
@@ -474,6 +473,11 @@ class Scenario(ConfigModel):
         return spec.model_copy(update={"hardware": device.hardware or spec.hardware,
                                        "tensor_parallel": device.tensor_parallel or spec.tensor_parallel})
 
+    @property
+    def cpu_kv_bytes(self) -> int:
+        """The host (CPU) KV tier per worker in bytes: `engine.cpu_kv_bytes`, 0 for an engine without one."""
+        return getattr(self.engine, "cpu_kv_bytes", 0)
+
     def device_host_link(self, device: DeviceSpec) -> tuple[float, float]:
         """(bandwidth bytes/s per direction, latency s per copy) of `device`'s link to host memory: the time model's
         `host_link`, else its hardware profile's link x efficiency; with tensor parallelism every rank copies its
@@ -492,7 +496,7 @@ class Scenario(ConfigModel):
 
     @model_validator(mode="after")
     def _host_tier_needs_a_link(self) -> Scenario:
-        if getattr(self.engine, "cpu_kv_bytes", 0):
+        if self.cpu_kv_bytes:
             for dev in self.all_devices():
                 self.device_host_link(dev)
         return self
@@ -711,4 +715,4 @@ def with_cpu_kv_gib(scenario: Scenario, gib: float) -> Scenario:
 
 def cpu_kv_gib(scenario: Scenario) -> float:
     """The scenario's host KV tier per worker in GiB (0 when it has none)."""
-    return getattr(scenario.engine, "cpu_kv_bytes", 0) / GIB
+    return scenario.cpu_kv_bytes / GIB

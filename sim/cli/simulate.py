@@ -86,8 +86,6 @@ def sweep(ctx, scenario_path, prefixes, workers, concurrency, routers, engines, 
         engines=engines or [None],
         cpu_kv_gib=cpu_kv_gib or [None],
     )
-    for gib in cpu_kv_gib or ():
-        on_cpu_kv(base, gib)  # a one-line error before anything runs (e.g. an engine without a host tier)
     out = checked_out_dir(out_dir)
 
     try:
@@ -203,9 +201,10 @@ def run_command(scenario_path, prefixes, workers, concurrency, router, engine, c
     except ScenarioError as err:
         raise click.ClickException(str(err)) from None
     summary = summarize(result)
+    host_gib = cpu_kv_gib_of(scenario)
     row = {"workers": result.num_workers, "prefixes": scenario.workload.prefixes,
            "concurrency": scenario.workload.concurrency, "router": router_label(scenario.router.name, scenario.router.options),
-           "engine": scenario.engine.kind, "cpu_kv_gib": cpu_kv_gib_of(scenario), "repeat": 0, "seed": scenario.seed,
+           "engine": scenario.engine.kind, "cpu_kv_gib": host_gib, "repeat": 0, "seed": scenario.seed,
            **summary.row()}
     tm = scenario.time_model
     timing = (f", {scenario.model.name} on {tm.hardware}" + (f"x{tm.tensor_parallel}" if tm.tensor_parallel > 1 else "")
@@ -213,7 +212,7 @@ def run_command(scenario_path, prefixes, workers, concurrency, router, engine, c
     table = Table(title=f"{scenario.name}{timing}: {result.num_workers} workers, N={scenario.workload.prefixes}, "
                         f"C={scenario.workload.concurrency}, router={scenario.router.name}, "
                         f"engine={scenario.engine.kind} {scenario.engine.version}"
-                        + (f", host KV {cpu_kv_gib_of(scenario):g} GiB/worker" if cpu_kv_gib_of(scenario) else "")
+                        + (f", host KV {host_gib:g} GiB/worker" if host_gib else "")
                         + f", seed={scenario.seed}")
     table.add_column("metric")
     table.add_column("value", justify="right")
@@ -222,7 +221,7 @@ def run_command(scenario_path, prefixes, workers, concurrency, router, engine, c
     table.add_row("formula min(1, C/N)", f"{formula_hit_rate(scenario.kv_capacity_requests, scenario.workload.prefixes):.3f}")
     console.print(table)
     workers_table = Table(title="per worker (measured phase)")
-    tier = cpu_kv_gib_of(scenario) > 0
+    tier = host_gib > 0
     # NOTE: a worker's prefix-cache counters are the GPU's (vLLM's prefix_cache_*); CPU hits are counted apart.
     for col in ("worker", "device", "requests", "GPU token hit rate" if tier else "token hit rate", "evicted blocks",
                 "preemptions", "steps",

@@ -66,7 +66,7 @@ class Cluster:
             time_model = build_time_model(scenario.device_time_model(dev), scenario.model)
             self.devices.append(device)
             link = None
-            if getattr(scenario.engine, "cpu_kv_bytes", 0):
+            if scenario.cpu_kv_bytes:
                 bandwidth, latency = scenario.device_host_link(dev)
                 # NOTE: the workers sharing a device share its link.
                 link = HostLinkQueue(bandwidth_bytes_per_s=bandwidth, latency_s=latency)

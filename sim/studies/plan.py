@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from sim.config import GIB
 from sim.studies import analytic
 from sim.routing.spec import router_overrides, split_router_spec
 from sim.runner import run
@@ -32,7 +33,6 @@ from sim.results.summary import summarize
 from sim.studies.executor import Executor, using
 from sim.studies.tune import Objective, RunStore, TuneResult, tune
 
-GIB = 1 << 30
 VARY_UNITS = {"workers": "workers", "kv-gib": "GiB", "cpu-kv-gib": "GiB"}
 PARTITIONING_ROUTERS = {"prefix-hash", "kv-aware", "llm-d", "sglang-cache-aware", "aibrix-prefix-cache",
                         "vllm-router-session", "vllm-router-prefix-aware", "vllm-router-loadaware", "preble"}

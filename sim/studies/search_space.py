@@ -20,11 +20,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sim.config import GIB
 from sim.routing.spec import option_value
 
 SYNTAX = "key=LOW:HIGH[:log] (float), key=LOW..HIGH[:log] (integer), key=a|b|c (choice), comma-separated"
 
-GIB = 1 << 30
 CLUSTER_KNOBS = {"workers": "workers", "kv-gib": "GiB"}
 """Knobs that change the cluster rather than the router, with their units."""
 

@@ -180,11 +180,10 @@ class KVCacheManager:
             0                               len(hit_blocks) * B                     + num_external_tokens
         """
         pool, B = self.pool, self.block_size
-        num_evictable_hits = self._num_evictable(hit_blocks) if hit_blocks else 0
         free = pool.num_free_blocks
-        if full_sequence_must_fit and (cdiv(state.num_tokens, B) - len(state.block_ids) - len(hit_blocks)
-                                       + num_evictable_hits) > free:
+        if full_sequence_must_fit and self.num_blocks_to_admit(state, hit_blocks) > free:
             return False
+        num_evictable_hits = self._num_evictable(hit_blocks) if hit_blocks else 0
         num_tokens = min(len(hit_blocks) * B + num_external_tokens, self.max_model_len)
         num_new_blocks = cdiv(num_tokens, B) - len(state.block_ids) - len(hit_blocks)
         if max(num_new_blocks, 0) + num_evictable_hits > free - reserved_blocks:

@@ -112,10 +112,7 @@ class Scheduler:
 
         connector = self.connector
         if not plan.preempted:
-            if connector is None:
-                self._admit_waiting(plan, budget, now_s)
-            else:
-                self._admit_waiting_offload(plan, budget, now_s)
+            self._admit_waiting(plan, budget, now_s)
         if connector is not None:
             self.connector_step = connector.build_step(scheduled.items(), plan.preempted)
             inflight = self._inflight_prefills
@@ -142,37 +139,8 @@ class Scheduler:
         return plan
 
     def _admit_waiting(self, plan: StepPlan, budget: int, now_s: float) -> None:
-        kv, waiting, running = self.kv, self.waiting, self.running
-        behaviour = self.behaviour
-        max_num_seqs = self.limits.max_num_seqs
-        while waiting and budget > 0 and len(running) < max_num_seqs:
-            state = waiting[0]
-            hit_blocks = kv.find_longest_cache_hit(state) if state.num_computed_tokens == 0 else []
-            num_hit_tokens = len(hit_blocks) * kv.block_size
-            preempted_before = state.num_preemptions > 0
-            if not behaviour.stats_at_admission_only:
-                self._record_lookup(state, num_hit_tokens, preempted_before)
-            num_new = min(state.num_tokens - num_hit_tokens, budget)
-            if not kv.allocate_slots(
-                state, num_new, hit_blocks, full_sequence_must_fit=behaviour.full_sequence_must_fit
-            ):
-                break
-            waiting.popleft()
-            running.append(state)
-            if behaviour.stats_at_admission_only:
-                self._record_lookup(state, num_hit_tokens, preempted_before)
-            state.num_computed_tokens = num_hit_tokens
-            if state.num_cached_tokens is None:
-                state.num_cached_tokens = num_hit_tokens
-                state.admitted_s = now_s
-            plan.admitted.append(state)
-            plan.num_scheduled_tokens[state] = num_new
-            budget -= num_new
-
-    def _admit_waiting_offload(self, plan: StepPlan, budget: int, now_s: float) -> None:
-        """`_admit_waiting` with the CPU tier (see the class docstring); the same rules otherwise."""
+        """Admit waiting requests (see the class docstring; `holding` stays empty without a connector)."""
         kv, running, connector = self.kv, self.running, self.connector
-        assert connector is not None
         behaviour = self.behaviour
         max_num_seqs = self.limits.max_num_seqs
         skipped_waiting: list[RequestState] = []
@@ -183,7 +151,7 @@ class Scheduler:
             (skipped_holding if state.num_computed_tokens > 0 else skipped_waiting).append(state)
 
         while budget > 0:
-            queue = self.holding if self.holding else self.waiting
+            queue = self.holding or self.waiting
             if not queue or len(running) >= max_num_seqs:
                 break
             state = queue[0]
@@ -192,12 +160,12 @@ class Scheduler:
                     skip(queue)
                     continue
                 self._promote(state)
-            hit_blocks: list[int] = []
-            num_gpu_hit = num_ext = 0
+            # NOTE: only a fresh admission looks up; a promoted load (or, in vLLM, a resumed transfer) does not.
             looked_up = state.num_computed_tokens == 0
-            if looked_up:
-                hit_blocks = kv.find_longest_cache_hit(state)
-                num_gpu_hit = len(hit_blocks) * kv.block_size
+            hit_blocks = kv.find_longest_cache_hit(state) if looked_up else []
+            num_gpu_hit = len(hit_blocks) * kv.block_size
+            num_ext = 0
+            if looked_up and connector is not None:
                 ext = connector.lookup(state, num_gpu_hit)
                 if ext is None:
                     skip(queue)
@@ -207,6 +175,7 @@ class Scheduler:
             if looked_up and not behaviour.stats_at_admission_only:
                 self._record_lookup(state, num_gpu_hit, preempted_before)
             if num_ext:
+                assert connector is not None
                 reserved = sum(map(kv.num_blocks_to_finish, self._inflight_prefills))
                 if not kv.allocate_for_load(state, hit_blocks, num_ext, reserved_blocks=reserved,
                                             full_sequence_must_fit=behaviour.full_sequence_must_fit):
@@ -228,11 +197,14 @@ class Scheduler:
                 state, num_new, hit_blocks, full_sequence_must_fit=behaviour.full_sequence_must_fit
             ):
                 break
-            connector.after_alloc(state, num_gpu_hit, 0)
-            if looked_up:
-                connector.record_lookup(state, num_gpu_hit, 0, preempted=preempted_before)
-                if behaviour.stats_at_admission_only:
-                    self._record_lookup(state, num_gpu_hit, preempted_before)
+            if connector is not None:
+                connector.after_alloc(state, num_gpu_hit, 0)
+                if looked_up:
+                    connector.record_lookup(state, num_gpu_hit, 0, preempted=preempted_before)
+                if computed + num_new < state.num_tokens:
+                    self._inflight_prefills.add(state)
+            if looked_up and behaviour.stats_at_admission_only:
+                self._record_lookup(state, num_gpu_hit, preempted_before)
             queue.popleft()
             running.append(state)
             state.num_computed_tokens = computed
@@ -242,8 +214,6 @@ class Scheduler:
                 # are one fewer than it loaded (vLLM's connector still counts the load in full).
                 state.num_cpu_hit_tokens = min(state.num_cpu_hit_tokens, computed)
                 state.admitted_s = now_s
-            if computed + num_new < state.num_tokens:
-                self._inflight_prefills.add(state)
             plan.admitted.append(state)
             plan.num_scheduled_tokens[state] = num_new
             budget -= num_new

@@ -58,10 +58,6 @@ class ConnectorStep:
     """CPU chunks evicted to make room, per store offer in order: (the offering request, chunk hashes evicted
     least recent first); vLLM's `BlockRemoved(medium="CPU")` events."""
 
-    @property
-    def is_empty(self) -> bool:
-        return not (self.load_jobs or self.store_jobs or self.jobs_to_flush)
-
 
 @dataclass(slots=True)
 class _RequestOffload:
@@ -145,7 +141,7 @@ class OffloadingConnector:
     def has_work(self) -> bool:
         """Jobs in flight, finished requests whose finish pass has not run (vLLM's engine takes one more step for
         those, `has_finished_requests`, `S` 3157-3177), or store offers to retry: steps that are not plain decodes."""
-        return bool(self._jobs or self._pending_finished or self._store_retries)
+        return bool(self._jobs) or self.blocks_decode_stretch
 
     def job(self, job_id: int) -> TransferJob:
         return self._jobs[job_id]
@@ -188,7 +184,7 @@ class OffloadingConnector:
             hits += 1
             pending |= result is LookupResult.HIT_PENDING
         num_hit_tokens = (start + hits) * B - num_gpu_hit_tokens
-        if hits == 0 or num_hit_tokens < B:
+        if num_hit_tokens < B:
             return 0
         if pending:
             self.counters.num_deferred_lookups += 1
@@ -334,10 +330,9 @@ class OffloadingConnector:
         for jid in job_ids:
             job = self._jobs.pop(jid)
             state = job.request
-            hashes = state.block_hashes(job.chunk_indices[0], job.chunk_indices[-1] + 1)
+            hashes = [state.block_hash(i) for i in job.chunk_indices]
             if job.is_store:
-                chosen = set(job.chunk_indices)
-                manager.complete_store([h for i, h in enumerate(hashes, job.chunk_indices[0]) if i in chosen])
+                manager.complete_store(hashes)
             else:
                 manager.complete_load(hashes)
                 self._chunks_being_loaded.difference_update(hashes)

@@ -52,11 +52,8 @@ class HostTransfers:
     def end_step(self, step: ConnectorStep, now_s: float) -> list[int]:
         """The step ends now: hand its jobs to the link and return those reported done in it (in submission
         order)."""
-        seen_s = self._step_start_s
-        done = [j for j, t in self._done_s.items() if t <= seen_s or j in self._flushed]
-        for j in done:
-            del self._done_s[j]
-        self._flushed.difference_update(done)
+        done = self._take(self._step_start_s, self._flushed)
+        self._flushed.clear()
         for job in step.load_jobs:
             self._submit(job.job_id, now_s)
         for job in step.store_jobs:
@@ -66,7 +63,11 @@ class HostTransfers:
 
     def seen_by(self, step_start_s: float) -> list[int]:
         """The jobs a step starting at `step_start_s` sees complete, taken (for steps run as a decode stretch)."""
-        done = [j for j, t in self._done_s.items() if t <= step_start_s]
+        return self._take(step_start_s)
+
+    def _take(self, seen_s: float, also: set[int] = frozenset()) -> list[int]:
+        """Forget and return, in submission order, the jobs complete by `seen_s` and those in `also`."""
+        done = [j for j, t in self._done_s.items() if t <= seen_s or j in also]
         for j in done:
             del self._done_s[j]
         return done
