@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from itertools import repeat
 from operator import add, sub
 
-from sim.cluster.reuse import held_prefix
+from sim.routing.prefix_index import held_prefix
 from sim.workloads.request import BlockHash
 
 

@@ -9,8 +9,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from sim.cluster.router import ClusterView, PrefixState, PrefixStateSpec
-from sim.studies.search_space import Knob
+from sim.routing.interface import ClusterView, PrefixState, PrefixStateSpec
+from sim.routing.knobs import Knob
 from sim.workloads.request import Request
 
 
@@ -24,7 +24,7 @@ class RouterOptions(BaseModel):
 
 
 class PrefixStateOptions(RouterOptions):
-    """Options of routers that read prefix-cache state (see `sim.cluster.router.PrefixStateSpec`)."""
+    """Options of routers that read prefix-cache state (see `sim.routing.interface.PrefixStateSpec`)."""
 
     state: Literal["exact", "events", "approximate"] = Field("exact", description="How the router learns what the caches hold: exact (peeks), events (KV events, lagged), approximate (its own routing history).")
     event_lag_s: float | list[float] = Field(0.0, description="state=events: delay (s) from an engine publishing KV events to the router applying them; one value, or a list with one per worker.")

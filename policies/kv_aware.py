@@ -61,8 +61,8 @@ from pydantic import Field, model_validator
 
 from policies.active_blocks import ActiveBlocks
 from policies.base import PrefixStateOptions, RouterBase
-from sim.cluster.router import ClusterView, PrefixStateSpec
-from sim.studies.search_space import FloatKnob
+from sim.routing.interface import ClusterView, PrefixStateSpec
+from sim.routing.knobs import FloatKnob
 from sim.workloads.request import Request
 
 

@@ -58,8 +58,8 @@ from pydantic import Field
 
 from policies.active_blocks import ActiveBlocks
 from policies.base import PrefixStateOptions, RouterBase
-from sim.cluster.router import ClusterView
-from sim.studies.search_space import FloatKnob, IntKnob
+from sim.routing.interface import ClusterView
+from sim.routing.knobs import FloatKnob, IntKnob
 from sim.workloads.request import Request
 
 

@@ -120,9 +120,9 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from policies.base import LoadOptions, RouterBase
-from sim.cluster.router import ClusterView, PrefixState, PrefixStateSpec
+from sim.routing.interface import ClusterView, PrefixState, PrefixStateSpec
 from sim.routing.routing_history import RoutingHistory
-from sim.studies.search_space import FloatKnob
+from sim.routing.knobs import FloatKnob
 from sim.workloads.request import Request
 
 PRESETS: dict[str, dict[str, Any]] = {

@@ -31,7 +31,7 @@ from typing import Literal
 from pydantic import Field
 
 from policies.base import LoadOptions, RouterBase
-from sim.cluster.router import ClusterView
+from sim.routing.interface import ClusterView
 from sim.workloads.request import Request
 
 

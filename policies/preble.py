@@ -15,8 +15,8 @@ from typing import Literal
 from pydantic import Field
 
 from policies.base import RouterBase, RouterOptions
-from sim.cluster.router import ClusterView
-from sim.studies.search_space import ChoiceKnob, FloatKnob, IntKnob
+from sim.routing.interface import ClusterView
+from sim.routing.knobs import ChoiceKnob, FloatKnob, IntKnob
 from sim.workloads.request import Request
 
 

@@ -18,8 +18,8 @@ from pydantic import Field
 
 from policies.base import RouterBase, RouterOptions
 from sim.workloads.request import Request
-from sim.cluster.router import ClusterView
-from sim.studies.search_space import FloatKnob, IntKnob
+from sim.routing.interface import ClusterView
+from sim.routing.knobs import FloatKnob, IntKnob
 
 
 def stable_hash64(value: object) -> int:

@@ -6,7 +6,7 @@ from pydantic import Field
 
 from policies.base import RouterBase, RouterOptions
 from sim.workloads.request import Request
-from sim.cluster.router import ClusterView
+from sim.routing.interface import ClusterView
 
 
 class RecordedOptions(RouterOptions):

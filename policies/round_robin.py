@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from policies.base import RouterBase
 from sim.workloads.request import Request
-from sim.cluster.router import ClusterView
+from sim.routing.interface import ClusterView
 
 
 class RoundRobinRouter(RouterBase):

@@ -17,8 +17,8 @@ from pydantic import Field
 
 from policies.base import LoadOptions, PrefixStateOptions, RouterBase
 from policies.prefix_hash import stable_hash64
-from sim.cluster.router import ClusterView, PrefixStateSpec
-from sim.studies.search_space import ChoiceKnob, FloatKnob, IntKnob
+from sim.routing.interface import ClusterView, PrefixStateSpec
+from sim.routing.knobs import ChoiceKnob, FloatKnob, IntKnob
 from sim.workloads.request import Request
 
 CHARS_PER_TOKEN = 4

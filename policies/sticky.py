@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pydantic import Field
 
 from policies.base import RouterBase, RouterOptions
-from sim.cluster.router import ClusterView
+from sim.routing.interface import ClusterView
 from sim.workloads.request import Request
 
 

@@ -17,8 +17,8 @@ from collections import deque
 from pydantic import Field
 
 from policies.base import PrefixStateOptions, RouterBase, RouterOptions
-from sim.cluster.router import ClusterView, PrefixStateSpec
-from sim.studies.search_space import FloatKnob, IntKnob
+from sim.routing.interface import ClusterView, PrefixStateSpec
+from sim.routing.knobs import FloatKnob, IntKnob
 from sim.workloads.request import Request
 
 CHARS_PER_TOKEN = 4

@@ -1,8 +1,13 @@
 """kvsim's mechanism: what happens inside a cluster of LLM serving workers, and how a run is composed.
 
-The layout follows a request: `workloads` (what is sent) -> `cluster` (router in front, workers on devices) ->
-`engines` (each worker's scheduler and prefix cache: vLLM v1, SGLang) -> `results` (records, summaries, reports);
-`studies` compose many runs (sweep, plan, calibrate, validate, analytic screens); `servers` measure real ones.
+The layout follows a request: `workloads` (what is sent) -> `routing` (the router interface; the routers themselves
+are the `policies` package) -> `cluster` (workers on devices) -> `engines` (each worker's scheduler and prefix cache:
+vLLM v1, SGLang) priced by `timing` -> `results` (records, summaries, reports); `scenario` composes each package's
+configuration section; `runner` and `replay` compose a run; `studies` compose many runs (sweep, plan, calibrate,
+validate, analytic screens); `servers` measure real ones; `cli` is the command line. Each package imports only the
+packages below it in the layering, top to bottom: cli, studies, servers, replay, runner, policies | cluster,
+scenario, results, routing, timing, engines, workloads, config | csv_fields (pyproject.toml `[tool.importlinter]`,
+checked by tests/test_layering.py).
 
 The public API for notebooks and scripts is what this module exports (`sim.__all__`), plus the trace replay
 `sim.replay.replay` (its module shares its name); everything else is internal and may move.
@@ -10,7 +15,7 @@ The public API for notebooks and scripts is what this module exports (`sim.__all
 
 # NOTE: resolved on first use (PEP 562), so that `import sim.replay` does not load scipy and matplotlib.
 _EXPORTS = {
-    "ENGINES": "sim.engines", "ReplayResult": "sim.replay",
+    "ENGINES": "sim.engines.registry", "ReplayResult": "sim.replay",
     "RequestRecord": "sim.results.records", "RunResult": "sim.results.records", "TtftSamples": "sim.results.records",
     "WorkerCounters": "sim.results.records", "Slo": "sim.results.records",
     "Summary": "sim.results.summary", "summarize": "sim.results.summary",

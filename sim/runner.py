@@ -11,7 +11,7 @@ from policies import ROUTERS
 from sim.cluster.arrivals import closed_loop, one_at_a_time, poisson
 from sim.cluster.cluster import Cluster
 from sim.results.records import RequestRecord, RunResult
-from sim.cluster.router import Router
+from sim.routing.interface import Router
 from sim.routing.replicas import ReplicatedRouter
 from sim.scenario import Scenario, ScenarioError
 from sim.workloads.shared_prefix import RequestStream, rng_for, shared_prefix_stream

@@ -1,4 +1,7 @@
-"""Scenario files: the pydantic models that validate them, and loading (the edge where bad input is rejected)."""
+"""Scenario files: the model that validates them, composed of each package's own section (`model:` and
+`time_model:` from `sim.timing.spec`, `engine:` from the engine registry, `workload:` from `sim.workloads.spec`,
+`router:` from `sim.routing.spec`) with the cluster, SLO and calibration sections defined here; and loading (the edge
+where bad input is rejected)."""
 
 from __future__ import annotations
 
@@ -6,16 +9,19 @@ import math
 import os
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Union
 
 import yaml
-from pydantic import Discriminator, Field, Tag, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from sim.config import GIB, ConfigModel
-from sim.engines import ENGINES
+from sim.engines.registry import ENGINES
 from sim.results.records import Slo
-from sim.timing.architecture import ModelArchitecture, load_architecture
+from sim.routing.spec import RouterSpec
+from sim.timing.architecture import load_architecture
 from sim.timing.hardware import hardware_profile
+from sim.timing.spec import LinearTimeModelSpec, ModelSpec, TimeModelSpec, known_hardware
+from sim.workloads.spec import WorkloadSpec
 
 BUILTIN_SCENARIO = "service-baseline"
 
@@ -49,267 +55,33 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:.3g} GiB"
 
 
+def capacity_requests(kv_cache_bytes: float, kv_bytes_per_token: float, prompt_tokens: float) -> float:
+    """C: how many whole prompts one worker's KV cache holds, KV tokens per worker / prompt tokens.
+
+    Assumes the whole KV budget is cache (no blocks held by running requests, no block rounding, no output tokens).
+    The reference worker: 1 GiB / 114,688 B per token / 2,371 tokens = 3.95 prompts.
+    """
+    if kv_cache_bytes <= 0 or kv_bytes_per_token <= 0 or prompt_tokens <= 0:
+        raise ValueError(
+            f"capacity_requests needs positive inputs, got kv_cache_bytes={kv_cache_bytes}, "
+            f"kv_bytes_per_token={kv_bytes_per_token}, prompt_tokens={prompt_tokens}"
+        )
+    return kv_cache_bytes / kv_bytes_per_token / prompt_tokens
+
+
 class ScenarioError(ValueError):
     """A scenario (file or override) that cannot be run; the message names the field and what is allowed."""
 
 
 def _engine_spec_type():
     """The `engine:` section's type: one of the registered engines' specs, chosen by `kind`."""
-    specs = tuple(cls.Spec for cls in ENGINES.values())
+    specs = tuple(entry.Spec for entry in ENGINES.values())
     if len(specs) == 1:
         return specs[0]
     return Annotated[Union[specs], Field(discriminator="kind")]  # noqa: UP007 - a runtime tuple of types
 
 
 EngineSpec = _engine_spec_type()
-
-
-class ModelSpec(ConfigModel):
-    """The served model: its KV bytes per token (what the cache sizes from) and, for the roofline time model, its
-    architecture. `config: NAME-or-PATH` (a shipped model, see `kvsim hardware`, or a Hugging Face config.json,
-    relative to the scenario file) fills `architecture`, `kv_bytes_per_token` and the default `name`."""
-
-    name: str = Field("unnamed", description="Model name, for reports only.")
-    kv_bytes_per_token: int = Field(gt=0, description="KV bytes per token, all layers: layers x 2 x kv_heads x head_dim x dtype bytes.")
-    architecture: ModelArchitecture | None = Field(
-        None, description="Layers, heads, sizes and dtype (from `config:`); needed by the roofline time model.")
-    config: str | None = Field(
-        None, exclude=True, description="A shipped model (Qwen3-0.6B, Llama-3.1-8B, Llama-3.1-70B, Qwen2.5-72B) or a "
-        "Hugging Face config.json path (relative to the scenario file): fills architecture, kv_bytes_per_token and the "
-        "default name. Read once; a written scenario carries the architecture instead.")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _from_config(cls, data: Any, info: ValidationInfo) -> Any:
-        if not (isinstance(data, dict) and "config" in data):
-            return data
-        data = dict(data)
-        ref = data.pop("config")
-        if ref is None:
-            return data
-        if "architecture" in data:
-            raise ValueError("give config or architecture, not both")
-        base_dir = (info.context or {}).get("base_dir")
-        name, arch = load_architecture(str(ref), relative_to=base_dir)
-        data.setdefault("name", name)
-        data["architecture"] = arch
-        data.setdefault("kv_bytes_per_token", arch.kv_bytes_per_token)
-        return data
-
-    @model_validator(mode="after")
-    def _kv_bytes_agree(self) -> ModelSpec:
-        arch = self.architecture
-        if arch is not None and arch.kv_bytes_per_token != self.kv_bytes_per_token:
-            raise ValueError(f"kv_bytes_per_token {self.kv_bytes_per_token} disagrees with the architecture's "
-                             f"{arch.kv_bytes_per_token} (layers x 2 x kv_heads x head_dim x dtype bytes)")
-        return self
-
-
-class LengthSpec(ConfigModel):
-    """A token-length distribution (a plain integer in a scenario means a fixed length).
-
-    uniform: integers in [low, high]; normal / lognormal: mean and sd in tokens, rounded and clipped to [low, high]
-    (lognormal is parameterised by the mean and sd of the length itself, not of its logarithm).
-    """
-
-    kind: Literal["uniform", "normal", "lognormal"] = Field(description="Distribution family.")
-    low: int = Field(ge=1, description="Smallest length (tokens).")
-    high: int = Field(ge=1, description="Largest length (tokens).")
-    mean: float | None = Field(None, gt=0, description="Mean length (normal, lognormal).")
-    sd: float | None = Field(None, ge=0, description="Standard deviation (normal, lognormal).")
-
-    @model_validator(mode="after")
-    def _check(self) -> LengthSpec:
-        if self.high < self.low:
-            raise ValueError(f"high ({self.high}) must be >= low ({self.low})")
-        if self.kind != "uniform" and (self.mean is None or self.sd is None):
-            raise ValueError(f"a {self.kind} length needs mean and sd")
-        return self
-
-
-Length = int | LengthSpec
-
-
-def length_min(length: Length) -> int:
-    return length if isinstance(length, int) else length.low
-
-
-def length_mean(length: Length) -> float:
-    if isinstance(length, int):
-        return float(length)
-    if length.kind == "uniform":
-        return (length.low + length.high) / 2
-    return float(min(max(length.mean, length.low), length.high))  # clipping moves it little; a screen, not exact
-
-
-def length_max(length: Length) -> int:
-    return length if isinstance(length, int) else length.high
-
-
-def sample_length(length: Length, rng) -> int:
-    """One length drawn with `rng` (a random.Random)."""
-    if isinstance(length, int):
-        return length
-    if length.kind == "uniform":
-        value = rng.randint(length.low, length.high)
-    elif length.kind == "normal":
-        value = round(rng.gauss(length.mean, length.sd))
-    else:
-        sigma2 = math.log(1 + (length.sd / length.mean) ** 2)
-        value = round(rng.lognormvariate(math.log(length.mean) - sigma2 / 2, math.sqrt(sigma2)))
-    return min(max(value, length.low), length.high)
-
-
-class WorkloadSpec(ConfigModel):
-    """A shared-prefix workload: N prefixes with a popularity, each request a prefix + its own tail + outputs.
-
-    The reference experiment is the special case of uniform popularity, fixed lengths and a closed loop.
-    """
-
-    prefixes: int = Field(ge=1, description="Distinct shared prefixes N.")
-    popularity: Literal["uniform", "zipf", "weights"] = Field("uniform", description="How a request's prefix is drawn.")
-    zipf_exponent: float = Field(1.0, ge=0, description="Zipf exponent s (popularity of rank k proportional to k^-s).")
-    weights: list[float] | None = Field(None, description="Explicit relative popularity per prefix (popularity: weights).")
-    prefix_tokens: Length = Field(description="Tokens of each shared prefix (drawn once per prefix if a distribution).")
-    tail_tokens: Length = Field(description="Tokens of each request's unique tail (after the prefix).")
-    output_tokens: Length = Field(description="Output tokens per request (max_tokens, EOS ignored).")
-    min_requests: int = Field(200, ge=1, description="Measured requests = max(min_requests, requests_per_prefix x N).")
-    requests_per_prefix: int = Field(20, ge=0, description="See min_requests.")
-    warmup_per_prefix: int = Field(1, ge=0, description="Warm-up requests per prefix, sent one at a time first, excluded from statistics.")
-    discard_first: int = Field(0, ge=0, description="Measured requests at the start also excluded from statistics (steady state).")
-    concurrency: int = Field(8, ge=1, description="Closed loop: requests kept in flight (unless arrival_rate_rps is set).")
-    arrival_rate_rps: float | None = Field(None, gt=0, description="Open loop: Poisson arrivals at this rate (requests/s) instead of a closed loop.")
-
-    @model_validator(mode="after")
-    def _check(self) -> WorkloadSpec:
-        for name, least in (("prefix_tokens", 0), ("tail_tokens", 0), ("output_tokens", 1)):
-            if length_min(getattr(self, name)) < least:
-                raise ValueError(f"{name} must be >= {least} tokens, got {getattr(self, name)}")
-        if length_min(self.prefix_tokens) + length_min(self.tail_tokens) < 1:
-            raise ValueError("a prompt needs at least one token: prefix_tokens + tail_tokens must be >= 1")
-        if self.popularity == "weights":
-            if self.weights is None or len(self.weights) != self.prefixes:
-                raise ValueError(f"popularity 'weights' needs one weight per prefix ({self.prefixes})")
-            if any(w < 0 for w in self.weights) or sum(self.weights) <= 0:
-                raise ValueError("weights must be >= 0 with a positive sum")
-        if self.discard_first >= self.num_requests:
-            raise ValueError(f"discard_first ({self.discard_first}) leaves no measured request of {self.num_requests}")
-        return self
-
-    @property
-    def prompt_tokens(self) -> int:
-        """Mean prompt length (tokens), rounded."""
-        return round(length_mean(self.prefix_tokens) + length_mean(self.tail_tokens))
-
-    @property
-    def max_request_tokens(self) -> int:
-        return length_max(self.prefix_tokens) + length_max(self.tail_tokens) + length_max(self.output_tokens)
-
-    @property
-    def num_requests(self) -> int:
-        return max(self.min_requests, self.requests_per_prefix * self.prefixes)
-
-    def popularity_weights(self) -> list[float]:
-        """Probability of each prefix id (rank order: prefix 0 is the most popular under Zipf)."""
-        if self.popularity == "uniform":
-            raw = [1.0] * self.prefixes
-        elif self.popularity == "zipf":
-            raw = [(k + 1) ** -self.zipf_exponent for k in range(self.prefixes)]
-        else:
-            raw = list(self.weights)
-        total = sum(raw)
-        return [w / total for w in raw]
-
-
-class RouterSpec(ConfigModel):
-    """`router: {name: kv-aware, options: {state: events}}`, or the CLI's spec text `router: "kv-aware:state=events"`."""
-
-    name: str = Field("random", description="Router name (see `kvsim routers`).")
-    options: dict[str, Any] = Field(default_factory=dict, description="Router options, by router.")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _from_spec_text(cls, data: Any) -> Any:
-        if isinstance(data, str):
-            from sim.routing.spec import split_router_spec
-
-            name, options = split_router_spec(data)
-            return {"name": name, "options": options}
-        return data
-
-
-class HostLinkSpec(ConfigModel):
-    """A device's link to host memory (`sim.cluster.host_link`): it times the copies of a host KV tier
-    (`engine.cpu_kv_bytes`). Each direction is one FIFO queue; a copy takes latency_s + bytes / bandwidth."""
-
-    bandwidth: float | None = Field(
-        None, gt=0, description="Bytes/s per direction per device. Default: the hardware profile's host_bandwidth x "
-        "efficiency (roofline); a linear time model has no hardware and must give it.")
-    efficiency: float = Field(
-        0.8, gt=0, le=1, description="Fraction of the profile's host link rate a copy reaches (used only without "
-        "bandwidth; PCIe's packet and DMA overheads leave about 80 percent of the link rate to large pinned copies).")
-    latency_s: float | None = Field(
-        None, ge=0, description="Fixed cost of each copy job (submission, DMA setup). Default: the hardware "
-        "profile's host_latency (roofline), else 1e-5.")
-
-
-def _host_link_field():
-    return Field(default_factory=HostLinkSpec, description="The device's host link, timing a host KV tier's copies.")
-
-
-class LinearTimeModelSpec(ConfigModel):
-    """Step-time model at device speed 1.0 (`sim.cluster.time_model.LinearStepTimeModel`), fitted per setup:
-    step_s = base_s + prefill_token_s x prefill tokens + decode_seq_s x decodes
-           + decode_context_token_s x decode context tokens + prefill_attention_pair_s x prefill attention pairs."""
-
-    kind: Literal["linear"] = Field("linear", description="The additive model (a time model without kind is one).")
-    base_s: float = Field(0.005, ge=0, description="Fixed cost of every engine step (launch, scheduling, sampling).")
-    prefill_token_s: float = Field(3.0e-5, ge=0, description="Per prompt token computed in the step (cached tokens excluded).")
-    decode_seq_s: float = Field(2.0e-4, ge=0, description="Per request decoding one token in the step.")
-    decode_context_token_s: float = Field(0.0, ge=0, description="Per KV token read by the step's decodes.")
-    prefill_attention_pair_s: float = Field(0.0, ge=0, description="Per query-key pair of the step's prefill tokens.")
-    host_link: HostLinkSpec = _host_link_field()
-
-
-def _efficiency(default: float, what: str):
-    return Field(default, gt=0, le=1, description=f"Fraction of the hardware's peak {what} reached (fitted by calibrate).")
-
-
-def _known_hardware(name: str | None) -> str | None:
-    return None if name is None else hardware_profile(name).name
-
-
-class RooflineTimeModelSpec(ConfigModel):
-    """Step time from the model's FLOPs and bytes on a hardware profile (`sim.timing.roofline`): per step,
-    max(compute, memory) of the GEMMs + max(compute, memory) of attention + all-reduces + overheads. The
-    efficiency factors and overheads are the free parameters; the defaults are round, uncalibrated values."""
-
-    kind: Literal["roofline"] = Field(description="The roofline model.")
-    hardware: str = Field(description="Hardware profile (`kvsim hardware` lists them; a device's own `hardware` wins).")
-    tensor_parallel: int = Field(1, ge=1, le=64, description="Devices one worker's model is split over (a device's own wins).")
-    compute_efficiency: float = _efficiency(0.5, "dense bf16 FLOP/s the GEMMs")
-    attention_efficiency: float | None = Field(
-        None, gt=0, le=1, description="Fraction of the hardware's peak FLOP/s attention reaches. Default: "
-        "compute_efficiency (one efficiency for all FLOPs: measurements at a single prompt length cannot tell the "
-        "two apart, since a prompt's attention pairs grow with its tokens).")
-    memory_efficiency: float = _efficiency(0.8, "memory bandwidth weight and KV reads")
-    step_overhead_s: float = Field(0.002, ge=0, description="Fixed cost of every step beyond the kernels (scheduling, launches, sampling).")
-    seq_overhead_s: float = Field(0.0, ge=0, description="Cost per request in the step beyond its FLOPs and bytes (input preparation, sampling).")
-    host_link: HostLinkSpec = _host_link_field()
-
-    _hardware = field_validator("hardware")(_known_hardware)  # the canonical name (aliases accepted)
-
-
-def _time_model_kind(data: Any) -> str:
-    kind = data.get("kind", "linear") if isinstance(data, dict) else getattr(data, "kind", "linear")
-    return kind if kind in ("linear", "roofline") else "unknown"
-
-
-TimeModelSpec = Annotated[
-    Union[Annotated[LinearTimeModelSpec, Tag("linear")], Annotated[RooflineTimeModelSpec, Tag("roofline")]],  # noqa: UP007
-    Discriminator(_time_model_kind, custom_error_type="time_model_kind",
-                  custom_error_message="kind must be linear or roofline"),
-]
 
 
 class DeviceSpec(ConfigModel):
@@ -322,7 +94,7 @@ class DeviceSpec(ConfigModel):
     hardware: str | None = Field(None, description="This device's hardware profile under a roofline time model (default: the time model's).")
     tensor_parallel: int | None = Field(None, ge=1, le=64, description="This device's tensor-parallel degree under a roofline time model (default: the time model's).")
 
-    _hardware = field_validator("hardware")(_known_hardware)
+    _hardware = field_validator("hardware")(known_hardware)
 
 
 class DeploymentSpec(ConfigModel):
@@ -447,9 +219,7 @@ class Scenario(ConfigModel):
 
     @property
     def kv_capacity_requests(self) -> float:
-        """C of the formula min(1, C/N): KV tokens per worker / mean prompt tokens."""
-        from sim.studies.analytic import capacity_requests
-
+        """C of the formula min(1, C/N): KV tokens per worker / mean prompt tokens (`capacity_requests`)."""
         return capacity_requests(self.engine.kv_cache_bytes, self.model.kv_bytes_per_token, self.workload.prompt_tokens)
 
     @model_validator(mode="after")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from sim.cluster.router import PrefixStateSpec
+from sim.routing.interface import PrefixStateSpec
 from sim.engines.interface import CacheEvent, EngineLoad
 from sim.routing.prefix_state import build_prefix_state
 from sim.workloads.request import Request

@@ -6,10 +6,11 @@ import pytest
 import simpy
 
 from sim.cluster.device import Device
-from sim.cluster.time_model import LinearStepTimeModel
+from sim.timing.linear import LinearStepTimeModel
 from sim.cluster.worker import Worker
 from sim.engines.interface import StepPlan
-from sim.engines.vllm import VllmEngine, VllmEngineSpec
+from sim.engines.vllm.engine import VllmEngine
+from sim.engines.vllm.spec import VllmEngineSpec
 from sim.workloads.request import Request
 
 TM = LinearStepTimeModel(base_s=0.01, prefill_token_s=0.001, decode_seq_s=0.002)

@@ -11,7 +11,7 @@ import simpy
 from router_fakes import B, FakeView, build, prompt, send
 from policies.kv_aware import KvAwareRouter
 from sim.cluster.reuse import ReuseLedger
-from sim.cluster.router import PrefixStateSpec
+from sim.routing.interface import PrefixStateSpec
 from sim.engines.interface import EngineLoad
 from sim.routing.prefix_index import WorkerMaskIndex
 from sim.routing.replicas import ReplicatedRouter

@@ -12,10 +12,11 @@ from click.testing import CliRunner
 
 from sim.cli import main
 from sim.cluster.device import Device
-from sim.cluster.time_model import LinearStepTimeModel
+from sim.timing.linear import LinearStepTimeModel
 from sim.cluster.worker import Worker
-from sim.engines import ENGINES, build_engine
-from sim.engines.sglang import SglangEngine, SglangEngineSpec
+from sim.engines.registry import ENGINES, build_engine
+from sim.engines.sglang.engine import SglangEngine
+from sim.engines.sglang.spec import SglangEngineSpec
 from sim.replay import replay
 from sim.runner import run
 from sim.scenario import ScenarioError, load_scenario, validate_scenario

@@ -17,9 +17,8 @@ from hypothesis import strategies as st
 from policies import ROUTERS
 from sim.cli import main
 from sim.scenario import load_scenario
-from sim.studies.search_space import (
-    ChoiceKnob, FloatKnob, IntKnob, check_space, parse_knob, parse_space, round_significant, space_text,
-)
+from sim.routing.knobs import ChoiceKnob, FloatKnob, IntKnob
+from sim.studies.search_space import check_space, parse_knob, parse_space, round_significant, space_text
 from sim.studies.sweep import run_sweep, sweep_points
 from sim.studies.tune import Constraint, Metric, Objective, parse_pareto, pareto_front, tune
 

@@ -221,7 +221,7 @@ def kvsim_scenario(time_model: str, workers: int, router: str, seed: int):
 def use_time_model(time_model: str) -> None:
     """`scratch-polynomial` switches the patched tree's build_time_model to the mocker's polynomial."""
     if time_model == "scratch-polynomial":
-        import sim.cluster.time_model as tm
+        import sim.timing.linear as tm
         if not hasattr(tm, "DynamoPolynomialTimeModel"):
             raise SystemExit("scratch-polynomial needs --kvsim-root at a tree with builtin_shape_scratch_polynomial.patch")
         os.environ["KVSIM_DYNAMO_POLY_CAPACITY"] = str(NUM_GPU_BLOCKS * BLOCK_SIZE)

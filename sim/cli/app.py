@@ -92,7 +92,7 @@ def router_list(ctx: click.Context, param: click.Parameter, value: str | None) -
 
 
 def engine_list(ctx: click.Context, param: click.Parameter, value: str | None) -> list[str] | None:
-    from sim.engines import ENGINES
+    from sim.engines.registry import ENGINES
 
     return None if value is None else _registered_names(value, "engine", sorted(ENGINES))
 

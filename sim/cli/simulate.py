@@ -249,7 +249,7 @@ def run_command(scenario_path, prefixes, workers, concurrency, router, engine, c
 @main.command()
 def engines() -> None:
     """List the engines and their options (the `engine:` section of a scenario)."""
-    from sim.engines import ENGINES
+    from sim.engines.registry import ENGINES
 
     for kind in sorted(ENGINES):
         spec = ENGINES[kind].Spec
@@ -263,7 +263,7 @@ def engines() -> None:
 def hardware() -> None:
     """List the hardware profiles (--gpu NAME[xTP], a roofline time model's `hardware`) and the shipped models
     (--model NAME); every number's source is in sim/timing/hardware.yaml."""
-    from sim.scenario import RooflineTimeModelSpec
+    from sim.timing.spec import RooflineTimeModelSpec
     from sim.timing.architecture import load_architecture, shipped_models
     from sim.timing.hardware import hardware_profiles
 

@@ -18,7 +18,10 @@ from sim.results.output_set import write_output_set
 from sim.results.report import csv_bytes
 from sim.results.study_figures import tune_figure
 from sim.scenario import Scenario, ScenarioError
-from sim.studies.search_space import GIB, SYNTAX, format_value, parse_space, space_text
+from sim.config import GIB
+from sim.routing.knobs import SYNTAX
+from sim.routing.spec import format_value
+from sim.studies.search_space import parse_space, space_text
 from sim.studies.tune import BATCH_TRIALS, DEFAULT_OBJECTIVE, Constraint, Objective, parse_pareto
 
 OBJECTIVE_HELP = ("maximize:COLUMN or minimize:COLUMN (any numeric column of summary.csv, e.g. request_hit_rate, "

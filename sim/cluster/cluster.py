@@ -7,34 +7,19 @@ from collections.abc import Callable, Sequence
 import simpy
 
 from sim.cluster.device import Device
-from sim.cluster.reuse import ReuseLedger
-from sim.cluster.router import PrefixState, PrefixStateSpec, Router
 from sim.cluster.host_link import HostLinkQueue
-from sim.cluster.time_model import LinearStepTimeModel
-from sim.timing.hardware import hardware_profile
-from sim.timing.roofline import RooflineStepTimeModel
+from sim.cluster.reuse import ReuseLedger
 from sim.cluster.worker import Worker
-from sim.engines import build_engine
-from sim.engines.interface import CacheListener, EngineLoad, ServedRequest, StepTimeModel
+from sim.engines.interface import CacheListener, EngineLoad, ServedRequest
+from sim.engines.registry import build_engine
 from sim.results.records import RequestRecord, WorkerCounters
-from sim.scenario import ModelSpec, Scenario, ScenarioError, TimeModelSpec
+from sim.routing.interface import PrefixState, PrefixStateSpec, Router
 from sim.routing.prefix_state import build_prefix_state
 from sim.routing.scraper import MetricsScraper
+from sim.scenario import Scenario, ScenarioError
+from sim.timing.build import build_time_model
 from sim.workloads.request import BlockHash, Request
 from sim.workloads.shared_prefix import rng_for
-
-
-def build_time_model(spec: TimeModelSpec, model: ModelSpec) -> StepTimeModel:
-    """A device's step-time model (`Scenario.device_time_model`): the fitted linear one, or the roofline of the
-    model on the spec's hardware."""
-    fields = spec.model_dump(exclude={"kind", "host_link"})
-    if spec.kind == "linear":
-        return LinearStepTimeModel(**fields)
-    del fields["hardware"], fields["tensor_parallel"]
-    if fields["attention_efficiency"] is None:
-        fields["attention_efficiency"] = fields["compute_efficiency"]
-    return RooflineStepTimeModel(model.architecture, hardware_profile(spec.hardware),
-                                 tensor_parallel=spec.tensor_parallel, **fields)
 
 
 class Cluster:

@@ -6,24 +6,7 @@ from collections.abc import Hashable, Sequence
 from itertools import repeat
 from operator import or_
 
-
-def held_prefix(held, hashes: Sequence[Hashable]) -> int:
-    """Leading `hashes` in `held` (anything with `in`), for a prefix-closed `held`: one where a chained hash is
-    present only if every hash before it on its chain is (a union of whole prompts' hashes is). Membership is then
-    monotone along `hashes`, and a binary search finds the edge in O(log n) lookups."""
-    n = len(hashes)
-    if not n or hashes[0] not in held:
-        return 0
-    if hashes[-1] in held:
-        return n
-    lo, hi = 1, n - 1
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if hashes[mid - 1] in held:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
+from sim.routing.prefix_index import held_prefix
 
 
 class _WorkerView:

@@ -103,7 +103,7 @@ class StepOutcome:
 
 
 class StepTimeModel(Protocol):
-    """How long a step takes at device speed 1.0 (implementations: `sim.cluster.time_model`)."""
+    """How long a step takes at device speed 1.0 (implementations: `sim.timing.linear`)."""
 
     def step_seconds(self, plan: StepPlan) -> float:
         """Seconds of device time the step needs at speed 1.0."""
@@ -358,9 +358,14 @@ class EngineSpec(Protocol):
         counts them, or `kv_bytes`."""
         ...
 
+    def overrides_for_run(self, setup) -> dict[str, object]:
+        """Scenario overrides (dotted paths) that give a worker the engine setup of a measured run (`setup`: a
+        `sim.servers.run_csv.RunSetup`, read by duck typing: the servers package sits above the engines)."""
+        ...
+
 
 class EngineClass(Protocol):
-    """A registry entry (`sim.engines.ENGINES`): the engine class, its scenario model and how to build it."""
+    """An engine class as the registry (`sim.engines.registry.ENGINES`) builds it: the engine class, its scenario model and how to build it."""
 
     kind: ClassVar[str]
     Spec: ClassVar[type]

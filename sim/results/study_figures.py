@@ -285,7 +285,7 @@ def tune_figure(result, *, title: str) -> bytes:
     """`kvsim tune`'s trials in the plane of its two Pareto metrics: every trial (feasible filled, infeasible
     crosses), the front as a staircase with 95 % intervals, the default and the best marked, and the constraints
     on either metric as lines. One question: what does each setting cost in the other metric?"""
-    from sim.studies.search_space import format_value
+    from sim.routing.spec import format_value
 
     plt = _pyplot()
     mx, my = result.pareto
@@ -334,7 +334,7 @@ def choose_router_figure(choice, *, title: str) -> bytes:
     """`kvsim plan --choose-router`: every router's trials in the plane of the two Pareto metrics, a colour per
     router (its trials faint, its default a diamond, its answer a large marker with 95 % intervals), the
     constraints on either metric as lines."""
-    from sim.studies.search_space import format_value
+    from sim.routing.spec import format_value
 
     plt = _pyplot()
     mx, my = choice.results[0].pareto

@@ -1,4 +1,4 @@
-"""The three ways a router learns what the caches hold (`sim.cluster.router.PrefixStateSpec`), one class each."""
+"""The three ways a router learns what the caches hold (`sim.routing.interface.PrefixStateSpec`), one class each."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import heapq
 import random
 from collections.abc import Hashable, Sequence
 
-from sim.cluster.router import ClusterView, PrefixStateSpec
+from sim.routing.interface import ClusterView, PrefixStateSpec
 from sim.engines.interface import CacheEvent
 from sim.routing.prefix_index import WorkerMaskIndex
 from sim.routing.routing_history import RoutingHistory

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from sim.cluster.router import ClusterView, Router
+from sim.routing.interface import ClusterView, Router
 from sim.workloads.request import Request
 
 

@@ -2,7 +2,8 @@
 
 A comma-separated list of specs is split where a token has no `=`: `kv-aware:state=events,event_lag_s=0.5,random`
 is two specs, `kv-aware` with two options and `random`. Values are YAML scalars (`0.5`, `true`, `null`, `events`).
-A spec's label (its text, normalised) names its rows in `summary.csv`.
+A spec's label (its text, normalised) names its rows in `summary.csv`. `RouterSpec` is the scenario's `router:`
+section, which takes either form.
 """
 
 from __future__ import annotations
@@ -10,6 +11,24 @@ from __future__ import annotations
 from typing import Any
 
 import yaml
+from pydantic import Field, model_validator
+
+from sim.config import ConfigModel
+
+
+class RouterSpec(ConfigModel):
+    """`router: {name: kv-aware, options: {state: events}}`, or the CLI's spec text `router: "kv-aware:state=events"`."""
+
+    name: str = Field("random", description="Router name (see `kvsim routers`).")
+    options: dict[str, Any] = Field(default_factory=dict, description="Router options, by router.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_spec_text(cls, data: Any) -> Any:
+        if isinstance(data, str):
+            name, options = split_router_spec(data)
+            return {"name": name, "options": options}
+        return data
 
 
 def option_value(text: str) -> Any:
@@ -40,13 +59,17 @@ def split_router_spec(spec: str) -> tuple[str, dict[str, Any]]:
     return name, options
 
 
+def format_value(value: Any) -> str:
+    """An option value as a spec writes it (the inverse of `option_value` for YAML scalars): `null`, `true`/`false`,
+    numbers and text as they print."""
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
 def router_label(name: str, options: dict[str, Any]) -> str:
     """The canonical text of a spec (round-trips through `split_router_spec`)."""
     if not options:
         return name
-    def text(v: Any) -> str:
-        return "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
-    return name + ":" + ",".join(f"{k}={text(v)}" for k, v in options.items())
+    return name + ":" + ",".join(f"{k}={format_value(v)}" for k, v in options.items())
 
 
 def split_router_list(text: str) -> list[str]:

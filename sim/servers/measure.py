@@ -32,7 +32,7 @@ from sim.servers.openai_client import (
     served_model, server_config, sglang_server_info, stream_completion,
 )
 from sim.workloads.request import Request
-from sim.scenario import WorkloadSpec
+from sim.workloads.spec import WorkloadSpec
 from sim.workloads.shared_prefix import prompt_token_ids, rng_for, shared_prefix_stream
 
 COUNTERS = {

@@ -28,7 +28,8 @@ from sim.config import GIB
 from sim.studies import analytic
 from sim.routing.spec import router_overrides, split_router_spec
 from sim.runner import run
-from sim.scenario import Scenario, cpu_kv_gib, length_mean, with_cpu_kv_gib
+from sim.scenario import Scenario, cpu_kv_gib, with_cpu_kv_gib
+from sim.workloads.spec import length_mean
 from sim.results.summary import summarize
 from sim.studies.executor import Executor, using
 from sim.studies.tune import Objective, RunStore, TuneResult, tune

@@ -9,108 +9,22 @@ A knob names a router option (checked against the router's `parse_options`) or o
     key=LOW..HIGH:log     the same on a log scale           prefix_blocks=1..64:log        (LOW >= 1)
     key=a|b|c             one of the values (YAML scalars)  min_load_tie=first|fewest_processed, rebalancing=true|false
 
-Routers declare their default space as `search_space` (a tuple of knobs, `policies.base.RouterBase`); this module
-holds only the types, so that `policies` may import them.
+The knob types are `sim.routing.knobs`' (routers declare their default space with them); this module parses a
+space, checks it against a router and turns the cluster knobs into scenario overrides.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from sim.config import GIB
-from sim.routing.spec import option_value
-
-SYNTAX = "key=LOW:HIGH[:log] (float), key=LOW..HIGH[:log] (integer), key=a|b|c (choice), comma-separated"
+from sim.routing.knobs import SYNTAX, ChoiceKnob, FloatKnob, IntKnob, Knob, SearchSpace
+from sim.routing.spec import format_value, option_value
 
 CLUSTER_KNOBS = {"workers": "workers", "kv-gib": "GiB"}
 """Knobs that change the cluster rather than the router, with their units."""
-
-
-def format_value(value: Any) -> str:
-    """As `sim.routing.spec.router_label` writes an option value."""
-    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
-
-
-@dataclass(frozen=True, slots=True)
-class FloatKnob:
-    """A float option in [low, high] (log: sampled uniformly in log space, low > 0)."""
-
-    key: str
-    low: float
-    high: float
-    log: bool = False
-
-    def __post_init__(self) -> None:
-        if not (math.isfinite(self.low) and math.isfinite(self.high) and self.low < self.high):
-            raise ValueError(f"{self.key}: need LOW < HIGH, got {self.low:g}:{self.high:g} ({SYNTAX})")
-        if self.log and self.low <= 0:
-            raise ValueError(f"{self.key}: a log range needs LOW > 0, got {self.low:g} ({SYNTAX})")
-
-    @property
-    def extremes(self) -> tuple[float, ...]:
-        return (self.low, self.high)
-
-    def contains(self, value: Any) -> bool:
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and self.low <= value <= self.high
-
-    def text(self) -> str:
-        return f"{self.key}={self.low:g}:{self.high:g}" + (":log" if self.log else "")
-
-
-@dataclass(frozen=True, slots=True)
-class IntKnob:
-    """An integer option in low..high, both included (log: sampled in log space, low >= 1)."""
-
-    key: str
-    low: int
-    high: int
-    log: bool = False
-
-    def __post_init__(self) -> None:
-        if self.low >= self.high:
-            raise ValueError(f"{self.key}: need LOW < HIGH, got {self.low}..{self.high} ({SYNTAX})")
-        if self.log and self.low < 1:
-            raise ValueError(f"{self.key}: a log range needs LOW >= 1, got {self.low} ({SYNTAX})")
-
-    @property
-    def extremes(self) -> tuple[int, ...]:
-        return (self.low, self.high)
-
-    def contains(self, value: Any) -> bool:
-        return isinstance(value, int) and not isinstance(value, bool) and self.low <= value <= self.high
-
-    def text(self) -> str:
-        return f"{self.key}={self.low}..{self.high}" + (":log" if self.log else "")
-
-
-@dataclass(frozen=True, slots=True)
-class ChoiceKnob:
-    """One of `choices` (distinct YAML scalars: str, int, float, bool or None), in the order given."""
-
-    key: str
-    choices: tuple[Any, ...]
-
-    def __post_init__(self) -> None:
-        if len(self.choices) < 2 or len(set(map(repr, self.choices))) != len(self.choices):
-            raise ValueError(f"{self.key}: give two or more distinct choices a|b|..., got "
-                             f"{'|'.join(map(format_value, self.choices))} ({SYNTAX})")
-
-    @property
-    def extremes(self) -> tuple[Any, ...]:
-        return self.choices
-
-    def contains(self, value: Any) -> bool:
-        return any(type(value) is type(c) and value == c for c in self.choices)
-
-    def text(self) -> str:
-        return f"{self.key}=" + "|".join(map(format_value, self.choices))
-
-
-Knob = FloatKnob | IntKnob | ChoiceKnob
-SearchSpace = tuple[Knob, ...]
 
 
 def _number(key: str, text: str, kind: type) -> float | int:

@@ -39,13 +39,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from sim.routing.spec import router_label, split_router_spec
+from sim.routing.spec import format_value, router_label, split_router_spec
 from sim.runner import build_router, router_class
 from sim.scenario import Scenario
-from sim.studies.search_space import (
-    CLUSTER_KNOBS, GIB, FloatKnob, IntKnob, Knob, check_space, cluster_overrides, format_value, parse_space,
-    round_significant,
-)
+from sim.config import GIB
+from sim.routing.knobs import FloatKnob, IntKnob, Knob
+from sim.studies.search_space import CLUSTER_KNOBS, check_space, cluster_overrides, parse_space, round_significant
 from sim.studies.executor import Executor, using
 from sim.studies.sweep import SweepPoint, run_point
 

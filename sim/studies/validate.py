@@ -18,8 +18,6 @@ from sim.results.records import RunResult
 from sim.servers.run_csv import Run, RunSetup
 from sim.runner import run as simulate
 from sim.scenario import Scenario, ScenarioError
-from sim.engines.sglang.spec import SGLANG_VERSIONS
-from sim.engines.vllm.behaviour import parse_version
 from sim.workloads.shared_prefix import RequestStream, SharedPrefixRequests, with_token_identity
 
 METRICS = ("request_hit_rate", "full_hit_rate", "token_hit_rate", "ttft_p50_ms", "ttft_p99_ms",
@@ -71,7 +69,7 @@ def scenario_for_run(base: Scenario, run: Run, *, routing: str = "recorded") -> 
         "seed": s.seed,
         "reference": None,
     }
-    overrides.update(_sglang_engine(s) if kind == "sglang" else _vllm_engine(s))
+    overrides.update(base.engine.overrides_for_run(s))
     if routing == "recorded":
         router = {"router.name": "recorded", "router.options": {"workers": {r.request_id: r.worker for r in run.rows}}}
     elif routing == "simulated":
@@ -89,37 +87,6 @@ def scenario_for_run(base: Scenario, run: Run, *, routing: str = "recorded") -> 
                             f"{s.output_tokens} output tokens exceeds the {scenario.max_request_tokens} tokens a "
                             f"worker of the scenario accepts (engine.max_model_len, KV capacity)")
     return scenario
-
-
-def _vllm_engine(s: RunSetup) -> dict[str, object]:
-    """vLLM's engine overrides: the block count, the limits given, the version where kvsim knows it."""
-    overrides: dict[str, object] = {"engine.num_gpu_blocks_override": s.blocks_per_worker}
-    for field in ("max_num_batched_tokens", "max_num_seqs", "max_model_len"):
-        if getattr(s, field) is not None:
-            overrides[f"engine.{field}"] = getattr(s, field)
-    try:
-        parse_version(s.engine.version)
-        if s.engine.name == "vllm":
-            overrides["engine.vllm_version"] = s.engine.version
-    except ValueError:
-        pass  # an unknown version string: keep the scenario's rules
-    return overrides
-
-
-def _sglang_engine(s: RunSetup) -> dict[str, object]:
-    """SGLang's engine overrides: the KV slots (`engine.max_total_tokens` replaces the scenario's KV bytes) and every
-    server argument the sidecar gives; the version where kvsim has its rules."""
-    overrides: dict[str, object] = {"engine.max_total_tokens": s.kv_tokens_per_worker}
-    for field in ("page_size", "max_prefill_tokens", "max_running_requests", "schedule_policy",
-                  "radix_eviction_policy", "disable_overlap_schedule", "max_model_len"):
-        if getattr(s, field) is not None:
-            overrides[f"engine.{field}"] = getattr(s, field)
-    if s.chunked_prefill_size is not None:
-        # SGLang: -1 (or 0) disables chunked prefill; kvsim says null.
-        overrides["engine.chunked_prefill_size"] = s.chunked_prefill_size if s.chunked_prefill_size > 0 else None
-    if s.engine.version in SGLANG_VERSIONS:
-        overrides["engine.sglang_version"] = s.engine.version
-    return overrides
 
 
 def stream_for_run(run: Run, *, block_size: int) -> RequestStream:

@@ -1,1 +1,2 @@
-"""What is sent: the `Request` value, the shared-prefix workload generator and Mooncake traces."""
+"""What is sent: the `Request` value, the scenario's `workload:` section (`spec`), the shared-prefix workload generator
+(`shared_prefix`) and Mooncake traces (`traces`)."""

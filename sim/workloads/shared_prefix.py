@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from itertools import accumulate
 
 from sim.workloads.request import BlockHash, Request
-from sim.scenario import WorkloadSpec, sample_length
+from sim.workloads.spec import WorkloadSpec, sample_length
 from sim.workloads.traces import TraceRequest
 
 

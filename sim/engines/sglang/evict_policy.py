@@ -8,12 +8,19 @@ priority is evicted first. One registry, as SGLang's `get_eviction_strategy` (`m
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from sim.engines.sglang.radix_cache import TreeNode
 
-Priority = Callable[["TreeNode"], object]
+class TreeNode(Protocol):
+    """What a priority reads of a radix-tree node (`sim.engines.sglang.radix_cache.TreeNode`)."""
+
+    last_access_time: int
+    creation_time: int
+    hit_count: int
+    priority: int
+
+
+Priority = Callable[[TreeNode], object]
 
 
 def lru(node: TreeNode) -> object:

@@ -21,6 +21,7 @@ from enum import Enum
 from sim.engines.sglang.kv_pool import KvPool
 from sim.engines.sglang.radix_cache import RadixCache, TreeNode
 from sim.engines.sglang.request_state import SglangRequest
+from sim.engines.sglang.spec import SCHEDULE_POLICIES
 
 CLIP_MAX_NEW_TOKENS = 4096
 """`SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION`: the most output tokens admission reserves per request."""
@@ -29,11 +30,6 @@ WAITING_QUEUE_PREFIX_MATCH_MAX = 128
 WAITING_PREFIX_REFRESH_INTERVAL = 32
 IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD = 32
 IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD = 32
-
-SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight")
-"""`--schedule-policy` values kvsim reproduces (SGLang also has random, lof, priority, routing-key, hrrn and
-shortest-prefill-first)."""
-
 
 class AddReqResult(Enum):
     CONTINUE = 0

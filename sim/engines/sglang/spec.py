@@ -12,9 +12,12 @@ from pydantic import Field
 
 from sim.config import ConfigModel
 from sim.engines.sglang.evict_policy import EVICTION_POLICIES
-from sim.engines.sglang.schedule_policy import SCHEDULE_POLICIES
 
 SGLANG_VERSIONS = ("0.5.23",)
+
+SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight")
+"""`--schedule-policy` values kvsim reproduces (`schedule_policy.py`; SGLang also has random, lof, priority,
+routing-key, hrrn and shortest-prefill-first)."""
 
 EvictionPolicy = Literal[tuple(EVICTION_POLICIES)]  # type: ignore[valid-type]
 SchedulePolicyName = Literal[SCHEDULE_POLICIES]  # type: ignore[valid-type]
@@ -97,3 +100,19 @@ class SglangEngineSpec(ConfigModel):
         if blocks is not None:
             return {"engine.max_total_tokens": blocks * self.page_size}
         return {"engine.kv_cache_bytes": kv_bytes, "engine.max_total_tokens": None}
+
+    def overrides_for_run(self, setup) -> dict[str, object]:
+        """Scenario overrides (dotted paths) that give a worker a measured run's SGLang setup (`setup`: a
+        `sim.servers.run_csv.RunSetup`): its KV slots (`engine.max_total_tokens` replaces the KV bytes), every server
+        argument the sidecar gives, its version where kvsim has its rules."""
+        overrides: dict[str, object] = {"engine.max_total_tokens": setup.kv_tokens_per_worker}
+        for field in ("page_size", "max_prefill_tokens", "max_running_requests", "schedule_policy",
+                      "radix_eviction_policy", "disable_overlap_schedule", "max_model_len"):
+            if getattr(setup, field) is not None:
+                overrides[f"engine.{field}"] = getattr(setup, field)
+        if setup.chunked_prefill_size is not None:
+            # SGLang: -1 (or 0) disables chunked prefill; kvsim says null.
+            overrides["engine.chunked_prefill_size"] = setup.chunked_prefill_size if setup.chunked_prefill_size > 0 else None
+        if setup.engine.version in SGLANG_VERSIONS:
+            overrides["engine.sglang_version"] = setup.engine.version
+        return overrides

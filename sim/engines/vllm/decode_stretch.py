@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from sim.engines.interface import StepTimeModel
 from sim.engines.stretch import MIN_STEPS, StretchTiming
-from sim.engines.vllm.kv_cache_manager import cdiv
+from sim.engines.vllm.math_utils import cdiv
 from sim.engines.vllm.request_state import RequestState
 from sim.engines.vllm.scheduler import Scheduler
 

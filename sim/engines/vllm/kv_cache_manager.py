@@ -11,12 +11,9 @@ from collections.abc import Sequence
 from sim.engines.event_feed import EventFeed
 from sim.engines.interface import CacheEvent, CacheListener, PrefixCacheStats
 from sim.engines.vllm.block_pool import BlockPool
+from sim.engines.vllm.math_utils import cdiv
 from sim.engines.vllm.request_state import RequestState
 from sim.workloads.request import BlockHash, Request
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 class KVCacheManager:

@@ -8,7 +8,7 @@ from pydantic import Field, field_validator
 
 from sim.config import ConfigModel
 from sim.engines.vllm.behaviour import DEFAULT_VLLM_VERSION, parse_version
-from sim.engines.vllm.kv_cache_manager import cdiv
+from sim.engines.vllm.math_utils import cdiv
 
 
 class VllmEngineSpec(ConfigModel):
@@ -91,3 +91,18 @@ class VllmEngineSpec(ConfigModel):
         if blocks is not None:
             return {"engine.num_gpu_blocks_override": blocks}
         return {"engine.kv_cache_bytes": kv_bytes, "engine.num_gpu_blocks_override": None}
+
+    def overrides_for_run(self, setup) -> dict[str, object]:
+        """Scenario overrides (dotted paths) that give a worker a measured run's vLLM setup (`setup`: a
+        `sim.servers.run_csv.RunSetup`): its block count, the limits it gives, its version where kvsim knows it."""
+        overrides: dict[str, object] = {"engine.num_gpu_blocks_override": setup.blocks_per_worker}
+        for field in ("max_num_batched_tokens", "max_num_seqs", "max_model_len"):
+            if getattr(setup, field) is not None:
+                overrides[f"engine.{field}"] = getattr(setup, field)
+        try:
+            parse_version(setup.engine.version)
+            if setup.engine.name == "vllm":
+                overrides["engine.vllm_version"] = setup.engine.version
+        except ValueError:
+            pass  # an unknown version string: keep the scenario's rules
+        return overrides

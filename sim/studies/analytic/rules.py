@@ -2,18 +2,9 @@
 
 from __future__ import annotations
 
-def capacity_requests(kv_cache_bytes: float, kv_bytes_per_token: float, prompt_tokens: float) -> float:
-    """C: how many whole prompts one worker's KV cache holds, KV tokens per worker / prompt tokens.
+from sim.scenario import capacity_requests
 
-    Assumes the whole KV budget is cache (no blocks held by running requests, no block rounding, no output tokens).
-    The reference worker: 1 GiB / 114,688 B per token / 2,371 tokens = 3.95 prompts.
-    """
-    if kv_cache_bytes <= 0 or kv_bytes_per_token <= 0 or prompt_tokens <= 0:
-        raise ValueError(
-            f"capacity_requests needs positive inputs, got kv_cache_bytes={kv_cache_bytes}, "
-            f"kv_bytes_per_token={kv_bytes_per_token}, prompt_tokens={prompt_tokens}"
-        )
-    return kv_cache_bytes / kv_bytes_per_token / prompt_tokens
+__all__ = ["capacity_requests", "first_visit_misses", "formula_hit_rate"]
 
 
 def formula_hit_rate(capacity_requests: float, prefixes: int) -> float:

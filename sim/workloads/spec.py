@@ -1,0 +1,127 @@
+"""The `workload:` section of a scenario: a shared-prefix workload's shape, and the token-length distributions it
+draws from (`sim.workloads.shared_prefix` turns it into requests)."""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from sim.config import ConfigModel
+
+
+class LengthSpec(ConfigModel):
+    """A token-length distribution (a plain integer in a scenario means a fixed length).
+
+    uniform: integers in [low, high]; normal / lognormal: mean and sd in tokens, rounded and clipped to [low, high]
+    (lognormal is parameterised by the mean and sd of the length itself, not of its logarithm).
+    """
+
+    kind: Literal["uniform", "normal", "lognormal"] = Field(description="Distribution family.")
+    low: int = Field(ge=1, description="Smallest length (tokens).")
+    high: int = Field(ge=1, description="Largest length (tokens).")
+    mean: float | None = Field(None, gt=0, description="Mean length (normal, lognormal).")
+    sd: float | None = Field(None, ge=0, description="Standard deviation (normal, lognormal).")
+
+    @model_validator(mode="after")
+    def _check(self) -> LengthSpec:
+        if self.high < self.low:
+            raise ValueError(f"high ({self.high}) must be >= low ({self.low})")
+        if self.kind != "uniform" and (self.mean is None or self.sd is None):
+            raise ValueError(f"a {self.kind} length needs mean and sd")
+        return self
+
+
+Length = int | LengthSpec
+
+
+def length_min(length: Length) -> int:
+    return length if isinstance(length, int) else length.low
+
+
+def length_mean(length: Length) -> float:
+    if isinstance(length, int):
+        return float(length)
+    if length.kind == "uniform":
+        return (length.low + length.high) / 2
+    return float(min(max(length.mean, length.low), length.high))  # clipping moves it little; a screen, not exact
+
+
+def length_max(length: Length) -> int:
+    return length if isinstance(length, int) else length.high
+
+
+def sample_length(length: Length, rng) -> int:
+    """One length drawn with `rng` (a random.Random)."""
+    if isinstance(length, int):
+        return length
+    if length.kind == "uniform":
+        value = rng.randint(length.low, length.high)
+    elif length.kind == "normal":
+        value = round(rng.gauss(length.mean, length.sd))
+    else:
+        sigma2 = math.log(1 + (length.sd / length.mean) ** 2)
+        value = round(rng.lognormvariate(math.log(length.mean) - sigma2 / 2, math.sqrt(sigma2)))
+    return min(max(value, length.low), length.high)
+
+
+class WorkloadSpec(ConfigModel):
+    """A shared-prefix workload: N prefixes with a popularity, each request a prefix + its own tail + outputs.
+
+    The reference experiment is the special case of uniform popularity, fixed lengths and a closed loop.
+    """
+
+    prefixes: int = Field(ge=1, description="Distinct shared prefixes N.")
+    popularity: Literal["uniform", "zipf", "weights"] = Field("uniform", description="How a request's prefix is drawn.")
+    zipf_exponent: float = Field(1.0, ge=0, description="Zipf exponent s (popularity of rank k proportional to k^-s).")
+    weights: list[float] | None = Field(None, description="Explicit relative popularity per prefix (popularity: weights).")
+    prefix_tokens: Length = Field(description="Tokens of each shared prefix (drawn once per prefix if a distribution).")
+    tail_tokens: Length = Field(description="Tokens of each request's unique tail (after the prefix).")
+    output_tokens: Length = Field(description="Output tokens per request (max_tokens, EOS ignored).")
+    min_requests: int = Field(200, ge=1, description="Measured requests = max(min_requests, requests_per_prefix x N).")
+    requests_per_prefix: int = Field(20, ge=0, description="See min_requests.")
+    warmup_per_prefix: int = Field(1, ge=0, description="Warm-up requests per prefix, sent one at a time first, excluded from statistics.")
+    discard_first: int = Field(0, ge=0, description="Measured requests at the start also excluded from statistics (steady state).")
+    concurrency: int = Field(8, ge=1, description="Closed loop: requests kept in flight (unless arrival_rate_rps is set).")
+    arrival_rate_rps: float | None = Field(None, gt=0, description="Open loop: Poisson arrivals at this rate (requests/s) instead of a closed loop.")
+
+    @model_validator(mode="after")
+    def _check(self) -> WorkloadSpec:
+        for name, least in (("prefix_tokens", 0), ("tail_tokens", 0), ("output_tokens", 1)):
+            if length_min(getattr(self, name)) < least:
+                raise ValueError(f"{name} must be >= {least} tokens, got {getattr(self, name)}")
+        if length_min(self.prefix_tokens) + length_min(self.tail_tokens) < 1:
+            raise ValueError("a prompt needs at least one token: prefix_tokens + tail_tokens must be >= 1")
+        if self.popularity == "weights":
+            if self.weights is None or len(self.weights) != self.prefixes:
+                raise ValueError(f"popularity 'weights' needs one weight per prefix ({self.prefixes})")
+            if any(w < 0 for w in self.weights) or sum(self.weights) <= 0:
+                raise ValueError("weights must be >= 0 with a positive sum")
+        if self.discard_first >= self.num_requests:
+            raise ValueError(f"discard_first ({self.discard_first}) leaves no measured request of {self.num_requests}")
+        return self
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Mean prompt length (tokens), rounded."""
+        return round(length_mean(self.prefix_tokens) + length_mean(self.tail_tokens))
+
+    @property
+    def max_request_tokens(self) -> int:
+        return length_max(self.prefix_tokens) + length_max(self.tail_tokens) + length_max(self.output_tokens)
+
+    @property
+    def num_requests(self) -> int:
+        return max(self.min_requests, self.requests_per_prefix * self.prefixes)
+
+    def popularity_weights(self) -> list[float]:
+        """Probability of each prefix id (rank order: prefix 0 is the most popular under Zipf)."""
+        if self.popularity == "uniform":
+            raw = [1.0] * self.prefixes
+        elif self.popularity == "zipf":
+            raw = [(k + 1) ** -self.zipf_exponent for k in range(self.prefixes)]
+        else:
+            raw = list(self.weights)
+        total = sum(raw)
+        return [w / total for w in raw]
