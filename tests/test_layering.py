@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support.paths import REPO
 
 
 def lint(root: Path) -> subprocess.CompletedProcess:
@@ -25,12 +25,12 @@ def lint(root: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(root)}
     return subprocess.run(
         [sys.executable, "-c", "from importlinter.cli import lint_imports_command; lint_imports_command()",
-         "--config", str(ROOT / "pyproject.toml"), "--no-cache"],
+         "--config", str(REPO / "pyproject.toml"), "--no-cache"],
         cwd=root, env=env, capture_output=True, text=True, timeout=300)
 
 
 def test_the_code_keeps_every_contract():
-    result = lint(ROOT)
+    result = lint(REPO)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "5 kept, 0 broken" in result.stdout
 
@@ -46,7 +46,7 @@ def test_the_code_keeps_every_contract():
         "cycle-in-cluster"])
 def test_a_copy_that_breaks_a_contract_fails(tmp_path, module, line, broken):
     for package in ("sim", "policies"):
-        shutil.copytree(ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(REPO / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
     target = tmp_path / module
     text = target.read_text()
     head, sep, rest = text.partition("from __future__ import annotations\n")

@@ -9,7 +9,9 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+from tests.support.paths import REPO
+
+NOTEBOOKS = REPO / "notebooks"
 # What each notebook must print once executed: a line of each of its analyses.
 EXPECTED = {
     "capacity_planning.ipynb": ("GiB per worker", "block model", "GiB host KV per worker", "of host KV per worker"),
@@ -26,6 +28,7 @@ def test_notebook_is_stored_without_outputs(name):
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
+@pytest.mark.slow
 def test_notebook_runs_top_to_bottom(name):
     path = NOTEBOOKS / name
     nb = nbformat.read(path, as_version=4)

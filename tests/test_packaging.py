@@ -6,7 +6,9 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.support.paths import REPO
+
+REPO = REPO
 
 
 def test_every_package_folder_is_listed_in_pyproject():

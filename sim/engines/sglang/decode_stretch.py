@@ -13,7 +13,7 @@ and their times form an arithmetic series (`sim.engines.stretch`). The stretch s
 request's last token, so every finish, every exclusion and every admission is stepped as usual. An arrival cuts
 the stretch after the batch in progress, where SGLang's next iteration would ingest it; the state is then the
 stepped one exactly, the next batch (overlap: D_{j+1}) formed and launched. Checked against stepping in
-`tests/test_sglang_engine.py`.
+`tests/engines/sglang/test_sglang_engine.py`.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Mirrors `python/sglang/srt/mem_cache/radix_cache.py` (`RadixCache`, `TreeNode`) operation for operation, with
 kvsim's token identities (`sim.engines.sglang.tokens`) in place of token ids and a token count in place of the KV
 index tensors (which slot holds a token changes no hit and no eviction). Checked against SGLang's own class by
-`tests/test_sglang_tree_oracle.py`.
+`tests/engines/sglang/test_sglang_tree_oracle.py`.
 
 Contract, as upstream:
 * `match_prefix(key)` returns the longest cached prefix of the page-aligned key (a multiple of `page_size`

@@ -1,0 +1,130 @@
+"""The command line: outputs, files, and one-line errors for bad input (no traceback, non-zero exit)."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+from click.testing import CliRunner
+
+from sim.cli import main
+from sim.scenario import ScenarioError, load_scenario
+
+REQUIRED = ["workers", "prefixes", "concurrency", "router", "repeat", "requests", "request_hit_rate",
+            "full_hit_rate", "token_hit_rate", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "throughput_rps"]
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+@pytest.mark.slow
+def test_sweep_writes_summary_and_figure(tmp_path):
+    out = tmp_path / "out"
+    res = invoke("sweep", "--prefixes", "2,7", "--workers", "3", "--concurrency", "4", "--router", "random,kv-aware",
+                 "--repeats", "2", "--jobs", "1", "--out", str(out))
+    assert res.exit_code == 0, res.output
+    assert "formula" in res.output and "measured" in res.output
+    rows = list(csv.DictReader((out / "summary.csv").open()))
+    assert len(rows) == 2 * 2 * 2
+    assert set(REQUIRED) <= set(rows[0])
+    assert {(r["prefixes"], r["router"], r["repeat"]) for r in rows} == {
+        (n, r, k) for n in ("2", "7") for r in ("random", "kv-aware") for k in ("0", "1")}
+    for name in ("hit_rate.png", "ttft_cdf.png"):
+        png = (out / name).read_bytes()
+        assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000, name
+
+
+def test_sweep_shows_the_measured_value_and_the_formula():
+    res = invoke("sweep", "--prefixes", "2", "--workers", "6", "--concurrency", "4", "--jobs", "1")
+    assert res.exit_code == 0, res.output
+    line = next(l for l in res.output.splitlines() if "│" in l and " 2 " in l and "random" in l)
+    assert "0.950" in line  # simulated (exactly the first-visit misses) and measured
+    assert "1.000" in line  # the formula min(1, 3.95/2)
+    assert "RMSE" in res.output
+
+
+def test_run_writes_one_row_and_the_requests(tmp_path):
+    res = invoke("run", "--prefixes", "7", "--workers", "3", "--concurrency", "4", "--out", str(tmp_path))
+    assert res.exit_code == 0, res.output
+    rows = list(csv.DictReader((tmp_path / "summary.csv").open()))
+    assert len(rows) == 1 and rows[0]["workers"] == "3" and set(REQUIRED) <= set(rows[0])
+    requests = list(csv.DictReader((tmp_path / "requests.csv").open()))
+    assert len(requests) == 200 + 7
+    assert sum(r["warmup"] == "True" for r in requests) == 7
+
+
+@pytest.mark.parametrize("args,message", [
+    (["sweep", "--prefixes", "2,x"], "'2,x' is not a comma-separated list of whole numbers"),
+    (["sweep", "--prefixes", "0"], "every value must be a whole number >= 1"),
+    (["sweep", "--prefixes", "2", "--router", "magic"], "unknown router magic; allowed: "),
+    (["sweep", "--prefixes", "2", "--scenario", "/nonexistent.yaml"], "scenario file '/nonexistent.yaml' does not exist"),
+    (["sweep", "--prefixes", "2", "--repeats", "0"], "--repeats"),
+    (["run", "--workers", "0"], "--workers"),
+    (["sweep", "--prefixes", "2", "--router", "kv-aware:state=eventz"],
+     "kv-aware:state=eventz: state: Input should be 'exact', 'events' or 'approximate'"),
+    (["sweep", "--prefixes", "2", "--router", "kv-aware:bogus=1,random"], "bogus: Extra inputs are not permitted"),
+    (["sweep", "--prefixes", "2", "--router", "kv-aware:"], "nothing after ':'"),
+    (["run", "--router", "p2c:temperature=1"], "options of p2c:"),
+    (["sweep", "--prefixes", "2", "--router", "kv-aware:state=events,event_lag_s=-1"], "event_lag_s"),
+])
+def test_bad_input_is_one_clear_line_and_a_nonzero_exit(args, message):
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code != 0
+    assert message in res.output
+    assert "Traceback" not in res.output
+
+
+def test_router_options_the_cluster_contradicts_are_one_line(tmp_path):
+    # One event lag per worker, but two lags for a three-worker cluster: found before any run.
+    path = tmp_path / "s.yaml"
+    path.write_text("name: s\nmodel: {kv_bytes_per_token: 114688}\nengine: {kind: vllm, kv_cache_bytes: 1073741824}\n"
+                    "workload: {prefixes: 4, prefix_tokens: 2032, tail_tokens: 339, output_tokens: 64, concurrency: 2}\n"
+                    "router: 'kv-aware:state=events'\ncluster: {workers: 3}\n")
+    text = path.read_text().replace("'kv-aware:state=events'", "{name: kv-aware, options: {state: events, event_lag_s: [0.1, 0.2]}}")
+    path.write_text(text)
+    for args in (["sweep", "--scenario", str(path), "--prefixes", "4"], ["run", str(path)]):
+        res = CliRunner().invoke(main, args)
+        assert res.exit_code != 0 and "Traceback" not in res.output, res.output
+        assert "event_lag_s: give one lag >= 0 per worker (3), got [0.1, 0.2]" in res.output
+
+
+def test_bad_scenario_file_names_the_field(tmp_path):
+    scenario, path = load_scenario()
+    text = path.read_text().replace("block_size: 16", "block_size: -3")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text)
+    res = CliRunner().invoke(main, ["run", str(bad)])
+    assert res.exit_code != 0
+    assert "engine.block_size: Input should be greater than or equal to 1" in res.output
+    assert "Traceback" not in res.output
+
+
+def test_nothing_written_when_input_is_bad(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "summary.csv").write_text("keep me\n")
+    res = CliRunner().invoke(main, ["sweep", "--prefixes", "2", "--router", "nope", "--out", str(out)])
+    assert res.exit_code != 0
+    assert (out / "summary.csv").read_text() == "keep me\n"
+
+
+def test_scenario_overrides_are_validated():
+    scenario, _ = load_scenario()
+    with pytest.raises(ScenarioError, match="one request needs 153 blocks but a worker has 99 usable: "
+                                            "raise engine.kv_cache_bytes"):
+        scenario.with_overrides(**{"engine.kv_cache_bytes": 100 * 16 * 114688})
+    with pytest.raises(ScenarioError, match="one request needs 153 blocks but a worker has 99 usable: "
+                                            "raise engine.num_gpu_blocks_override"):
+        scenario.with_overrides(**{"engine.num_gpu_blocks_override": 100})
+    with pytest.raises(ScenarioError, match="cluster.workers: Input should be greater than or equal to 1"):
+        scenario.with_overrides(**{"cluster.workers": 0})
+
+
+def test_help_explains_every_option():
+    res = invoke("sweep", "--help")
+    for option in ("--scenario", "--prefixes", "--workers", "--concurrency", "--router", "--repeats", "--seed",
+                   "--jobs", "--out"):
+        assert option in res.output
+    assert "routers" in invoke("--help").output
+    assert "kv-aware" in invoke("routers").output

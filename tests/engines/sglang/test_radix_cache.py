@@ -1,0 +1,170 @@
+"""The radix tree in tiny narrated scenarios with exact expected state, and against a naive model."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim.engines.sglang.radix_cache import RadixCache
+from sim.engines.sglang.tokens import Tokens, prompt_tokens
+from sim.workloads.request import Request
+
+P7 = ("p", 7)
+
+
+def toks(*runs) -> Tokens:
+    """Tokens from (key, n) runs starting at offset 0, or (key, start, n) runs."""
+    return Tokens([r if len(r) == 3 else (r[0], 0, r[1]) for r in runs])
+
+
+def test_tokens_are_runs_with_token_exact_slices_and_matches():
+    a = toks((P7, 2032), ("u", 339))
+    assert len(a) == 2371 and a.slice(2000, 2040).runs == ((P7, 2000, 32), ("u", 0, 8))
+    b = toks((P7, 2032), ("v", 10))
+    assert a.match(b) == 2032 and b.match(a, 0) == 2032
+    assert toks((P7, 100)).match(a) == 100  # a shorter prefix matches in full
+    assert a.slice(0, 5).match(a.slice(1)) == 0  # shifted tokens are other tokens
+    # canonical: a run cut in two pieces is the same sequence
+    assert Tokens([(P7, 0, 10), (P7, 10, 5)]) == toks((P7, 15))
+    assert a.page_key(2030, 4) == ((P7, 2030, 2), ("u", 0, 2)) and a.page_key(5, 1) == (P7, 5)
+
+
+def test_prompt_tokens_fall_back_to_block_hashes():
+    r = Request(3, 40, 1, block_hashes=(("p", 1, 0), ("p", 1, 1)))
+    t = prompt_tokens(r, 16)
+    assert len(t) == 40 and t.token(17) == (("p", 1, 1), 1) and t.token(33) == (("tail", 3), 1)
+    runs = Request(4, 40, 1, (), token_runs=((P7, 30), ("u4", 10)))
+    assert prompt_tokens(runs, 16).runs == ((P7, 0, 30), ("u4", 0, 10))
+
+
+def test_a_match_inside_a_node_splits_it_and_stamps_the_path():
+    # One prompt in the tree; a second prompt with the same 2,032-token prefix and another tail matches 2,032 tokens
+    # and splits the node there: root -> [prefix 2032] -> [tail 339].
+    c = RadixCache()
+    c.insert(toks((P7, 2032), ("u1", 339)))
+    assert c.evictable_size() == 2371
+    n, node = c.match_prefix(toks((P7, 2032), ("u2", 100)))
+    assert n == 2032 and len(node.key) == 2032 and len(node.children) == 1
+    assert [len(ch.key) for ch in node.children.values()] == [339]
+    # the prefix node was created by the split, after the match stamped the tail: it is newer
+    (tail,) = node.children.values()
+    assert node.last_access_time > tail.last_access_time
+    c.check_invariants()
+
+
+def test_insert_returns_what_was_there_and_adds_one_leaf():
+    c = RadixCache()
+    assert c.insert(toks((P7, 2032), ("u1", 339)))[0] == 0
+    prefix_len, leaf = c.insert(toks((P7, 2032), ("u2", 5)))
+    assert prefix_len == 2032 and len(leaf.key) == 5 and c.total_size() == 2032 + 339 + 5
+    assert c.insert(toks((P7, 2032), ("u2", 5)))[0] == 2037  # a duplicate adds nothing
+    assert c.total_size() == 2376
+
+
+def test_locked_paths_are_protected_and_eviction_takes_old_leaves_first():
+    # Three prompts on one prefix: A (oldest), B (locked), C (newest). Evicting 1 token takes A's tail whole (339);
+    # evicting more takes C's tail, then nothing else (the prefix is B's path, locked).
+    c = RadixCache()
+    c.insert(toks((P7, 2032), ("a", 339)))
+    _, b = c.insert(toks((P7, 2032), ("b", 100)))
+    c.insert(toks((P7, 2032), ("c", 50)))
+    assert c.inc_lock_ref(b) == -(100 + 2032)
+    assert (c.evictable_size(), c.protected_size()) == (389, 2132)
+    assert c.evict(1) == 339
+    assert c.evict(10**6) == 50
+    assert c.total_size() == 2132 and c.evictable_size() == 0
+    # unlocked, the tree is eaten from the tip: b's tail, then the prefix (a parent pushed once its leaf is gone)
+    assert c.dec_lock_ref(b) == 2132
+    assert c.evict(101) == 2132 and c.total_size() == 0
+    c.check_invariants()
+
+
+def test_pages_round_matches_and_inserts_down():
+    c = RadixCache(page_size=16)
+    c.insert(toks((P7, 100)))  # 96 tokens go in: 6 pages
+    assert c.total_size() == 96
+    assert c.match_prefix(toks((P7, 50), ("x", 20)))[0] == 48  # diverges inside page 4: 3 whole pages
+    assert c.peek_prefix(toks((P7, 100))) == 96
+
+
+def test_peek_changes_nothing():
+    c = RadixCache()
+    c.insert(toks((P7, 200)))
+    before = [(n.last_access_time, len(n.key)) for n in c.root_node.children.values()]
+    assert c.peek_prefix(toks((P7, 100), ("z", 3))) == 100
+    assert [(n.last_access_time, len(n.key)) for n in c.root_node.children.values()] == before  # no split, no stamp
+
+
+def test_lfu_keeps_the_node_hit_more_often():
+    c = RadixCache(eviction_policy="lfu")
+    c.insert(toks(("a", 10)))
+    c.insert(toks(("b", 10)))
+    c.insert(toks(("a", 10)))  # a second insert counts a hit on a's node
+    evicted = []
+    delete = c._delete_leaf
+    c._delete_leaf = lambda node: (evicted.append(node.key.runs[0][0]), delete(node))
+    c.evict(1)
+    assert evicted == ["b"]  # LRU would have taken a, inserted first
+
+
+def test_events_report_stored_nodes_and_removed_nodes_page_by_page():
+    c = RadixCache(page_size=4)
+    c.events = []
+    c.insert(toks((P7, 8)))
+    c.insert(toks((P7, 8), ("u", 4)))
+    c.evict(4)
+    kinds = [(e.kind, len(e.block_hashes), e.parent_hash is not None) for e in c.events]
+    assert kinds == [("stored", 2, False), ("stored", 1, True), ("removed", 1, False)]
+    assert c.events[1].parent_hash == c.events[0].block_hashes[-1]
+
+
+# ---------------------------------------------------------------------------------------------- naive model
+KEYS = st.sampled_from(["a", "b", "c"])
+SEQ = st.lists(st.tuples(KEYS, st.integers(0, 3), st.integers(1, 6)), min_size=1, max_size=4)
+
+
+def _naive_match(paths: list[Tokens], key: Tokens) -> int:
+    """Longest common prefix of `key` with any root-to-leaf path (what a trie of whole sequences answers)."""
+    return max((p.match(key) for p in paths), default=0)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["insert", "match", "evict", "lock"]), SEQ, st.integers(1, 30)),
+                max_size=40),
+       st.sampled_from([1, 2]))
+@pytest.mark.slow
+def test_tree_matches_a_naive_trie_of_its_paths(ops, page_size):
+    c = RadixCache(page_size=page_size)
+    locked = []
+    for kind, seq, n in ops:
+        key = Tokens(seq)
+        if kind == "insert":
+            c.insert(key)
+        elif kind == "evict":
+            before = c.total_size()
+            freed = c.evict(n)
+            assert c.total_size() == before - freed
+            assert freed >= min(n, before - c.protected_size()) or c.evictable_size() == 0
+        elif kind == "lock":
+            _, node = c.match_prefix(key)
+            c.inc_lock_ref(node)
+            locked.append(node)
+        leaves = []
+        stack = [c.root_node]
+        while stack:
+            node = stack.pop()
+            if not node.children and node is not c.root_node:
+                leaves.append(c.path_tokens(node))
+            stack.extend(node.children.values())
+        expected = _naive_match(leaves, c.page_aligned(key))
+        expected = expected // page_size * page_size
+        assert c.peek_prefix(key) == expected
+        if kind == "match":
+            assert c.match_prefix(key)[0] == expected
+        c.check_invariants()
+    for node in locked:
+        c.dec_lock_ref(node)
+    assert c.protected_size() == 0
+    c.evict(10**6)
+    assert c.total_size() == 0
