@@ -4,8 +4,8 @@ Scheduler / KVCacheManager / BlockPool on CPU, without weights.
 
 Run it with the oracle venv's interpreter (see README.md in this folder):
 
-    .venv-vllm-oracle/bin/python benchmarks/vllm-oracle/oracle.py stream.json > out.json
-    .venv-vllm-oracle/bin/python benchmarks/vllm-oracle/oracle.py < stream.json > out.json
+    .venv-vllm-oracle/bin/python benchmarks/oracles/vllm/oracle.py stream.json > out.json
+    .venv-vllm-oracle/bin/python benchmarks/oracles/vllm/oracle.py < stream.json > out.json
 
 Input: one JSON object (stdin, or the file named by the first argument):
 
@@ -46,7 +46,7 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 
 DEFAULT_MODEL_DIR = (
-    Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "qwen3-0.6b"
+    Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "qwen3-0.6b"
 )
 VOCAB_SIZE = 151936
 DEFAULTS = {

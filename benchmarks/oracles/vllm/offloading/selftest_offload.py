@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""Self-test of offload_oracle.py against behaviours in vllm-0.33-offloading-rules.md.
+"""Self-test of offload_oracle.py against behaviours in vllm-0.33-offloading-rules.md
+(benchmarks/vllm-oracle/offloading/).
 
 Any Python 3 (no vLLM import here); the oracle runs as a subprocess under $KVSIM_VLLM_PYTHON, else
-<repo>/.venv-vllm-oracle/bin/python, else /work/main/.venv-vllm-oracle/bin/python.
+<repo>/.venv-vllm-oracle/bin/python.
 
-    python3 benchmarks/vllm-oracle/offloading/selftest_offload.py            # run and check
-    python3 benchmarks/vllm-oracle/offloading/selftest_offload.py --write DIR # also save streams + outputs
+    python3 benchmarks/oracles/vllm/offloading/selftest_offload.py            # run and check
+    python3 benchmarks/oracles/vllm/offloading/selftest_offload.py --write DIR # also save streams + outputs
 
 All streams: block_size 16, one worker, one_at_a_time, one 1-layer bf16 KV block = 65,536 B, so a CPU chunk
 (one GPU block) is 65,536 B and cpu_bytes = n * 65536 gives exactly n chunks.
@@ -21,7 +22,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ORACLE = HERE.parent / "offload_oracle.py"
-REPO = HERE.parents[2]
+REPO = HERE.parents[3]
 CHUNK = 65536
 
 
@@ -137,11 +138,8 @@ def check(name: str, out: dict) -> list[str]:
 
 def main() -> int:
     py = os.environ.get("KVSIM_VLLM_PYTHON")
-    if not py:
-        for cand in (REPO / ".venv-vllm-oracle/bin/python", Path("/work/main/.venv-vllm-oracle/bin/python")):
-            if cand.exists():
-                py = str(cand)
-                break
+    if not py and (REPO / ".venv-vllm-oracle/bin/python").exists():
+        py = str(REPO / ".venv-vllm-oracle/bin/python")
     if not py:
         sys.exit("no oracle venv: set KVSIM_VLLM_PYTHON")
     write = None

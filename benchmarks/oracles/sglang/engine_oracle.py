@@ -3,8 +3,8 @@
 
 Run it with the SGLang side venv's interpreter (nothing is installed into it; see README.md, "Engine oracle"):
 
-    .venv-sglang/bin/python benchmarks/sglang-oracle/engine_oracle.py stream.json > result.json
-    .venv-sglang/bin/python benchmarks/sglang-oracle/engine_oracle.py < stream.json > result.json
+    .venv-sglang/bin/python benchmarks/oracles/sglang/engine_oracle.py stream.json > result.json
+    .venv-sglang/bin/python benchmarks/oracles/sglang/engine_oracle.py < stream.json > result.json
 
 What runs is SGLang's code: `Scheduler.get_next_batch_to_run` (hence `_get_new_batch_prefill_raw` with
 `SchedulePolicy` + `PrefillAdder`, `update_running_batch` with `check_decode_mem` + `retract_decode`),

@@ -3,7 +3,7 @@
 
 Run with the side venv (nothing is installed into it):
 
-    /work/main/.venv-sglang/bin/python benchmarks/sglang-oracle/probe_classes.py
+    .venv-sglang/bin/python benchmarks/oracles/sglang/probe_classes.py      # from the repository root
 
 What it shows (see sglang-0.5.23-semantics.md §10):
   1. a ServerArgs published through runtime_context is all the global state needed;

@@ -5,8 +5,8 @@ Runs with any Python 3 (no vLLM import here); oracle.py is run as a subprocess
 under the oracle venv's interpreter: $KVSIM_VLLM_PYTHON, else
 <repo>/.venv-vllm-oracle/bin/python.
 
-    python3 benchmarks/vllm-oracle/selftest.py            # run and check
-    python3 benchmarks/vllm-oracle/selftest.py --write DIR # also save streams + outputs
+    python3 benchmarks/oracles/vllm/selftest.py            # run and check
+    python3 benchmarks/oracles/vllm/selftest.py --write DIR # also save streams + outputs
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[1]
+REPO = HERE.parents[2]
 VOCAB = 151936
 
 

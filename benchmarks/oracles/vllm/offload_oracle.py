@@ -3,7 +3,7 @@
 
 Same input as oracle.py plus an optional "offload" object; see offloading/README.md.
 
-    .venv-vllm-oracle/bin/python benchmarks/vllm-oracle/offload_oracle.py stream.json > out.json
+    .venv-vllm-oracle/bin/python benchmarks/oracles/vllm/offload_oracle.py stream.json > out.json
 
 Without "offload" the stream is handed to oracle.py's own _validate() and run() unchanged, so the output is
 byte-for-byte oracle.py's. With "offload", every worker's Scheduler is built with

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Example request streams for engine_oracle.py, and a checker that runs the oracle on them.
 
-    python3 benchmarks/sglang-oracle/example_streams.py [--out DIR]      # write the streams (default /tmp/...)
-    python3 benchmarks/sglang-oracle/example_streams.py --run [--only NAME ...] [--cross] [--twice]
+    python3 benchmarks/oracles/sglang/example_streams.py [--out DIR]      # write the streams (default: see below)
+    python3 benchmarks/oracles/sglang/example_streams.py --run [--only NAME ...] [--cross] [--twice]
 
-Streams are written to DIR (default /tmp/sglang-engine-oracle-examples), never into the repository. --run also
+Streams are written to DIR (default sglang-engine-oracle-examples in the temporary directory, $TMPDIR), never into
+the repository. --run also
 runs the oracle on every stream (interpreter: $KVSIM_SGLANG_PYTHON, else .venv-sglang/bin/python), prints a short
 summary per stream and checks the behaviours sglang-0.5.23-semantics.md documents (exit 1 if a check fails).
 --cross reruns every stream with tree_cache "radix" and "unified-python" and requires the same decisions and the
@@ -19,14 +20,15 @@ import os
 import random
 import subprocess
 import sys
+import tempfile
 import time
 
 from token_runs import ids_of
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 ORACLE = os.path.join(HERE, "engine_oracle.py")
-DEFAULT_OUT = "/tmp/sglang-engine-oracle-examples"
+DEFAULT_OUT = os.path.join(tempfile.gettempdir(), "sglang-engine-oracle-examples")
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 
 Run it with the SGLang venv's interpreter (see README.md in this folder):
 
-    .venv-sglang/bin/python benchmarks/sglang-oracle/tree_oracle.py ops.json > out.json
+    .venv-sglang/bin/python benchmarks/oracles/sglang/tree_oracle.py ops.json > out.json
 
 Input (stdin or the file named by the first argument), one JSON object:
 
