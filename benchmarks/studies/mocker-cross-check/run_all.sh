@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
-# Runs the four reference configurations twice each; appends JSON lines to
-# benchmarks/dynamo-mocker/results.jsonl and prints a summary table.
+# Runs the four reference configurations twice each through the mocker runner (benchmarks/oracles/dynamo-mocker/);
+# appends JSON lines to benchmarks/studies/mocker-cross-check/results.jsonl and prints a summary table. The Mooncake
+# traces are read from $TRACES (default ../shared/data/traces, relative to the repository root, so that the
+# results and commands.txt record relative paths).
 # Before each run, waits (up to 5 min) until no other process uses >30% CPU.
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../../.."
 PY=.venv-dynamo/bin/python
-RUN=benchmarks/dynamo-mocker/run_mocker.py
-T=${TRACES:-/work/shared/data/traces}
-OUT=benchmarks/dynamo-mocker/results.jsonl
-CMDS=benchmarks/dynamo-mocker/commands.txt
+RUN=benchmarks/oracles/dynamo-mocker/run_mocker.py
+T=${TRACES:-../shared/data/traces}
+OUT=benchmarks/studies/mocker-cross-check/results.jsonl
+CMDS=benchmarks/studies/mocker-cross-check/commands.txt
 : > "$CMDS"
+BUSY=$(mktemp)   # other busy processes seen during a run
+trap 'rm -f "$BUSY"' EXIT
 
 quiet() {
   for i in $(seq 1 10); do
@@ -27,12 +31,12 @@ run() {
     quiet
     echo "[$(date -u +%FT%TZ)] rep=$rep $cmd" >&2
     # sample other busy processes during the run (top every 1 s)
-    ( while :; do top -bn1 | awk -v me=$$ '$1 ~ /^[0-9]+$/ && $9+0 > 30 && $12 !~ /top/ {print $1":"$12":"$9}'; sleep 1; done ) > /tmp/dyn_busy.$$ 2>/dev/null &
+    ( while :; do top -bn1 | awk -v me=$$ '$1 ~ /^[0-9]+$/ && $9+0 > 30 && $12 !~ /top/ {print $1":"$12":"$9}'; sleep 1; done ) > "$BUSY" 2>/dev/null &
     local sampler=$!
     local line; line=$($cmd)
     kill $sampler 2>/dev/null || true; wait $sampler 2>/dev/null || true
     # our own run shows up as one busy python; more than one busy pid = contention
-    local others; others=$(cut -d: -f1 /tmp/dyn_busy.$$ | sort -u | wc -l)
+    local others; others=$(cut -d: -f1 "$BUSY" | sort -u | wc -l)
     echo "$line" | "$PY" -c "import json,sys; d=json.loads(sys.stdin.read()); d['rep']=$rep; d['busy_pids_seen']=$others; print(json.dumps(d))" >> "$OUT"
   done
 }

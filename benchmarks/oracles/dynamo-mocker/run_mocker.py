@@ -3,12 +3,14 @@
 
 Run with the side venv (see README.md in this folder):
 
-    .venv-dynamo/bin/python benchmarks/dynamo-mocker/run_mocker.py TRACE.jsonl \
+    .venv-dynamo/bin/python benchmarks/oracles/dynamo-mocker/run_mocker.py TRACE.jsonl \
         --workers 8 --num-gpu-blocks 46875 --block-size 64 --router round_robin \
         [--trace-block-size 512]
 
 Prints ONE JSON line on stdout. Only the run_mocker_trace_replay() call is
-timed (time.perf_counter); import and argument parsing are excluded.
+timed (time.perf_counter); import and argument parsing are excluded. The trace
+is recorded by its path relative to the working directory (so that results
+files name no machine's directories).
 """
 import argparse
 import json
@@ -69,7 +71,7 @@ def main(argv=None):
     except Exception:  # pragma: no cover
         version = None
     out = {
-        "trace": a.trace,
+        "trace": os.path.relpath(a.trace),
         "workers": a.workers,
         "num_gpu_blocks": a.num_gpu_blocks,
         "block_size": a.block_size,

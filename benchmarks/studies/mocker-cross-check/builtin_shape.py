@@ -29,15 +29,16 @@ Wall times are of the replay call only (trace written beforehand, imports exclud
 
 Run from the repository root (the mocker runs in a subprocess with the side venv .venv-dynamo):
 
-    .venv/bin/python benchmarks/dynamo-mocker/builtin_shape.py                 # everything, appends builtin_shape.jsonl
-    .venv/bin/python benchmarks/dynamo-mocker/builtin_shape.py --workers 10 --repeats 2 --no-append
+    .venv/bin/python benchmarks/studies/mocker-cross-check/builtin_shape.py                 # everything, appends builtin_shape.jsonl
+    .venv/bin/python benchmarks/studies/mocker-cross-check/builtin_shape.py --workers 10 --repeats 2 --no-append
 
-    .venv/bin/python benchmarks/dynamo-mocker/builtin_shape.py --timing-probe  # the mocker's step times, probed
+    .venv/bin/python benchmarks/studies/mocker-cross-check/builtin_shape.py --timing-probe  # the mocker's step times, probed
 
 Options: --workers LIST, --repeats N, --time-models LIST (trace-replay,fitted), --trace PATH (default
-/tmp/kvsim-builtin-shape/trace.jsonl), --no-append, --mocker-python PATH, --kv-event-lag-ms X (mocker side check;
+builtin_shape_trace.jsonl in this folder, git-ignored), --no-append, --mocker-python PATH, --kv-event-lag-ms X (mocker side check;
 default: none, the mocker's own default of synchronous events), --kvsim-root PATH (the kvsim source tree to import;
-default: this repository).
+default: this repository). Results record the trace and the kvsim tree relative to the repository when they are
+inside it, else by their directory's name, never by a machine's absolute path.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parent.parent
+REPO = HERE.parents[2]
 RESULTS = HERE / "builtin_shape.jsonl"
 TIME_MODELS = {"trace-replay": REPO / "scenarios" / "trace-replay.yaml", "fitted": HERE / "builtin_shape.yaml",
                "scratch-polynomial": REPO / "scenarios" / "trace-replay.yaml"}
@@ -282,6 +283,16 @@ def kvsim_per_request(trace: Path, time_model: str, workers: int, seed: int) -> 
 
 
 # ---------------------------------------------------------------------------------------------------- driver
+def portable(path: Path) -> str:
+    """How results name `path`: relative to the repository when inside it, else by its directory's name alone (a
+    scratch worktree such as ../kvsim-head), so that committed results carry no machine's absolute paths."""
+    resolved = path.resolve()
+    try:
+        return str(resolved.relative_to(REPO))
+    except ValueError:
+        return resolved.name
+
+
 def band(values: list[float], fmt: str = ".3f") -> str:
     lo, hi = min(values), max(values)
     return f"{lo:{fmt}}" if lo == hi else f"{lo:{fmt}}–{hi:{fmt}}"
@@ -297,12 +308,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", default="6,10,16,24")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--time-models", default="trace-replay,fitted")
-    p.add_argument("--trace", type=Path, default=Path("/tmp/kvsim-builtin-shape/trace.jsonl"))
+    p.add_argument("--trace", type=Path, default=HERE / "builtin_shape_trace.jsonl")
     p.add_argument("--no-append", action="store_true")
     p.add_argument("--mocker-python", default=str(REPO / ".venv-dynamo" / "bin" / "python"))
     p.add_argument("--kv-event-lag-ms", type=float, default=None)
     p.add_argument("--kvsim-root", type=Path, default=REPO,
-                   help="kvsim source tree to import (e.g. a clean `git worktree add --detach /tmp/kvsim-head HEAD`)")
+                   help="kvsim source tree to import (e.g. a clean `git worktree add --detach ../kvsim-head HEAD`)")
     p.add_argument("--timing-probe", action="store_true",
                    help="only run the mocker timing probes (tiny traces, one worker) and print them")
     a = p.parse_args(argv)
@@ -319,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
 
     def emit(row: dict) -> None:
-        row = {"utc": stamp, "trace": str(a.trace), "kvsim_root": str(a.kvsim_root),
+        row = {"utc": stamp, "trace": portable(a.trace), "kvsim_root": portable(a.kvsim_root),
                "kvsim_commit": kvsim_commit, "kvsim_uncommitted": kvsim_dirty, "requests_in_trace": NUM_REQUESTS, "num_gpu_blocks": NUM_GPU_BLOCKS,
                "block_size": BLOCK_SIZE, **row}
         rows.append(row)
