@@ -1,12 +1,12 @@
 """Replay speed: kvsim against Dynamo's mocker on the Mooncake traces, a 1M-request synthetic run, the reference sweep.
 
-    python benchmarks/replay_speed.py [--traces DIR] [--mocker-python .venv-dynamo/bin/python] [--jobs N] [--quick]
+    python benchmarks/speed/replay_speed.py [--traces DIR] [--mocker-python .venv-dynamo/bin/python] [--jobs N] [--quick]
 
 Every measurement runs in a fresh subprocess, so each prints its own wall time and peak RSS (the largest of the
 process and the processes it split into). kvsim runs each case in one process (`jobs 1`) and, when the router
 ignores the cluster's state (round-robin), split by worker over `--jobs` processes (`sim.replay`). The mocker
-(`ai-dynamo-runtime` 1.6.1, in a side virtualenv: benchmarks/dynamo-mocker/README.md) runs the same trace with the
-same workers, blocks (64 tokens) and router when its interpreter exists; the ratio kvsim req/s / mocker req/s is
+(`ai-dynamo-runtime` 1.6.1, in a side virtualenv: benchmarks/oracles/dynamo-mocker/README.md) runs the same trace
+with the same workers, blocks (64 tokens) and router when its interpreter exists; the ratio kvsim req/s / mocker req/s is
 printed beside. The SGLang rows run kvsim's SGLang engine (64-token pages, `scenarios/trace-replay.yaml`) against the
 mocker's `--backend sglang`. These machines are shared and noisy: compare the ratios measured in one run, not absolute seconds.
 """
@@ -20,8 +20,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-MOCKER = REPO / "benchmarks" / "dynamo-mocker" / "run_mocker.py"
+REPO = Path(__file__).resolve().parents[2]
+MOCKER = REPO / "benchmarks" / "oracles" / "dynamo-mocker" / "run_mocker.py"
 
 PEAK_RSS = """
 def peak_rss_mb():
@@ -124,7 +124,7 @@ def main() -> None:
         path = args.traces / f"{trace}_trace.jsonl"
         if not path.exists():
             raise SystemExit(f"--traces: {path} not found")
-        mocker = "   (no mocker venv: see benchmarks/dynamo-mocker/README.md)"
+        mocker = "   (no mocker venv: see benchmarks/oracles/dynamo-mocker/README.md)"
         m_rps = None
         if have_mocker:
             key = (trace, workers, tokens, mocker_router, engine)

@@ -1,4 +1,4 @@
-"""What the roofline time model costs against the linear one: `python benchmarks/time_model_speed.py`.
+"""What the roofline time model costs against the linear one: `python benchmarks/speed/time_model_speed.py`.
 
 Runs the reference grid (prefixes 2,7,12,24 x workers 3,6 x concurrency 4,8,16, 1 repeat) of the built-in scenario
 (roofline) and of the same scenario with its previous linear fit, in one process and in the same run, and prints

@@ -1,4 +1,4 @@
-"""How long the reference sweep takes: `python benchmarks/sweep_speed.py [--repeats R] [--jobs J]`.
+"""How long the reference sweep takes: `python benchmarks/speed/sweep_speed.py [--repeats R] [--jobs J]`.
 
 Times the grid of the core issue (prefixes 2,7,12,24 x workers 3,6 x concurrency 4,8,16 x R repeats) on the
 built-in scenario, in one process and in parallel, and prints wall seconds, runs/s and the parallel speed-up

@@ -1,4 +1,5 @@
-"""Wall time and peak memory of a sweep on each executor: `python benchmarks/executor_speed.py [--jobs 2] [--repeats 42]`.
+"""Wall time and peak memory of a sweep on each executor:
+`python benchmarks/speed/executor_speed.py [--jobs 2] [--repeats 42]`.
 
 The grid is prefixes 2,7,12,24 x workers 3,6 x concurrency 4,8,16 x 8 repeats (192 runs; 42 repeats: 1,008) of the
 built-in scenario,
@@ -21,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _one(kind: str, jobs: int, repeats: int) -> None:
