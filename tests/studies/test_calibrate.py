@@ -126,8 +126,8 @@ def test_calibrate_command_writes_a_loadable_scenario_and_the_residuals(tmp_path
     assert len(rows) == len(list(csv.DictReader(measured.open())))  # a residual per measured figure
 
 
-def test_calibrate_rejects_an_unknown_parameter():
-    res = CliRunner().invoke(main, ["calibrate", "--fit", "time_model.warp_s", "--out", "/tmp/x.yaml"])
+def test_calibrate_rejects_an_unknown_parameter(tmp_path):
+    res = CliRunner().invoke(main, ["calibrate", "--fit", "time_model.warp_s", "--out", str(tmp_path / "x.yaml")])
     assert res.exit_code != 0 and "no such scenario field" in res.output and "Traceback" not in res.output
 
 

@@ -1,7 +1,7 @@
 """Differential testing of kvsim's CPU offloading manager against vLLM's own `CPUOffloadingManager`.
 
 A stream is a list of runs; a run is a manager configuration and a list of operations
-(benchmarks/vllm-oracle/offloading/manager_oracle.py documents the format). vLLM answers it through
+(benchmarks/oracles/vllm/offloading/manager_oracle.py documents the format). vLLM answers it through
 `manager_oracle.py` under the oracle venv; kvsim answers it here (`replay_kvsim`) through
 `sim.engines.vllm.offload.CpuOffloadingManager`; both answers must be equal op by op: lookup answers, granted
 stores with their slots and evictions in order (or None), LRU order (under ARC: T1, T2, B1, B2 in order and
@@ -21,9 +21,9 @@ import random
 from sim.engines.vllm.offload import CpuOffloadingManager, LookupResult
 from tests.support.oracle_support import GOLDEN, REPO, Oracle
 
-ORACLE = Oracle(script=REPO / "benchmarks" / "vllm-oracle" / "offloading" / "manager_oracle.py",
+ORACLE = Oracle(script=REPO / "benchmarks" / "oracles" / "vllm" / "offloading" / "manager_oracle.py",
                 env_var="KVSIM_VLLM_PYTHON", golden_dir=GOLDEN / "cpu_manager", version_key="vllm_version",
-                setup="benchmarks/vllm-oracle/offloading/README.md", timeout_s=600)
+                setup="benchmarks/oracles/vllm/offloading/README.md", timeout_s=600)
 ORACLE_VLLM_VERSION = "0.33.0"
 TOKENS_PER_CHUNK = 16
 

@@ -1,9 +1,9 @@
 """Differential testing of the CPU KV tier against vLLM 0.33.0's own OffloadingConnector: streams, kvsim's lockstep
 replay with the same fake worker, and the comparison.
 
-vLLM's side is `benchmarks/vllm-oracle/offload_oracle.py` (its Scheduler with `kv_offloading_size` set, the
+vLLM's side is `benchmarks/oracles/vllm/offload_oracle.py` (its Scheduler with `kv_offloading_size` set, the
 connector's scheduler side and CPU manager, a fake worker that reports transfer jobs after `transfer_steps` steps;
-conventions in benchmarks/vllm-oracle/offloading/README.md). kvsim's side runs `sim.engines.vllm.scheduler.Scheduler`
+conventions in benchmarks/oracles/vllm/offloading/README.md). kvsim's side runs `sim.engines.vllm.scheduler.Scheduler`
 with `OffloadingConnector` through the same loop and the same fake worker (`LockstepTransfers`, a port of the
 oracle's `FakeWorker`). Compared exactly: per request the GPU and CPU hit tokens, the load step, the steps spent
 waiting for the load and deferred, admission, first token and finish; per worker the GPU and connector prefix-cache
@@ -30,9 +30,9 @@ from sim.workloads.request import Request
 from tests.support.oracle_streams import ORACLE_VLLM_VERSION, _EventRecorder, chained_block_hashes, token_ids
 from tests.support.oracle_support import GOLDEN, REPO, Oracle
 
-ORACLE = Oracle(script=REPO / "benchmarks" / "vllm-oracle" / "offload_oracle.py", env_var="KVSIM_VLLM_PYTHON",
+ORACLE = Oracle(script=REPO / "benchmarks" / "oracles" / "vllm" / "offload_oracle.py", env_var="KVSIM_VLLM_PYTHON",
                 golden_dir=GOLDEN / "vllm_offload", version_key="vllm_version",
-                setup="benchmarks/vllm-oracle/offloading/README.md", timeout_s=900)
+                setup="benchmarks/oracles/vllm/offloading/README.md", timeout_s=900)
 CHUNK_BYTES = 65536
 """The oracle's KV page: 1 layer x 8 KV heads x 128 x bf16 x (K, V) x 16 tokens; cpu_bytes = chunks x this."""
 

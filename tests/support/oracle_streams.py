@@ -1,7 +1,7 @@
 """Differential testing against vLLM's own scheduler: the streams, kvsim's lockstep replay, and the comparison.
 
 The streams are generated here, deterministically, as token ids; vLLM's side runs them through
-`benchmarks/vllm-oracle/oracle.py` (its own Scheduler/KVCacheManager/BlockPool on CPU, no weights). kvsim's side
+`benchmarks/oracles/vllm/oracle.py` (its own Scheduler/KVCacheManager/BlockPool on CPU, no weights). kvsim's side
 hashes the same token ids into chained block hashes and replays them through `sim.engines.vllm.scheduler.Scheduler` with the
 oracle's loop: lockstep engine steps, a closed-loop client over the whole cluster, the next request added after
 the step in which one finished. Compared: per request the hit tokens at first admission, the admission, first-token
@@ -11,7 +11,7 @@ and the KV cache events, exactly and in order.
 Events: each worker's `KVCacheManager` is subscribed to (`subscribe`) and published once per step right after
 `update_from_output` (`publish(step)`, as `VllmEngine.update_from_output` does and as vLLM's scheduler takes its events
 there); both sides turn them into the oracle's rows `[step, kind, num_block_hashes, parent_is_none, request_id,
-first_block]` (benchmarks/vllm-oracle/README.md): a `stored` row names the request and the block index its pass starts
+first_block]` (benchmarks/oracles/vllm/README.md): a `stored` row names the request and the block index its pass starts
 at, a `removed` row names the hash by the request and block under which it was first stored on that worker. Recording
 changes nothing else kvsim computes (the replay uses no decode stretches, which subscribing would switch off).
 """
@@ -29,9 +29,9 @@ from sim.engines.vllm.scheduler import Scheduler, SchedulerLimits
 from sim.workloads.request import Request
 from tests.support.oracle_support import GOLDEN, REPO, Oracle
 
-ORACLE = Oracle(script=REPO / "benchmarks" / "vllm-oracle" / "oracle.py", env_var="KVSIM_VLLM_PYTHON",
+ORACLE = Oracle(script=REPO / "benchmarks" / "oracles" / "vllm" / "oracle.py", env_var="KVSIM_VLLM_PYTHON",
                 golden_dir=GOLDEN / "vllm_oracle", version_key="vllm_version",
-                setup="benchmarks/vllm-oracle/README.md", timeout_s=900)
+                setup="benchmarks/oracles/vllm/README.md", timeout_s=900)
 ORACLE_VLLM_VERSION = "0.33.0"
 VOCAB = 151936
 
@@ -132,7 +132,7 @@ class _Tracked:
 
 class _EventRecorder:
     """One worker's published KV events as the oracle's rows: [step, kind, num_block_hashes, parent_is_none,
-    request_id, first_block] (see benchmarks/vllm-oracle/README.md).
+    request_id, first_block] (see benchmarks/oracles/vllm/README.md).
 
     A `CacheEvent` names no request, so the cache manager's two entry points that cache blocks (`allocate_slots`,
     `cache_full_blocks`, both called with the request's state) are wrapped, on this instance only, to note which

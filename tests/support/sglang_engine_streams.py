@@ -1,6 +1,6 @@
 """Differential testing of kvsim's SGLang engine against SGLang 0.5.23's own scheduler, batch by batch.
 
-SGLang's side (`benchmarks/sglang-oracle/engine_oracle.py`, under the SGLang venv) runs SGLang's real
+SGLang's side (`benchmarks/oracles/sglang/engine_oracle.py`, under the SGLang venv) runs SGLang's real
 `get_next_batch_to_run` (admission through `SchedulePolicy` and `PrefillAdder`, `update_running_batch` with
 `check_decode_mem` / `retract_decode`), its batch-result processing (checkpoint and release into the tree), its
 allocator, request pool and default tree cache, in a line-for-line mirror of `event_loop_overlap` /
@@ -26,9 +26,9 @@ from sim.engines.sglang.tokens import Tokens
 from sim.workloads.request import Request
 from tests.support.oracle_support import GOLDEN, REPO, Oracle
 
-ORACLE = Oracle(script=REPO / "benchmarks" / "sglang-oracle" / "engine_oracle.py", env_var="KVSIM_SGLANG_PYTHON",
+ORACLE = Oracle(script=REPO / "benchmarks" / "oracles" / "sglang" / "engine_oracle.py", env_var="KVSIM_SGLANG_PYTHON",
                 golden_dir=GOLDEN / "sglang_engine", version_key="sglang_version",
-                setup="benchmarks/sglang-oracle/README.md", answer_keys=("batches", "requests", "tree", "final"))
+                setup="benchmarks/oracles/sglang/README.md", answer_keys=("batches", "requests", "tree", "final"))
 ORACLE_SGLANG_VERSION = "0.5.23"
 OUT_KEY_BASE = 900_000
 """SGLang's fake model samples token (900000 + i) * 10^6 + p at output position p of request i ..."""

@@ -1,7 +1,7 @@
 """Differential testing of kvsim's radix tree against SGLang 0.5.23's own `RadixCache`, operation by operation.
 
 A stream is a list of tree operations (match, insert, lock, unlock, evict) on keys given as token runs
-`[k, start, n]`. SGLang's side (`benchmarks/sglang-oracle/tree_oracle.py`, run under the SGLang venv) turns a run
+`[k, start, n]`. SGLang's side (`benchmarks/oracles/sglang/tree_oracle.py`, run under the SGLang venv) turns a run
 into distinct token ids; kvsim's side reads the same runs as token identities (`sim.engines.sglang.tokens`).
 Compared after every operation: matched lengths, lock deltas, tokens evicted and the evicted nodes (in order), the
 evictable and protected sizes; at the end the whole tree (every node's path and lock count).
@@ -21,9 +21,9 @@ from sim.engines.sglang.radix_cache import RadixCache
 from sim.engines.sglang.tokens import Tokens
 from tests.support.oracle_support import GOLDEN, REPO, Oracle
 
-ORACLE = Oracle(script=REPO / "benchmarks" / "sglang-oracle" / "tree_oracle.py", env_var="KVSIM_SGLANG_PYTHON",
+ORACLE = Oracle(script=REPO / "benchmarks" / "oracles" / "sglang" / "tree_oracle.py", env_var="KVSIM_SGLANG_PYTHON",
                 golden_dir=GOLDEN / "sglang_tree", version_key="sglang_version",
-                setup="benchmarks/sglang-oracle/README.md")
+                setup="benchmarks/oracles/sglang/README.md")
 ORACLE_SGLANG_VERSION = "0.5.23"
 
 

@@ -5,7 +5,7 @@
   retractions, free slots, evictable/protected tree tokens, new_token_ratio, waiting queue), every request's
   cached_tokens, admission/first-token/finish batches, retractions and outputs, and the final tree.
 * Opt-in (`-m sglang_oracle`, with KVSIM_SGLANG_PYTHON naming the SGLang venv's python, see
-  benchmarks/sglang-oracle/README.md): the same against SGLang live; regenerate the golden files with
+  benchmarks/oracles/sglang/README.md): the same against SGLang live; regenerate the golden files with
   `KVSIM_SGLANG_PYTHON=... python -m tests.support.sglang_engine_streams`.
 """
 

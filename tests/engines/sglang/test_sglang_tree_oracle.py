@@ -4,7 +4,7 @@
   SGLang (tests/golden/sglang_tree/*.json): every match and insert length, lock delta, evicted token count and
   evicted node (in order), the evictable/protected sizes after every operation, and the final tree.
 * Opt-in (`-m sglang_oracle`, with KVSIM_SGLANG_PYTHON naming the SGLang venv's python, see
-  benchmarks/sglang-oracle/README.md): the same against SGLang live; regenerate the golden files with
+  benchmarks/oracles/sglang/README.md): the same against SGLang live; regenerate the golden files with
   `KVSIM_SGLANG_PYTHON=... python -m tests.support.sglang_tree_streams`.
 """
 

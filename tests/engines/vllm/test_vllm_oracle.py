@@ -5,7 +5,7 @@
   preemptions, every worker's prefix-cache counters, every worker's final free queue, and every worker's KV cache
   events (stored / removed, per step, in vLLM's emission order, each named by request and block index).
 * Opt-in (`-m vllm_oracle`, with KVSIM_VLLM_PYTHON naming the oracle venv's python, see
-  benchmarks/vllm-oracle/README.md): the same comparison against vLLM running live; the golden files are
+  benchmarks/oracles/vllm/README.md): the same comparison against vLLM running live; the golden files are
   regenerated with `KVSIM_VLLM_PYTHON=... python -m tests.support.oracle_streams`.
 """
 
