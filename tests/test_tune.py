@@ -20,7 +20,8 @@ from sim.scenario import load_scenario
 from sim.routing.knobs import ChoiceKnob, FloatKnob, IntKnob
 from sim.studies.search_space import check_space, parse_knob, parse_space, round_significant, space_text
 from sim.studies.sweep import run_sweep, sweep_points
-from sim.studies.tune import Constraint, Metric, Objective, parse_pareto, pareto_front, tune
+from sim.results.stats import pareto_front
+from sim.studies.tune import Constraint, Metric, Objective, parse_pareto, tune
 
 # The workload where Dynamo's default cost loses most: 6 workers, N = 24, C = 8 (README, "Why the hit rate...").
 HARD = {"workload.prefixes": 24, "cluster.workers": 6, "workload.concurrency": 8}
