@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from sim.engines.interface import EngineCounters, PrefixCacheStats, ServedRequest
+from sim.workloads.request import is_full_hit
 
 
 def booked_add(a: int, b: int) -> int:
@@ -85,7 +86,8 @@ class RequestRecord:
 
     @property
     def is_full_hit(self) -> bool:
-        return self.shareable_tokens > 0 and self.cached_tokens >= self.shareable_tokens
+        """The whole shareable prefix was cached at first admission (`sim.workloads.request.is_full_hit`)."""
+        return is_full_hit(self.cached_tokens, self.shareable_tokens)
 
     @classmethod
     def from_state(cls, state: ServedRequest, sent_s: float, *, response_delay_s: float = 0.0,

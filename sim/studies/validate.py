@@ -18,6 +18,7 @@ from sim.results.records import RunResult
 from sim.servers.run_csv import Run, RunSetup
 from sim.runner import run as simulate
 from sim.scenario import Scenario, ScenarioError
+from sim.workloads.request import is_full_hit, shareable_tokens
 from sim.workloads.shared_prefix import RequestStream, SharedPrefixRequests, with_token_identity
 
 METRICS = ("request_hit_rate", "full_hit_rate", "token_hit_rate", "ttft_p50_ms", "ttft_p99_ms",
@@ -132,13 +133,14 @@ def measured_figures(run: Run, *, ttft_source: str = "client") -> dict[str, floa
     rows = run.measured
     if not rows:
         raise ValueError(f"{run.csv_path}: no completed measured requests")
-    B = run.setup.block_size
+    s = run.setup
     return _figures(
         hit=[r.is_hit for r in rows],
-        full=[r.cached_tokens >= min(run.setup.prefix_tokens // B, (r.prompt_tokens - 1) // B) * B > 0 for r in rows],
+        full=[is_full_hit(r.cached_tokens, shareable_tokens(prefix_tokens=s.prefix_tokens, prompt_tokens=r.prompt_tokens,
+                                                            block_size=s.block_size)) for r in rows],
         cached=[r.cached_tokens for r in rows], prompt=[r.prompt_tokens for r in rows],
         ttft_ms=[r.ttft(ttft_source) for r in rows],
-        tpot_ms=[r.tpot_ms(run.setup.output_tokens) for r in rows], e2e_ms=[r.e2e_ms for r in rows],
+        tpot_ms=[r.tpot_ms(s.output_tokens) for r in rows], e2e_ms=[r.e2e_ms for r in rows],
         duration_s=max(r.end_s for r in rows) - min(r.start_s for r in rows),
     )
 
