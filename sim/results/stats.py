@@ -1,5 +1,5 @@
-"""The statistics every study shares, each rule in one place: the mean of repeated runs with its Student-t
-interval, and the Pareto front of two metrics.
+"""The statistics every summary and study shares, each rule in one place: a rate from two counts, the mean of
+repeated runs with its Student-t interval, and the Pareto front of two metrics.
 
 Sweeps, comparisons, tuning and planning all call these, so that a rule cannot drift between them (a 95 % interval
 that is Student-t in one study and normal in another, a standard deviation that is 0 for one run here and NaN
@@ -14,6 +14,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 NAN = float("nan")
+
+
+def ratio(part: float, whole: float) -> float:
+    """`part / whole`, NaN when `whole` is 0 (nothing counted: no requests, no prompt tokens, no lookups)."""
+    return part / whole if whole else NAN
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,8 +7,8 @@ from functools import reduce
 
 import numpy as np
 
-from sim.engines.interface import PrefixCacheStats
-from sim.results.records import RunResult, Slo, booked_add, booked_fraction
+from sim.engines.interface import EngineCounters
+from sim.results.records import RunResult, Slo, booked_add, booked_fraction, total_counters
 
 NAN = float("nan")
 
@@ -96,7 +96,7 @@ class Summary(RequestRates):
     * `full_hit_rate`: requests whose whole shareable prefix was cached / requests;
     * `token_hit_rate`: cached prompt tokens / prompt tokens over the measured requests, each counted at its first
       admission: vLLM's `prefix_cache_hits / prefix_cache_queries` as vLLM >= 0.27 counts them (older releases also
-      count failed lookups; the raw counters of the measured phase are in `prefix_cache`).
+      count failed lookups; the raw counters of the measured phase are in `engine.prefix_cache`).
     * `reuse_available` / `reuse_captured` / `reuse_delivered`: prompt tokens that one infinite shared cache, an
       infinite cache per worker under the router's choices, and the real finite caches hit, over prompt tokens
       (`sim.cluster.reuse.ReuseLedger`; delivered is `token_hit_rate`). available - captured is what routing
@@ -111,7 +111,8 @@ class Summary(RequestRates):
     * By tier, with a host (CPU) KV tier: `gpu_hit_rate` (requests whose whole hit was on the GPU) + `cpu_hit_rate`
       (requests that loaded part of their hit from the host tier) = `request_hit_rate`; `cpu_token_hit_rate`: the
       loaded tokens over prompt tokens (in `token_hit_rate` too); TTFT percentiles of GPU hits and CPU hits apart
-      (`ttft_ms` keys `gpu_hit_p50`, `cpu_hit_p50`, ...); blocks stored to, loaded from and evicted from the tier.
+      (`ttft_ms` keys `gpu_hit_p50`, `cpu_hit_p50`, ...); blocks stored to, loaded from and evicted from the tier
+      (`engine`).
     """
 
     requests: int
@@ -119,10 +120,8 @@ class Summary(RequestRates):
     full_hit_requests: int
     query_tokens: int
     hit_tokens: int
-    prefix_cache: PrefixCacheStats
-    evicted_blocks: int
-    evicted_tokens: int
-    preemptions: int
+    engine: EngineCounters
+    """The workers' engine counters over the measured phase, summed (`total_counters`)."""
     duration_s: float
     ttft_ms: dict[str, float]
     requests_per_worker: tuple[int, ...]
@@ -152,9 +151,6 @@ class Summary(RequestRates):
     """Measured requests whose hit came partly from the host tier."""
     cpu_hit_tokens: int = 0
     """Prompt tokens loaded from the host tier (part of `hit_tokens`)."""
-    cpu_stored_blocks: int = 0
-    cpu_loaded_blocks: int = 0
-    cpu_evicted_blocks: int = 0
 
     @property
     def gpu_hit_rate(self) -> float:
@@ -186,6 +182,7 @@ class Summary(RequestRates):
 
     def row(self) -> dict[str, float | int]:
         """The summary as flat columns (`summary.csv`)."""
+        engine = self.engine
         return {
             "requests": self.requests,
             "request_hit_rate": self.request_hit_rate,
@@ -198,11 +195,11 @@ class Summary(RequestRates):
             "throughput_rps": self.throughput_rps,
             "hit_requests": self.hit_requests,
             "full_hit_requests": self.full_hit_requests,
-            "prefix_cache_queries": self.prefix_cache.queries,
-            "prefix_cache_hits": self.prefix_cache.hits,
-            "evicted_blocks": self.evicted_blocks,
-            "evicted_tokens": self.evicted_tokens,
-            "preemptions": self.preemptions,
+            "prefix_cache_queries": engine.prefix_cache.queries,
+            "prefix_cache_hits": engine.prefix_cache.hits,
+            "evicted_blocks": engine.evicted_blocks,
+            "evicted_tokens": engine.evicted_tokens,
+            "preemptions": engine.preemptions,
             "max_worker_share": max(self.requests_per_worker) / self.requests if self.requests else float("nan"),
             "reuse_available": self.reuse_available,
             "reuse_captured": self.reuse_captured,
@@ -227,9 +224,9 @@ class Summary(RequestRates):
             "cpu_hit_rate": self.cpu_hit_rate,
             "cpu_token_hit_rate": self.cpu_token_hit_rate,
             **{f"ttft_{tier}_hit_p{q}_ms": self.ttft_ms[f"{tier}_hit_p{q}"] for tier in ("gpu", "cpu") for q in (50, 99)},
-            "cpu_stored_blocks": self.cpu_stored_blocks,
-            "cpu_loaded_blocks": self.cpu_loaded_blocks,
-            "cpu_evicted_blocks": self.cpu_evicted_blocks,
+            "cpu_stored_blocks": engine.cpu_stored_blocks,
+            "cpu_loaded_blocks": engine.cpu_loaded_blocks,
+            "cpu_evicted_blocks": engine.cpu_evicted_blocks,
         }
 
 
@@ -239,9 +236,6 @@ def summarize(result: RunResult) -> Summary:
     slo = result.slo
     tpot = [t for r in measured if (t := r.tpot_s) is not None]
     e2e = [r.e2e_s for r in measured]
-    stats = PrefixCacheStats()
-    for w in result.workers:
-        stats = stats.plus(w.prefix_cache)
     ttft_all = [r.ttft_s for r in measured]
     ttft_hit = [r.ttft_s for r in measured if r.is_hit]
     ttft_miss = [r.ttft_s for r in measured if not r.is_hit]
@@ -256,10 +250,7 @@ def summarize(result: RunResult) -> Summary:
         full_hit_requests=sum(1 for r in measured if r.is_full_hit),
         query_tokens=sum(r.prompt_tokens for r in measured),
         hit_tokens=sum(r.cached_tokens for r in measured),
-        prefix_cache=stats,
-        evicted_blocks=sum(w.evicted_blocks for w in result.workers),
-        evicted_tokens=sum(w.evicted_tokens for w in result.workers),
-        preemptions=sum(w.preemptions for w in result.workers),
+        engine=total_counters(result.workers),
         duration_s=result.measured_end_s - result.measured_start_s,
         ttft_ms={
             f"{prefix}p{q}": _percentile_ms(values, q)
@@ -282,7 +273,4 @@ def summarize(result: RunResult) -> Summary:
         view_false_tokens=sum(max(0, r.believed_tokens - r.held_tokens) for r in measured),
         cpu_hit_requests=sum(1 for r in measured if r.is_cpu_hit),
         cpu_hit_tokens=sum(r.cpu_cached_tokens for r in measured),
-        cpu_stored_blocks=sum(w.cpu_stored_blocks for w in result.workers),
-        cpu_loaded_blocks=sum(w.cpu_loaded_blocks for w in result.workers),
-        cpu_evicted_blocks=sum(w.cpu_evicted_blocks for w in result.workers),
     )
