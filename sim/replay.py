@@ -54,8 +54,7 @@ class ReplayResult:
             "throughput_rps": st.throughput_rps, "preemptions": engine.preemptions,
             "evicted_blocks": engine.evicted_blocks, "simulated_s": self.simulated_s,
             **self.slo_row(),
-            "cpu_hit_rate": st.cpu_hit_requests / st.requests if st.requests else float("nan"),
-            "cpu_prefix_reuse": st.cpu_cached_tokens / st.prompt_tokens if st.prompt_tokens else float("nan"),
+            "cpu_hit_rate": st.cpu_hit_rate, "cpu_prefix_reuse": st.cpu_prefix_reuse,
             "cpu_stored_blocks": engine.cpu_stored_blocks, "cpu_loaded_blocks": engine.cpu_loaded_blocks,
             "cpu_evicted_blocks": engine.cpu_evicted_blocks,
         }

@@ -19,7 +19,7 @@ from sim.engines.interface import EngineCounters, PrefixCacheStats
 from sim.results.records import RequestRecord, RunResult, Slo, WorkerCounters, total_counters
 from sim.results.report import SUMMARY_COLUMNS, TIER_COLUMNS, aggregate
 from sim.results.streaming_stats import StreamingStats
-from sim.results.summary import imbalance_max_mean, jain_index, summarize
+from sim.results.summary import RequestCounts, imbalance_max_mean, jain_index, summarize
 from sim.scenario import ScenarioError, SloSpec, load_scenario
 from sim.workloads.traces import read_mooncake
 
@@ -295,7 +295,33 @@ def test_help_texts_explain_slo():
         assert "--slo" in text and "ttft_ms, tpot_ms, e2e_ms" in text and "goodput" in text, command
 
 
-# --- counters: the workers' engine counters, summed into the summary ------------------------------------------------
+# --- hit rates and counters: one derivation for runs, replays and validation ----------------------------------------
+# The four measured requests again (prompts of 100 tokens, a shareable prefix of 64), now with hits:
+#   id  cached  of which from the host tier   hit  full hit  CPU hit
+#   0   64      0                             yes  yes       no
+#   1   32      32                            yes  no        yes
+#   2   0       0                             no   no        no
+#   3   64      16                            yes  yes       yes
+HITS = tuple(replace(r, cached_tokens=c, cpu_cached_tokens=cpu)
+             for r, (c, cpu) in zip(RECORDS[:4], ((64, 0), (32, 32), (0, 0), (64, 16))))
+
+
+def test_runs_replays_and_validation_derive_the_same_hit_rates():
+    summary = summarize(replace(hand_built(), records=HITS))
+    stats = StreamingStats(num_workers=2)
+    for r in HITS:
+        stats.add(r)
+    counts = RequestCounts(requests=4, hit_requests=3, full_hit_requests=2, prompt_tokens=400, cached_tokens=160,
+                           span_s=2.0, cpu_hit_requests=2, cpu_cached_tokens=48)
+    for rates in (summary, stats, counts):
+        assert (rates.request_hit_rate, rates.full_hit_rate, rates.gpu_hit_rate, rates.cpu_hit_rate) == \
+               (0.75, 0.5, 0.25, 0.5)
+        assert (rates.prefix_reuse, rates.cpu_prefix_reuse, rates.throughput_rps) == (0.4, 0.12, 2.0)
+    assert (summary.token_hit_rate, summary.cpu_token_hit_rate) == (0.4, 0.12)  # vLLM's names for the same rates
+    assert math.isnan(RequestCounts(requests=0, hit_requests=0, full_hit_requests=0, prompt_tokens=0,
+                                    cached_tokens=0, span_s=0.0).request_hit_rate)
+
+
 def _counters(queries: int, hits: int, evicted: int, preempted: int, stored: int) -> EngineCounters:
     return EngineCounters(prefix_cache=PrefixCacheStats(requests=queries // 100, queries=queries, hits=hits),
                           evicted_blocks=evicted, evicted_tokens=16 * evicted, preemptions=preempted,

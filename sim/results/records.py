@@ -7,7 +7,7 @@ from dataclasses import dataclass, fields
 from functools import reduce
 
 from sim.engines.interface import EngineCounters, PrefixCacheStats, ServedRequest
-from sim.results.stats import ratio
+from sim.results.stats import NAN, ratio
 from sim.workloads.request import is_full_hit
 
 
@@ -19,7 +19,7 @@ def booked_add(a: int, b: int) -> int:
 
 def booked_fraction(part: int, whole: int) -> float:
     """`part / whole`, NaN when nothing was counted or `part` was not booked (-1)."""
-    return part / whole if whole and part >= 0 else float("nan")
+    return ratio(part, whole) if part >= 0 else NAN
 
 
 @dataclass(frozen=True, slots=True)

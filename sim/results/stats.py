@@ -1,9 +1,9 @@
-"""The statistics every summary and study shares, each rule in one place: a rate from two counts, the mean of
-repeated runs with its Student-t interval, and the Pareto front of two metrics.
+"""The statistics every summary and study shares, each rule in one place: a rate from two counts, a percentile of
+samples, the mean of repeated runs with its Student-t interval, and the Pareto front of two metrics.
 
-Sweeps, comparisons, tuning and planning all call these, so that a rule cannot drift between them (a 95 % interval
-that is Student-t in one study and normal in another, a standard deviation that is 0 for one run here and NaN
-there).
+Runs, replays, validation, calibration, sweeps, comparisons, tuning and planning all call these, so that a rule
+cannot drift between them (a 95 % interval that is Student-t in one study and normal in another, a standard
+deviation that is 0 for one run here and NaN there).
 """
 
 from __future__ import annotations
@@ -13,12 +13,24 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 NAN = float("nan")
 
 
 def ratio(part: float, whole: float) -> float:
-    """`part / whole`, NaN when `whole` is 0 (nothing counted: no requests, no prompt tokens, no lookups)."""
+    """`part / whole`, NaN when `whole` is 0 (nothing counted: no requests, no prompt tokens, no time)."""
     return part / whole if whole else NAN
+
+
+def per_second(count: float, span_s: float) -> float:
+    """`count / span_s`, NaN over no time (or, for a replay without requests, a negative span)."""
+    return count / span_s if span_s > 0 else NAN
+
+
+def percentile(values: Sequence[float] | np.ndarray, q: float) -> float:
+    """The q-th percentile (0..100) of `values`, numpy's linear interpolation; NaN when there are none."""
+    return float(np.percentile(np.asarray(values), q)) if len(values) else NAN
 
 
 @dataclass(frozen=True, slots=True)

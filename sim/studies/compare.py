@@ -92,7 +92,7 @@ def run_trace_point(base: Scenario, point: TracePoint, open_trace: Callable[[], 
         **result.row(),
         # NOTE: the reuse the real caches delivered is the prefix reuse (the names of `summary.csv`).
         "reuse_delivered": stats.prefix_reuse,
-        "max_worker_share": max(stats.requests_per_worker) / stats.requests if stats.requests else math.nan,
+        "max_worker_share": stats.max_worker_share,
     }
 
 
