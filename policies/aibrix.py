@@ -18,7 +18,7 @@ from typing import Literal
 from pydantic import Field
 
 from policies.base import LoadOptions, PrefixStateOptions, RouterBase
-from sim.routing.interface import ClusterView, PrefixStateSpec
+from sim.routing.interface import ClusterView, PrefixStateSpec, StateMode
 from sim.routing.knobs import FloatKnob, IntKnob
 from sim.workloads.request import Request
 
@@ -30,7 +30,7 @@ class AibrixPrefixCacheOptions(PrefixStateOptions):
     """Defaults are the deployed gateway's (the Helm chart and the kustomize manifest set the same env); the code's
     own fallbacks, used when the env is unset, are given in each description."""
 
-    state: Literal["exact", "events", "approximate"] = Field("approximate", description="approximate: the gateway's own routing history (AIBrix default); events: AIBRIX_PREFIX_CACHE_KV_EVENT_SYNC_ENABLED (vLLM KV events; its sync indexer is not modelled beyond the matching); exact: peeks.")
+    state: StateMode = Field("approximate", description="approximate: the gateway's own routing history (AIBrix default); events: AIBRIX_PREFIX_CACHE_KV_EVENT_SYNC_ENABLED (vLLM KV events; its sync indexer is not modelled beyond the matching); exact: peeks.")
     imbalance_abs_count: int = Field(16, ge=0, description="AIBRIX_PREFIX_CACHE_POD_RUNNING_REQUEST_IMBALANCE_ABS_COUNT: max - min running requests above this is 'imbalanced' (chart 16; code default 8).")
     standard_deviation_factor: float = Field(2.0, ge=0, description="AIBRIX_PREFIX_CACHE_STANDARD_DEVIATION_FACTOR: a matched pod qualifies if running <= mean + factor x sample std (chart 2; code default 1).")
     prefix_block_chars: int = Field(128, ge=4, multiple_of=4, description="AIBRIX_PREFIX_CACHE_BLOCK_SIZE: bytes of prompt text per hashed block (chart 128 = 32 tokens; code default 4 = 1 token, finer than kvsim's request blocks). 4 chars a token; the tokens must be a multiple of the request block size.")

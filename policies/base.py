@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from sim.routing.interface import ClusterView, PrefixState, PrefixStateSpec
+from sim.routing.interface import ClusterView, PrefixState, PrefixStateSpec, StateMode
 from sim.routing.knobs import Knob
 from sim.workloads.request import Request
 
@@ -26,7 +26,7 @@ class RouterOptions(BaseModel):
 class PrefixStateOptions(RouterOptions):
     """Options of routers that read prefix-cache state (see `sim.routing.interface.PrefixStateSpec`)."""
 
-    state: Literal["exact", "events", "approximate"] = Field("exact", description="How the router learns what the caches hold: exact (peeks), events (KV events, lagged), approximate (its own routing history).")
+    state: StateMode = Field("exact", description="How the router learns what the caches hold: exact (peeks), events (KV events, lagged), approximate (its own routing history).")
     event_lag_s: float | list[float] = Field(0.0, description="state=events: delay (s) from an engine publishing KV events to the router applying them; one value, or a list with one per worker.")
     event_loss: float = Field(0.0, ge=0, lt=1, description="state=events: probability that each KV event is lost.")
 

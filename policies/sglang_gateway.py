@@ -17,7 +17,7 @@ from pydantic import Field
 
 from policies.base import LoadOptions, PrefixStateOptions, RouterBase
 from policies.prefix_hash import stable_hash64
-from sim.routing.interface import ClusterView, PrefixStateSpec
+from sim.routing.interface import ClusterView, PrefixStateSpec, StateMode
 from sim.routing.knobs import ChoiceKnob, FloatKnob, IntKnob
 from sim.workloads.request import Request
 
@@ -29,7 +29,7 @@ MATCHED_TENANTS_CAP = 8
 
 
 class SglangCacheAwareOptions(PrefixStateOptions, LoadOptions):
-    state: Literal["exact", "events", "approximate"] = Field("approximate", description="cache_aware keeps only its own approximate tree (approximate); exact/events are what-ifs.")
+    state: StateMode = Field("approximate", description="cache_aware keeps only its own approximate tree (approximate); exact/events are what-ifs.")
     cache_threshold: float = Field(0.3, ge=0, le=1, description="--cache-threshold: route to the matched tenant only if matched/len(text) exceeds this.")
     balance_abs_threshold: int = Field(64, ge=0, description="--balance-abs-threshold: imbalanced needs max_load - min_load > this (in-flight requests).")
     balance_rel_threshold: float = Field(1.5, ge=0, description="--balance-rel-threshold: imbalanced also needs max_load > this x min_load.")

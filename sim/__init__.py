@@ -20,7 +20,7 @@ _EXPORTS = {
     "WorkerCounters": "sim.results.records", "Slo": "sim.results.records",
     "Summary": "sim.results.summary", "summarize": "sim.results.summary",
     "run": "sim.runner", "Scenario": "sim.scenario", "ScenarioError": "sim.scenario", "load_scenario": "sim.scenario",
-    "analytic": "sim.studies.analytic", "aggregate_routers": "sim.studies.compare", "pareto_front": "sim.studies.compare",
+    "analytic": "sim.studies.analytic", "aggregate_routers": "sim.studies.compare", "pareto_front": "sim.results.stats",
     "PlanSpec": "sim.studies.plan", "PlanTarget": "sim.studies.plan",
     "make_grid": "sim.studies.plan", "plan": "sim.studies.plan", "transient_requests": "sim.studies.plan",
     "load_reference": "sim.studies.reference", "measured": "sim.studies.reference",

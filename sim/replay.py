@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import simpy
 
 from sim.cluster.cluster import Cluster
-from sim.results.records import WorkerCounters
+from sim.results.records import WorkerCounters, prefix_cache_hit_rate, total_counters
 from sim.results.summary import slo_columns
 from sim.runner import build_router
 from sim.scenario import Scenario
@@ -43,23 +43,20 @@ class ReplayResult:
         """The replay's figures as flat columns (`kvsim replay`'s summary.csv, `kvsim compare --trace`): prefix reuse
         and vLLM's token hit rate from the counters, percentiles from the streaming histograms."""
         st = self.stats
-        queries = sum(w.prefix_cache.queries for w in self.workers)
-        hits = sum(w.prefix_cache.hits for w in self.workers)
+        engine = total_counters(self.workers)
         return {
             "requests": st.requests, "rejected": self.rejected, "prefix_reuse": st.prefix_reuse,
             "reuse_available": st.reuse_available, "reuse_captured": st.reuse_captured,
             "view_false_hit_rate": st.view_false_hit_rate,
-            "token_hit_rate": hits / queries if queries else float("nan"), "request_hit_rate": st.request_hit_rate,
+            "token_hit_rate": prefix_cache_hit_rate(engine.prefix_cache), "request_hit_rate": st.request_hit_rate,
             "ttft_p50_ms": st.ttft_ms.percentile(50), "ttft_p90_ms": st.ttft_ms.percentile(90),
             "ttft_p99_ms": st.ttft_ms.percentile(99), "e2e_p50_ms": st.e2e_ms.percentile(50),
-            "throughput_rps": st.throughput_rps, "preemptions": sum(w.preemptions for w in self.workers),
-            "evicted_blocks": sum(w.evicted_blocks for w in self.workers), "simulated_s": self.simulated_s,
+            "throughput_rps": st.throughput_rps, "preemptions": engine.preemptions,
+            "evicted_blocks": engine.evicted_blocks, "simulated_s": self.simulated_s,
             **self.slo_row(),
-            "cpu_hit_rate": st.cpu_hit_requests / st.requests if st.requests else float("nan"),
-            "cpu_prefix_reuse": st.cpu_cached_tokens / st.prompt_tokens if st.prompt_tokens else float("nan"),
-            "cpu_stored_blocks": sum(w.cpu_stored_blocks for w in self.workers),
-            "cpu_loaded_blocks": sum(w.cpu_loaded_blocks for w in self.workers),
-            "cpu_evicted_blocks": sum(w.cpu_evicted_blocks for w in self.workers),
+            "cpu_hit_rate": st.cpu_hit_rate, "cpu_prefix_reuse": st.cpu_prefix_reuse,
+            "cpu_stored_blocks": engine.cpu_stored_blocks, "cpu_loaded_blocks": engine.cpu_loaded_blocks,
+            "cpu_evicted_blocks": engine.cpu_evicted_blocks,
         }
 
     def slo_row(self) -> dict[str, float | int]:

@@ -174,12 +174,10 @@ def replay(trace, workers, kv_tokens, kv_blocks, kv_bytes, router, engine, scena
         load.add_column(col, justify="right")
     worker_rows = []
     for w, n, tokens in zip(result.workers, st.requests_per_worker, st.prompt_tokens_per_worker):
-        p = w.prefix_cache
         worker_rows.append({"worker": w.worker, "requests": n, "prompt_tokens": tokens,
-                            "token_hit_rate": p.hits / p.queries if p.queries else float("nan"),
-                            "preemptions": w.preemptions})
+                            "token_hit_rate": w.token_hit_rate, "preemptions": w.engine.preemptions})
         load.add_row(str(w.worker), str(n), f"{tokens / max(1, st.prompt_tokens):.3f}",
-                     fmt(worker_rows[-1]["token_hit_rate"]), str(w.preemptions))
+                     fmt(worker_rows[-1]["token_hit_rate"]), str(w.engine.preemptions))
     console.print(load)
     console.print(f"{st.requests} requests in {wall_s:.2f} s wall = {st.requests / wall_s:.0f} requests/s")
     if out_dir:

@@ -228,11 +228,10 @@ def run_command(scenario_path, prefixes, workers, concurrency, router, engine, c
                 *(("CPU stored", "CPU loaded", "CPU evicted") if tier else ())):
         workers_table.add_column(col, justify="right")
     for w, n in zip(result.workers, summary.requests_per_worker):
-        stats = w.prefix_cache
-        workers_table.add_row(str(w.worker), w.device, str(n),
-                              fmt(stats.hits / stats.queries if stats.queries else float("nan")),
-                              str(w.evicted_blocks), str(w.preemptions), str(w.steps),
-                              *((str(w.cpu_stored_blocks), str(w.cpu_loaded_blocks), str(w.cpu_evicted_blocks))
+        e = w.engine
+        workers_table.add_row(str(w.worker), w.device, str(n), fmt(w.token_hit_rate),
+                              str(e.evicted_blocks), str(e.preemptions), str(w.steps),
+                              *((str(e.cpu_stored_blocks), str(e.cpu_loaded_blocks), str(e.cpu_evicted_blocks))
                                 if tier else ()))
     console.print(workers_table)
     if out_dir:

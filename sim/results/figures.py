@@ -11,6 +11,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from sim.results.stats import percentile
+
 
 def _pyplot():
     """matplotlib's pyplot on the file-only Agg backend (no display needed)."""
@@ -224,7 +226,7 @@ def ttft_cdf_figure(outcomes: Sequence, *, title: str,
                         # percentiles of them are hollow markers beside the measured ones.
                         every = np.sort(np.asarray(samples["hit"] + samples["miss"]))
                         if every.size:
-                            ax.scatter([float(np.percentile(every, 100 * q)) for _, q in got], [q for _, q in got],
+                            ax.scatter([percentile(every, 100 * q) for _, q in got], [q for _, q in got],
                                        marker=_TTFT_STYLE[split][1], s=60, facecolors="none",
                                        edgecolors=colours[n], linewidths=1.3, zorder=7)
             ax.set_xscale("log")
@@ -336,8 +338,7 @@ def replay_figure(stats, *, title: str) -> bytes:
     minutes = [k * stats.bin_s / 60 for k in keys]
     bins = [stats.bins[k] for k in keys]
     fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(9, 6), dpi=100)
-    top.plot(minutes, [b.cached_tokens / b.prompt_tokens if b.prompt_tokens else float("nan") for b in bins],
-             label="prefix reuse (cached / prompt tokens)")
+    top.plot(minutes, [b.prefix_reuse for b in bins], label="prefix reuse (cached / prompt tokens)")
     top.set_ylabel("reuse")
     top.set_ylim(0, 1)
     top.grid(alpha=0.3)

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from functools import reduce
 
 from sim.engines.interface import EngineCounters, PrefixCacheStats, ServedRequest
+from sim.results.stats import NAN, ratio
+from sim.workloads.request import is_full_hit
 
 
 def booked_add(a: int, b: int) -> int:
@@ -16,7 +19,7 @@ def booked_add(a: int, b: int) -> int:
 
 def booked_fraction(part: int, whole: int) -> float:
     """`part / whole`, NaN when nothing was counted or `part` was not booked (-1)."""
-    return part / whole if whole and part >= 0 else float("nan")
+    return ratio(part, whole) if part >= 0 else NAN
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +88,8 @@ class RequestRecord:
 
     @property
     def is_full_hit(self) -> bool:
-        return self.shareable_tokens > 0 and self.cached_tokens >= self.shareable_tokens
+        """The whole shareable prefix was cached at first admission (`sim.workloads.request.is_full_hit`)."""
+        return is_full_hit(self.cached_tokens, self.shareable_tokens)
 
     @classmethod
     def from_state(cls, state: ServedRequest, sent_s: float, *, response_delay_s: float = 0.0,
@@ -174,48 +178,59 @@ class TtftSamples:
         return cls(tuple(hit), tuple(miss))
 
 
+def prefix_cache_hit_rate(stats: PrefixCacheStats) -> float:
+    """vLLM's token hit rate, `prefix_cache_hits / prefix_cache_queries` (NaN without a lookup); with a host (CPU)
+    tier the GPU's alone, as vLLM counts it."""
+    return ratio(stats.hits, stats.queries)
+
+
+_NO_COUNTS = EngineCounters(prefix_cache=PrefixCacheStats(), evicted_blocks=0, evicted_tokens=0, preemptions=0)
+
+
+def _combine(a: EngineCounters, b: EngineCounters, sign: int) -> EngineCounters:
+    """`a + sign * b`, counter by counter (the prefix-cache stats by their own `plus` / `minus`), so that a counter
+    added to `EngineCounters` is carried without a line here."""
+    values = {}
+    for f in fields(EngineCounters):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if isinstance(x, PrefixCacheStats):
+            values[f.name] = x.plus(y) if sign > 0 else x.minus(y)
+        else:
+            values[f.name] = x + sign * y
+    return EngineCounters(**values)
+
+
+def total_counters(workers: Iterable[WorkerCounters]) -> EngineCounters:
+    """The engine counters of `workers` summed (all zero without a worker): a run's or a replay's totals."""
+    return reduce(lambda total, w: _combine(total, w.engine, 1), workers, _NO_COUNTS)
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerCounters:
-    """One worker's counters over the measured phase (deltas from the end of the warm-ups to the end)."""
+    """One worker's counters over the measured phase (deltas from the end of the warm-ups to the end): its engine's
+    counters and the steps it ran."""
 
     worker: int
+    """The worker's index in the cluster."""
     device: str
-    prefix_cache: PrefixCacheStats
-    evicted_blocks: int
-    """Cached blocks (vLLM) or pages (SGLang) evicted."""
-    preemptions: int
-    """vLLM preemptions, SGLang retractions."""
+    """The name of the device it runs on."""
+    engine: EngineCounters
+    """Its engine's counters: prefix-cache lookups, evictions, preemptions, host-tier blocks."""
     steps: int
     """Engine steps (forward passes) run."""
-    evicted_tokens: int = 0
-    """Evicted KV in tokens."""
-    cpu_stored_blocks: int = 0
-    """Blocks copied to the host (CPU) KV tier."""
-    cpu_loaded_blocks: int = 0
-    """Blocks loaded back from the host tier."""
-    cpu_evicted_blocks: int = 0
-    """Blocks evicted from the host tier."""
 
     @classmethod
     def of(cls, worker: int, device: str, counters: EngineCounters, *, steps: int) -> WorkerCounters:
-        return cls(worker=worker, device=device, prefix_cache=counters.prefix_cache,
-                   evicted_blocks=counters.evicted_blocks, preemptions=counters.preemptions, steps=steps,
-                   evicted_tokens=counters.evicted_tokens, cpu_stored_blocks=counters.cpu_stored_blocks,
-                   cpu_loaded_blocks=counters.cpu_loaded_blocks, cpu_evicted_blocks=counters.cpu_evicted_blocks)
+        return cls(worker=worker, device=device, engine=counters, steps=steps)
+
+    @property
+    def token_hit_rate(self) -> float:
+        """The worker's `prefix_cache_hit_rate`."""
+        return prefix_cache_hit_rate(self.engine.prefix_cache)
 
     def minus(self, earlier: WorkerCounters) -> WorkerCounters:
-        return WorkerCounters(
-            worker=self.worker,
-            device=self.device,
-            prefix_cache=self.prefix_cache.minus(earlier.prefix_cache),
-            evicted_blocks=self.evicted_blocks - earlier.evicted_blocks,
-            preemptions=self.preemptions - earlier.preemptions,
-            steps=self.steps - earlier.steps,
-            evicted_tokens=self.evicted_tokens - earlier.evicted_tokens,
-            cpu_stored_blocks=self.cpu_stored_blocks - earlier.cpu_stored_blocks,
-            cpu_loaded_blocks=self.cpu_loaded_blocks - earlier.cpu_loaded_blocks,
-            cpu_evicted_blocks=self.cpu_evicted_blocks - earlier.cpu_evicted_blocks,
-        )
+        return WorkerCounters(worker=self.worker, device=self.device, engine=_combine(self.engine, earlier.engine, -1),
+                              steps=self.steps - earlier.steps)
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import csv
 import io
-import math
 import os
-import statistics
 import tempfile
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
-from sim.results.intervals import t_interval
+from sim.results.stats import over_runs
 
 TIER_COLUMNS = (
     "cpu_kv_gib", "gpu_hit_rate", "cpu_hit_rate", "cpu_token_hit_rate", "ttft_gpu_hit_p50_ms", "ttft_gpu_hit_p99_ms",
@@ -82,8 +80,8 @@ def csv_bytes(rows: Sequence[dict[str, object]], columns: Sequence[str]) -> byte
 
 
 def aggregate(rows: Sequence[dict[str, object]]) -> list[dict[str, object]]:
-    """Mean, standard deviation (`_sd`) and 95 % t-interval half-width (`_ci95`, nan for one run) over repeats for
-    each (workers, prefixes, concurrency, router, engine, host KV GiB: 0 in rows without one)."""
+    """Mean, standard deviation (`_sd`) and 95 % t-interval half-width (`_ci95`) over repeats (`over_runs`: both NaN
+    for one run) for each (workers, prefixes, concurrency, router, engine, host KV GiB: 0 in rows without one)."""
     groups: dict[tuple, list[dict[str, object]]] = defaultdict(list)
     for row in rows:
         groups[tuple(row.get(k, 0.0) for k in GROUP_KEYS)].append(row)
@@ -91,11 +89,7 @@ def aggregate(rows: Sequence[dict[str, object]]) -> list[dict[str, object]]:
     for key, members in sorted(groups.items()):
         agg: dict[str, object] = dict(zip(GROUP_KEYS, key))
         agg["repeats"] = len(members)
-        for col in AGGREGATED_COLUMNS:
-            values = [float(m[col]) for m in members if not math.isnan(float(m[col]))]
-            agg[col] = statistics.fmean(values) if values else float("nan")
-            agg[f"{col}_sd"] = statistics.stdev(values) if len(values) > 1 else 0.0
-            agg[f"{col}_ci95"] = t_interval(values).half_width
+        for col, interval in over_runs(members, AGGREGATED_COLUMNS).items():
+            agg.update(interval.columns(col))
         out.append(agg)
     return out
-

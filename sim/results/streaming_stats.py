@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass, field
 
 from sim.results.records import RequestRecord, Slo, booked_add
+from sim.results.stats import ratio
 from sim.results.summary import RequestRates
 
 _BIN_RATIO = 1.01
@@ -58,10 +59,21 @@ class LogHistogram:
 
 @dataclass
 class TimeBin:
+    """The requests sent in one bin of trace time."""
+
     requests: int = 0
+    """Requests sent in the bin."""
     prompt_tokens: int = 0
+    """Their prompt tokens."""
     cached_tokens: int = 0
+    """Of those, tokens cached at each request's first admission."""
     ttft_ms: LogHistogram = field(default_factory=LogHistogram)
+    """Their TTFTs."""
+
+    @property
+    def prefix_reuse(self) -> float:
+        """Cached prompt tokens / prompt tokens of the bin's requests."""
+        return ratio(self.cached_tokens, self.prompt_tokens)
 
     def merge(self, other: TimeBin) -> None:
         self.requests += other.requests
@@ -77,21 +89,35 @@ class StreamingStats(RequestRates):
     The SLO counters count against `slo` exactly as a run's summary does (`sim.results.records.Slo`)."""
 
     num_workers: int
+    """Workers of the replay (the length of the per-worker lists)."""
     bin_s: float = 60.0
+    """Width of the time bins of the figure, in seconds of send time."""
     slo: Slo = Slo()
+    """The objectives the SLO counters count against."""
     requests: int = 0
+    """Requests served."""
     hit_requests: int = 0
+    """Of those, requests with any cached prompt token at first admission."""
+    full_hit_requests: int = 0
+    """Of those, requests whose whole shareable prefix was cached (none in a trace, which declares no prefix)."""
     cpu_hit_requests: int = 0
     """Requests whose hit came partly from the host (CPU) KV tier."""
     prompt_tokens: int = 0
+    """Prompt tokens of the requests."""
     cached_tokens: int = 0
+    """Of those, tokens cached at each request's first admission."""
     cpu_cached_tokens: int = 0
     """Of `cached_tokens`, those loaded from the host tier."""
     available_tokens: int = 0
+    """Prompt tokens one infinite cache shared by the cluster would hit (-1: not booked)."""
     captured_tokens: int = 0
+    """Prompt tokens an infinite cache on each chosen worker would hit (-1: not booked)."""
     view_checked: int = 0
+    """Requests routed on non-exact state (their belief was compared with the cache)."""
     view_false_hits: int = 0
+    """Of those, requests whose chosen worker held less than the router believed."""
     preemptions: int = 0
+    """Preemptions (retractions) of the requests, summed."""
     slo_met_requests: int = 0
     """Requests meeting every objective of `slo` (all of them when none is set)."""
     ttft_slo_met: int = 0
@@ -101,7 +127,9 @@ class StreamingStats(RequestRates):
     e2e_slo_met: int = 0
     """Requests within `slo.e2e_ms` (all when it is unset)."""
     first_sent_s: float = math.inf
+    """When the first request was sent."""
     last_finished_s: float = 0.0
+    """When the last request finished."""
     ttft_ms: LogHistogram = field(default_factory=LogHistogram)
     e2e_ms: LogHistogram = field(default_factory=LogHistogram)
     tpot_ms: LogHistogram = field(default_factory=LogHistogram)
@@ -109,6 +137,7 @@ class StreamingStats(RequestRates):
     requests_per_worker: list[int] = field(default_factory=list)
     prompt_tokens_per_worker: list[int] = field(default_factory=list)
     bins: dict[int, TimeBin] = field(default_factory=dict)
+    """Per time bin (send time // `bin_s`), its requests' counts and TTFTs."""
 
     def __post_init__(self) -> None:
         self.requests_per_worker = [0] * self.num_workers
@@ -116,8 +145,9 @@ class StreamingStats(RequestRates):
 
     def add(self, r: RequestRecord) -> None:
         self.requests += 1
-        self.hit_requests += r.cached_tokens > 0
-        self.cpu_hit_requests += r.cpu_cached_tokens > 0
+        self.hit_requests += r.is_hit
+        self.full_hit_requests += r.is_full_hit
+        self.cpu_hit_requests += r.is_cpu_hit
         self.prompt_tokens += r.prompt_tokens
         self.cached_tokens += r.cached_tokens
         self.cpu_cached_tokens += r.cpu_cached_tokens
@@ -155,6 +185,7 @@ class StreamingStats(RequestRates):
             raise ValueError("merging statistics of different shapes (workers, time bins or SLO)")
         self.requests += other.requests
         self.hit_requests += other.hit_requests
+        self.full_hit_requests += other.full_hit_requests
         self.cpu_hit_requests += other.cpu_hit_requests
         self.prompt_tokens += other.prompt_tokens
         self.cached_tokens += other.cached_tokens
@@ -180,18 +211,9 @@ class StreamingStats(RequestRates):
             self.bins.setdefault(key, TimeBin()).merge(theirs)
 
     @property
-    def prefix_reuse(self) -> float:
-        """Cached prompt tokens / prompt tokens (Dynamo's `prefix_cache_reused_ratio`)."""
-        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else float("nan")
-
-    @property
     def span_s(self) -> float:
         """From the first request sent to the last finished: the replay's duration for rates."""
         return self.last_finished_s - self.first_sent_s
-
-    @property
-    def rate_prompt_tokens(self) -> int:
-        return self.prompt_tokens
 
     @property
     def rate_span_s(self) -> float:

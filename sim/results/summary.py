@@ -5,24 +5,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import reduce
 
-import numpy as np
-
-from sim.engines.interface import PrefixCacheStats
-from sim.results.records import RunResult, Slo, booked_add, booked_fraction
-
-NAN = float("nan")
+from sim.engines.interface import EngineCounters
+from sim.results.records import RunResult, Slo, booked_add, booked_fraction, total_counters
+from sim.results.stats import NAN, per_second, percentile, ratio
 
 
 def _percentile_ms(values_s: list[float], q: float) -> float:
-    if not values_s:
-        return float("nan")
-    return float(np.percentile(np.asarray(values_s), q) * 1000.0)
+    return percentile(values_s, q) * 1000.0
 
 
 def imbalance_max_mean(requests_per_worker: tuple[int, ...] | list[int]) -> float:
     """The busiest worker's requests / the mean per worker (1 = perfectly even, n = all on one of n); NaN when none."""
-    total = sum(requests_per_worker)
-    return max(requests_per_worker) * len(requests_per_worker) / total if total else NAN
+    return ratio(max(requests_per_worker) * len(requests_per_worker), sum(requests_per_worker))
 
 
 def jain_index(requests_per_worker: tuple[int, ...] | list[int]) -> float:
@@ -30,7 +24,7 @@ def jain_index(requests_per_worker: tuple[int, ...] | list[int]) -> float:
     worker (idle workers count in n); NaN when none."""
     total = sum(requests_per_worker)
     squares = sum(x * x for x in requests_per_worker)
-    return total * total / (len(requests_per_worker) * squares) if squares else NAN
+    return ratio(total * total, len(requests_per_worker) * squares)
 
 
 def slo_columns(slo: Slo) -> dict[str, float]:
@@ -40,44 +34,82 @@ def slo_columns(slo: Slo) -> dict[str, float]:
             for name, value in (("ttft", slo.ttft_ms), ("tpot", slo.tpot_ms), ("e2e", slo.e2e_ms))}
 
 
-class RequestRates:
-    """The rates a run's `Summary` and a replay's `StreamingStats` both report, derived in this one place from the
-    counters both keep: `requests`, `hit_requests`, `slo_met_requests`, `requests_per_worker`, `view_checked`,
-    `view_false_hits`, `available_tokens` and `captured_tokens` (-1: not booked), over `rate_prompt_tokens` prompt
-    tokens and `rate_span_s` seconds (each class says which)."""
+class HitRates:
+    """The hit rates and throughput of a set of requests, derived in this one place from the counters every summary
+    keeps (a run's `Summary`, a replay's `StreamingStats`, validation's `RequestCounts`): `requests`,
+    `hit_requests`, `full_hit_requests`, `cpu_hit_requests`, `prompt_tokens`, `cached_tokens`, `cpu_cached_tokens`,
+    over `rate_span_s` seconds (each class says which span)."""
 
     __slots__ = ()
 
     @property
     def request_hit_rate(self) -> float:
-        return self.hit_requests / self.requests if self.requests else NAN
+        """Requests with any cached prompt token at first admission / requests (what the reference counts)."""
+        return ratio(self.hit_requests, self.requests)
 
     @property
-    def reuse_available(self) -> float:
-        return booked_fraction(self.available_tokens, self.rate_prompt_tokens)
+    def full_hit_rate(self) -> float:
+        """Requests whose whole shareable prefix was cached / requests (`sim.workloads.request.is_full_hit`)."""
+        return ratio(self.full_hit_requests, self.requests)
 
     @property
-    def reuse_captured(self) -> float:
-        return booked_fraction(self.captured_tokens, self.rate_prompt_tokens)
+    def gpu_hit_rate(self) -> float:
+        """Requests whose whole hit was on the GPU / requests (with `cpu_hit_rate`: `request_hit_rate`)."""
+        return ratio(self.hit_requests - self.cpu_hit_requests, self.requests)
 
     @property
-    def view_false_hit_rate(self) -> float:
-        return self.view_false_hits / self.view_checked if self.view_checked else NAN
+    def cpu_hit_rate(self) -> float:
+        """Requests that loaded part of their hit from the host (CPU) KV tier / requests."""
+        return ratio(self.cpu_hit_requests, self.requests)
+
+    @property
+    def prefix_reuse(self) -> float:
+        """Cached prompt tokens / prompt tokens, each request counted at its first admission (Dynamo's
+        `prefix_cache_reused_ratio`; a run's `token_hit_rate`)."""
+        return ratio(self.cached_tokens, self.prompt_tokens)
+
+    @property
+    def cpu_prefix_reuse(self) -> float:
+        """Prompt tokens loaded from the host tier / prompt tokens (part of `prefix_reuse`)."""
+        return ratio(self.cpu_cached_tokens, self.prompt_tokens)
 
     @property
     def throughput_rps(self) -> float:
-        span = self.rate_span_s
-        return self.requests / span if span > 0 else NAN
+        return per_second(self.requests, self.rate_span_s)
+
+
+class RequestRates(HitRates):
+    """Beside the hit rates, the rates a run's `Summary` and a replay's `StreamingStats` both report, from the
+    counters both keep: `slo_met_requests`, `requests_per_worker`, `view_checked`, `view_false_hits`,
+    `available_tokens` and `captured_tokens` (-1: not booked)."""
+
+    __slots__ = ()
+
+    @property
+    def reuse_available(self) -> float:
+        return booked_fraction(self.available_tokens, self.prompt_tokens)
+
+    @property
+    def reuse_captured(self) -> float:
+        return booked_fraction(self.captured_tokens, self.prompt_tokens)
+
+    @property
+    def view_false_hit_rate(self) -> float:
+        return ratio(self.view_false_hits, self.view_checked)
 
     @property
     def goodput_rps(self) -> float:
         """Requests meeting the SLO per second (= throughput when no objective is set)."""
-        span = self.rate_span_s
-        return self.slo_met_requests / span if span > 0 else NAN
+        return per_second(self.slo_met_requests, self.rate_span_s)
 
     @property
     def goodput_fraction(self) -> float:
-        return self.slo_met_requests / self.requests if self.requests else NAN
+        return ratio(self.slo_met_requests, self.requests)
+
+    @property
+    def max_worker_share(self) -> float:
+        """The busiest worker's share of the requests."""
+        return ratio(max(self.requests_per_worker), self.requests)
 
     @property
     def imbalance_max_mean(self) -> float:
@@ -89,14 +121,39 @@ class RequestRates:
 
 
 @dataclass(frozen=True, slots=True)
+class RequestCounts(HitRates):
+    """The counters of a set of requests that hit rates and throughput need, for figures that have only those (a
+    measured run and its simulation, `sim.studies.validate`)."""
+
+    requests: int
+    hit_requests: int
+    """Requests with any cached prompt token."""
+    full_hit_requests: int
+    """Requests whose whole shareable prefix was cached."""
+    prompt_tokens: int
+    cached_tokens: int
+    """Cached prompt tokens, summed over the requests."""
+    span_s: float
+    """From the first request sent to the last finished."""
+    cpu_hit_requests: int = 0
+    """Requests whose hit came partly from the host (CPU) KV tier."""
+    cpu_cached_tokens: int = 0
+    """Of `cached_tokens`, those loaded from the host tier."""
+
+    @property
+    def rate_span_s(self) -> float:
+        return self.span_s
+
+
+@dataclass(frozen=True, slots=True)
 class Summary(RequestRates):
     """Counts over the measured requests of one run, and the rates derived from them.
 
-    * `request_hit_rate`: requests with any cached token at first admission / requests (what the reference counts);
-    * `full_hit_rate`: requests whose whole shareable prefix was cached / requests;
+    * `request_hit_rate`, `full_hit_rate`, `gpu_hit_rate`, `cpu_hit_rate`: see `HitRates`;
     * `token_hit_rate`: cached prompt tokens / prompt tokens over the measured requests, each counted at its first
-      admission: vLLM's `prefix_cache_hits / prefix_cache_queries` as vLLM >= 0.27 counts them (older releases also
-      count failed lookups; the raw counters of the measured phase are in `prefix_cache`).
+      admission (`prefix_reuse`): vLLM's `prefix_cache_hits / prefix_cache_queries` as vLLM >= 0.27 counts them
+      (older releases also count failed lookups; the raw counters of the measured phase are in
+      `engine.prefix_cache`).
     * `reuse_available` / `reuse_captured` / `reuse_delivered`: prompt tokens that one infinite shared cache, an
       infinite cache per worker under the router's choices, and the real finite caches hit, over prompt tokens
       (`sim.cluster.reuse.ReuseLedger`; delivered is `token_hit_rate`). available - captured is what routing
@@ -108,24 +165,30 @@ class Summary(RequestRates):
     * `tpot_ms` / `e2e_ms`: p50 and p99 of time per output token (requests of one output token have none) and of
       send-to-last-token latency.
     * `imbalance_max_mean` and `jain_index` of `requests_per_worker` (idle workers included).
-    * By tier, with a host (CPU) KV tier: `gpu_hit_rate` (requests whose whole hit was on the GPU) + `cpu_hit_rate`
-      (requests that loaded part of their hit from the host tier) = `request_hit_rate`; `cpu_token_hit_rate`: the
-      loaded tokens over prompt tokens (in `token_hit_rate` too); TTFT percentiles of GPU hits and CPU hits apart
-      (`ttft_ms` keys `gpu_hit_p50`, `cpu_hit_p50`, ...); blocks stored to, loaded from and evicted from the tier.
+    * By tier, with a host (CPU) KV tier: `gpu_hit_rate` + `cpu_hit_rate` = `request_hit_rate`;
+      `cpu_token_hit_rate`: the loaded tokens over prompt tokens (in `token_hit_rate` too); TTFT percentiles of GPU
+      hits and CPU hits apart (`ttft_ms` keys `gpu_hit_p50`, `cpu_hit_p50`, ...); blocks stored to, loaded from and
+      evicted from the tier (`engine`).
     """
 
     requests: int
+    """Measured requests."""
     hit_requests: int
+    """Of those, requests with any cached prompt token at first admission."""
     full_hit_requests: int
-    query_tokens: int
-    hit_tokens: int
-    prefix_cache: PrefixCacheStats
-    evicted_blocks: int
-    evicted_tokens: int
-    preemptions: int
+    """Of those, requests whose whole shareable prefix was cached."""
+    prompt_tokens: int
+    """Prompt tokens of the measured requests."""
+    cached_tokens: int
+    """Of those, tokens cached at each request's first admission."""
+    engine: EngineCounters
+    """The workers' engine counters over the measured phase, summed (`total_counters`)."""
     duration_s: float
+    """The measured phase's length: the span of the rates."""
     ttft_ms: dict[str, float]
+    """TTFT percentiles: keys p50, p90, p99 (all), hit_p50 ... miss_p99, gpu_hit_p50 ... cpu_hit_p99."""
     requests_per_worker: tuple[int, ...]
+    """Measured requests per worker, idle workers included."""
     slo: Slo
     """The objectives the SLO counters were counted against."""
     slo_met_requests: int
@@ -141,7 +204,9 @@ class Summary(RequestRates):
     e2e_ms: dict[str, float]
     """End-to-end latency percentiles (keys p50, p99) over the measured requests."""
     available_tokens: int = 0
+    """Prompt tokens one infinite cache shared by the cluster would hit (-1: not booked)."""
     captured_tokens: int = 0
+    """Prompt tokens an infinite cache on each chosen worker would hit (-1: not booked)."""
     view_checked: int = 0
     """Measured requests routed on non-exact state (their belief was compared with the cache)."""
     view_false_hits: int = 0
@@ -150,42 +215,26 @@ class Summary(RequestRates):
     """Believed-but-absent prompt tokens, summed over those requests."""
     cpu_hit_requests: int = 0
     """Measured requests whose hit came partly from the host tier."""
-    cpu_hit_tokens: int = 0
-    """Prompt tokens loaded from the host tier (part of `hit_tokens`)."""
-    cpu_stored_blocks: int = 0
-    cpu_loaded_blocks: int = 0
-    cpu_evicted_blocks: int = 0
+    cpu_cached_tokens: int = 0
+    """Prompt tokens loaded from the host tier (part of `cached_tokens`)."""
 
     @property
-    def gpu_hit_rate(self) -> float:
-        return (self.hit_requests - self.cpu_hit_requests) / self.requests if self.requests else NAN
-
-    @property
-    def cpu_hit_rate(self) -> float:
-        return self.cpu_hit_requests / self.requests if self.requests else NAN
+    def token_hit_rate(self) -> float:
+        """`prefix_reuse`, under vLLM's name."""
+        return self.prefix_reuse
 
     @property
     def cpu_token_hit_rate(self) -> float:
-        return self.cpu_hit_tokens / self.query_tokens if self.query_tokens else NAN
-
-    @property
-    def rate_prompt_tokens(self) -> int:
-        return self.query_tokens
+        """`cpu_prefix_reuse`, under the name of `token_hit_rate`."""
+        return self.cpu_prefix_reuse
 
     @property
     def rate_span_s(self) -> float:
         return self.duration_s
 
-    @property
-    def full_hit_rate(self) -> float:
-        return self.full_hit_requests / self.requests if self.requests else float("nan")
-
-    @property
-    def token_hit_rate(self) -> float:
-        return self.hit_tokens / self.query_tokens if self.query_tokens else float("nan")
-
     def row(self) -> dict[str, float | int]:
         """The summary as flat columns (`summary.csv`)."""
+        engine = self.engine
         return {
             "requests": self.requests,
             "request_hit_rate": self.request_hit_rate,
@@ -198,12 +247,12 @@ class Summary(RequestRates):
             "throughput_rps": self.throughput_rps,
             "hit_requests": self.hit_requests,
             "full_hit_requests": self.full_hit_requests,
-            "prefix_cache_queries": self.prefix_cache.queries,
-            "prefix_cache_hits": self.prefix_cache.hits,
-            "evicted_blocks": self.evicted_blocks,
-            "evicted_tokens": self.evicted_tokens,
-            "preemptions": self.preemptions,
-            "max_worker_share": max(self.requests_per_worker) / self.requests if self.requests else float("nan"),
+            "prefix_cache_queries": engine.prefix_cache.queries,
+            "prefix_cache_hits": engine.prefix_cache.hits,
+            "evicted_blocks": engine.evicted_blocks,
+            "evicted_tokens": engine.evicted_tokens,
+            "preemptions": engine.preemptions,
+            "max_worker_share": self.max_worker_share,
             "reuse_available": self.reuse_available,
             "reuse_captured": self.reuse_captured,
             "reuse_delivered": self.token_hit_rate,
@@ -227,9 +276,9 @@ class Summary(RequestRates):
             "cpu_hit_rate": self.cpu_hit_rate,
             "cpu_token_hit_rate": self.cpu_token_hit_rate,
             **{f"ttft_{tier}_hit_p{q}_ms": self.ttft_ms[f"{tier}_hit_p{q}"] for tier in ("gpu", "cpu") for q in (50, 99)},
-            "cpu_stored_blocks": self.cpu_stored_blocks,
-            "cpu_loaded_blocks": self.cpu_loaded_blocks,
-            "cpu_evicted_blocks": self.cpu_evicted_blocks,
+            "cpu_stored_blocks": engine.cpu_stored_blocks,
+            "cpu_loaded_blocks": engine.cpu_loaded_blocks,
+            "cpu_evicted_blocks": engine.cpu_evicted_blocks,
         }
 
 
@@ -239,9 +288,6 @@ def summarize(result: RunResult) -> Summary:
     slo = result.slo
     tpot = [t for r in measured if (t := r.tpot_s) is not None]
     e2e = [r.e2e_s for r in measured]
-    stats = PrefixCacheStats()
-    for w in result.workers:
-        stats = stats.plus(w.prefix_cache)
     ttft_all = [r.ttft_s for r in measured]
     ttft_hit = [r.ttft_s for r in measured if r.is_hit]
     ttft_miss = [r.ttft_s for r in measured if not r.is_hit]
@@ -254,12 +300,9 @@ def summarize(result: RunResult) -> Summary:
         requests=len(measured),
         hit_requests=sum(1 for r in measured if r.is_hit),
         full_hit_requests=sum(1 for r in measured if r.is_full_hit),
-        query_tokens=sum(r.prompt_tokens for r in measured),
-        hit_tokens=sum(r.cached_tokens for r in measured),
-        prefix_cache=stats,
-        evicted_blocks=sum(w.evicted_blocks for w in result.workers),
-        evicted_tokens=sum(w.evicted_tokens for w in result.workers),
-        preemptions=sum(w.preemptions for w in result.workers),
+        prompt_tokens=sum(r.prompt_tokens for r in measured),
+        cached_tokens=sum(r.cached_tokens for r in measured),
+        engine=total_counters(result.workers),
         duration_s=result.measured_end_s - result.measured_start_s,
         ttft_ms={
             f"{prefix}p{q}": _percentile_ms(values, q)
@@ -281,8 +324,5 @@ def summarize(result: RunResult) -> Summary:
         view_false_hits=sum(1 for r in measured if r.believed_tokens > r.held_tokens),
         view_false_tokens=sum(max(0, r.believed_tokens - r.held_tokens) for r in measured),
         cpu_hit_requests=sum(1 for r in measured if r.is_cpu_hit),
-        cpu_hit_tokens=sum(r.cpu_cached_tokens for r in measured),
-        cpu_stored_blocks=sum(w.cpu_stored_blocks for w in result.workers),
-        cpu_loaded_blocks=sum(w.cpu_loaded_blocks for w in result.workers),
-        cpu_evicted_blocks=sum(w.cpu_evicted_blocks for w in result.workers),
+        cpu_cached_tokens=sum(r.cpu_cached_tokens for r in measured),
     )

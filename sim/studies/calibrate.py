@@ -22,6 +22,7 @@ from scipy.optimize import least_squares
 from scipy.stats import qmc
 
 from sim.results.records import TtftSamples
+from sim.results.stats import per_second, percentile
 from sim.studies.reference import Measurement
 from sim.servers.run_csv import Run
 from sim.runner import run
@@ -108,13 +109,13 @@ def targets_from_runs(runs: Iterable[Run], *, ttft_source: str = "client") -> li
         for metric, (split, q) in TTFT_METRICS.items():
             values = [r.ttft(ttft_source) for r in rows if split == "all" or (split == "hit") == r.is_hit]
             if len(values) >= 10:  # a percentile of a handful of requests is not a measurement
-                out.append(Target(measured_run.name, point, metric, float(np.percentile(values, q)), pooled=True))
+                out.append(Target(measured_run.name, point, metric, percentile(values, q), pooled=True))
         outputs = measured_run.setup.output_tokens
         for metric, (kind, q) in LATENCY_METRICS.items():
             values = [r.e2e_ms for r in rows] if kind == "e2e" else \
                 [v for r in rows if (v := r.tpot_ms(outputs)) is not None]
             if len(values) >= 10:
-                out.append(Target(measured_run.name, point, metric, float(np.percentile(values, q)), pooled=True))
+                out.append(Target(measured_run.name, point, metric, percentile(values, q), pooled=True))
         out.append(Target(measured_run.name, point, "throughput_rps", measured_figures(measured_run)["throughput_rps"],
                           pooled=True))
     return out
@@ -202,7 +203,7 @@ def simulate_latencies(scenario: Scenario, stream: RequestStream | None = None,
     duration = result.measured_end_s - result.measured_start_s
     return Latencies(
         ttft=TtftSamples.of(measured, engine=ttft_source == "server"),
-        throughput_rps=len(measured) / duration if duration > 0 else float("nan"),
+        throughput_rps=per_second(len(measured), duration),
         e2e_ms=tuple(r.e2e_s * 1000 for r in measured),
         tpot_ms=tuple(r.tpot_s * 1000 for r in measured if r.tpot_s is not None),
     )
@@ -243,9 +244,8 @@ def predict(target: Target, runs: Sequence[Latencies]) -> float:
     kind, q = TTFT_METRICS.get(target.metric) or LATENCY_METRICS[target.metric]
     samples = [r.latency_ms(kind) for r in runs]
     if target.pooled:
-        values = [v for s in samples for v in s]
-        return float(np.percentile(values, q)) if values else float("nan")
-    per_run = [np.percentile(s, q) for s in samples if s]
+        return percentile([v for s in samples for v in s], q)
+    per_run = [percentile(s, q) for s in samples if s]
     return float(np.median(per_run)) if per_run else float("nan")
 
 

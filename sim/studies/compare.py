@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from sim.replay import Trace, replay
-from sim.results.intervals import t_interval
+from sim.results.stats import over_runs, pareto_front
 from sim.routing.spec import router_overrides
 from sim.runner import build_router
 from sim.scenario import Scenario
@@ -48,17 +48,6 @@ workload's `full_hit_rate`; the SLO and balance columns from `goodput_rps` on co
 
 POINT_KEYS = ("workers", "prefixes", "concurrency")
 """What makes a point (a panel, a table); prefixes and concurrency are None for a trace."""
-
-
-def pareto_front(points: Sequence[tuple[float, float]]) -> list[bool]:
-    """For (value to maximise, value to minimise) pairs — (hit rate, TTFT p99 ms) —, True where no other pair is at
-    least as good in both and better in one. Equal pairs are on the front together; a pair with a nan never is."""
-    ok = [not (math.isnan(y) or math.isnan(x)) for y, x in points]
-    return [
-        ok[i] and not any(
-            ok[j] and yj >= yi and xj <= xi and (yj > yi or xj < xi) for j, (yj, xj) in enumerate(points) if j != i)
-        for i, (yi, xi) in enumerate(points)
-    ]
 
 
 def hit_rate_bound(workers: int, capacity_requests: float, prefixes: int) -> float:
@@ -103,7 +92,7 @@ def run_trace_point(base: Scenario, point: TracePoint, open_trace: Callable[[], 
         **result.row(),
         # NOTE: the reuse the real caches delivered is the prefix reuse (the names of `summary.csv`).
         "reuse_delivered": stats.prefix_reuse,
-        "max_worker_share": max(stats.requests_per_worker) / stats.requests if stats.requests else math.nan,
+        "max_worker_share": stats.max_worker_share,
     }
 
 
@@ -147,9 +136,8 @@ def aggregate_routers(rows: Sequence[dict[str, object]], *, capacity_requests: f
         for (router, engine), members in groups[point].items():
             agg: dict[str, object] = {**dict(zip(POINT_KEYS, point)), "router": router, "engine": engine,
                                       "repeats": len(members), "primary_metric": primary}
-            for m in present:
-                iv = t_interval(float(r[m]) if r.get(m) is not None else math.nan for r in members)
-                agg[m], agg[f"{m}_sd"], agg[f"{m}_ci95"] = iv.mean, iv.sd, iv.half_width
+            for m, interval in over_runs(members, present).items():
+                agg.update(interval.columns(m))
             if capacity_requests is not None:
                 agg["bound"] = hit_rate_bound(int(workers), capacity_requests, int(prefixes))
                 agg["random_expectation"] = formula_hit_rate(capacity_requests, int(prefixes))

@@ -18,7 +18,6 @@ the router whose best setting meets the constraints with the best objective (or,
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -30,6 +29,7 @@ from sim.routing.spec import router_overrides, split_router_spec
 from sim.runner import run
 from sim.scenario import Scenario, cpu_kv_gib, with_cpu_kv_gib
 from sim.workloads.spec import length_mean
+from sim.results.stats import t_interval
 from sim.results.summary import summarize
 from sim.studies.executor import Executor, using
 from sim.studies.tune import Objective, RunStore, TuneResult, tune
@@ -64,7 +64,8 @@ class PlanTarget:
 
 @dataclass(frozen=True, slots=True)
 class Evaluation:
-    """One candidate value, simulated `repeats` times."""
+    """One candidate value, simulated `repeats` times: the means over those runs and their 95 % Student-t
+    half-widths (`sim.results.stats.t_interval`; NaN for one run)."""
 
     value: float
     hit_rates: tuple[float, ...]
@@ -72,23 +73,19 @@ class Evaluation:
 
     @property
     def hit_rate(self) -> float:
-        return statistics.fmean(self.hit_rates)
+        return t_interval(self.hit_rates).mean
 
     @property
     def ttft_p99(self) -> float:
-        return statistics.fmean(self.ttft_p99_ms)
-
-    @staticmethod
-    def _ci95(values: tuple[float, ...]) -> float:
-        return 1.96 * statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else float("nan")
+        return t_interval(self.ttft_p99_ms).mean
 
     @property
     def hit_rate_ci95(self) -> float:
-        return self._ci95(self.hit_rates)
+        return t_interval(self.hit_rates).half_width
 
     @property
     def ttft_p99_ci95(self) -> float:
-        return self._ci95(self.ttft_p99_ms)
+        return t_interval(self.ttft_p99_ms).half_width
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,12 +33,12 @@ Pareto metrics (default: the objective's column and ttft_p99_ms).
 from __future__ import annotations
 
 import math
-import statistics
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from sim.results.stats import over_runs, pareto_front
 from sim.routing.spec import format_value, router_label, split_router_spec
 from sim.runner import build_router, router_class
 from sim.scenario import Scenario
@@ -275,29 +275,7 @@ def parse_pareto(text: str) -> tuple[Metric, Metric]:
     return a, b
 
 
-# ------------------------------------------------------------------ the Pareto front and the ranking
-def pareto_front(points: Sequence[tuple[float, float]], maximize: tuple[bool, bool]) -> list[bool]:
-    """Per point, whether no other point dominates it (at least as good in both, better in one). Equal points do not
-    dominate each other; points with a NaN are never on the front. O(n log n): sort by the first metric (best
-    first, then the second best first) and keep the best second value seen so far.
-
-        dominated(p) <=> some q sorted before p has q.b better than p.b, or q.b == p.b and q.a better than p.a
-    """
-    sign = (-1.0 if maximize[0] else 1.0, -1.0 if maximize[1] else 1.0)  # to minimise both
-    keyed = [(sign[0] * a, sign[1] * b, i) for i, (a, b) in enumerate(points) if not (math.isnan(a) or math.isnan(b))]
-    keyed.sort()
-    on = [False] * len(points)
-    best_b = math.inf
-    best_a = math.inf  # the smallest a among the points with b == best_b (the first of them in sorted order)
-    for a, b, i in keyed:
-        if b < best_b:
-            best_b, best_a = b, a
-            on[i] = True
-        elif b == best_b and a == best_a:
-            on[i] = True  # a duplicate of a front point
-    return on
-
-
+# ------------------------------------------------------------------ the ranking
 def _objective_value(trial: Trial, objective: Objective, pareto: tuple[Metric, Metric]) -> float:
     metric = objective.metric or pareto[0]
     return trial.means.get(metric.column, math.nan)
@@ -326,25 +304,10 @@ def _numeric(row: Mapping[str, object]) -> dict[str, float]:
             if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("repeat", "seed")}
 
 
-def ci95_half_width(values: Sequence[float]) -> float:
-    """Student-t 95 % half-width of the mean of `values` (NaN for fewer than two)."""
-    if len(values) < 2:
-        return math.nan
-    from scipy.stats import t
-
-    return float(t.ppf(0.975, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values)))
-
-
 def summarise_runs(rows: Sequence[Mapping[str, object]]) -> tuple[dict[str, float], dict[str, float]]:
-    """Means and 95 % half-widths over runs of every numeric column (NaN values skipped)."""
-    numeric = [_numeric(r) for r in rows]
-    columns = list(numeric[0])
-    means, ci = {}, {}
-    for col in columns:
-        values = [n[col] for n in numeric if col in n and not math.isnan(n[col])]
-        means[col] = statistics.fmean(values) if values else math.nan
-        ci[col] = ci95_half_width(values)
-    return means, ci
+    """Means and 95 % half-widths over runs of every numeric column of the first row (`over_runs`)."""
+    intervals = over_runs([_numeric(r) for r in rows], _numeric(rows[0]))
+    return {c: iv.mean for c, iv in intervals.items()}, {c: iv.half_width for c, iv in intervals.items()}
 
 
 def _run_row(args: tuple[Scenario, SweepPoint]) -> dict[str, object]:

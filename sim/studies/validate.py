@@ -15,9 +15,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from sim.results.records import RunResult
+from sim.results.stats import percentile
+from sim.results.summary import RequestCounts
 from sim.servers.run_csv import Run, RunSetup
 from sim.runner import run as simulate
 from sim.scenario import Scenario, ScenarioError
+from sim.workloads.request import is_full_hit, shareable_tokens
 from sim.workloads.shared_prefix import RequestStream, SharedPrefixRequests, with_token_identity
 
 METRICS = ("request_hit_rate", "full_hit_rate", "token_hit_rate", "ttft_p50_ms", "ttft_p99_ms",
@@ -108,23 +111,22 @@ def stream_for_run(run: Run, *, block_size: int) -> RequestStream:
 
 def _figures(*, hit: list[bool], full: list[bool], cached: list[int], prompt: list[int], ttft_ms: list[float],
              tpot_ms: list[float | None], e2e_ms: list[float], duration_s: float) -> dict[str, float]:
-    """The compared figures from per-request values (measured or simulated alike). TPOT and E2E are always the
-    client's (send to last token): a server reports neither per request."""
+    """The compared figures from per-request values (measured or simulated alike): the rates from their counts
+    (`RequestCounts`), the percentiles from the values. TPOT and E2E are always the client's (send to last token):
+    a server reports neither per request."""
+    counts = RequestCounts(requests=len(hit), hit_requests=sum(hit), full_hit_requests=sum(full),
+                           prompt_tokens=sum(prompt), cached_tokens=sum(cached), span_s=duration_s)
     ttft = np.array(ttft_ms)
     tpot = [v for v in tpot_ms if v is not None]
     hits = np.array(hit, dtype=bool)
-
-    def pct(values, q):
-        return float(np.percentile(values, q)) if len(values) else float("nan")
-
     return {
-        "request_hit_rate": float(hits.mean()),
-        "full_hit_rate": float(np.mean(full)),
-        "token_hit_rate": sum(cached) / sum(prompt),
-        "ttft_p50_ms": pct(ttft, 50), "ttft_p99_ms": pct(ttft, 99),
-        "ttft_hit_p50_ms": pct(ttft[hits], 50), "ttft_miss_p50_ms": pct(ttft[~hits], 50),
-        "tpot_p50_ms": pct(tpot, 50), "e2e_p50_ms": pct(e2e_ms, 50), "e2e_p99_ms": pct(e2e_ms, 99),
-        "throughput_rps": len(hit) / duration_s if duration_s > 0 else float("nan"),
+        "request_hit_rate": counts.request_hit_rate,
+        "full_hit_rate": counts.full_hit_rate,
+        "token_hit_rate": counts.prefix_reuse,
+        "ttft_p50_ms": percentile(ttft, 50), "ttft_p99_ms": percentile(ttft, 99),
+        "ttft_hit_p50_ms": percentile(ttft[hits], 50), "ttft_miss_p50_ms": percentile(ttft[~hits], 50),
+        "tpot_p50_ms": percentile(tpot, 50), "e2e_p50_ms": percentile(e2e_ms, 50), "e2e_p99_ms": percentile(e2e_ms, 99),
+        "throughput_rps": counts.throughput_rps,
     }
 
 
@@ -132,13 +134,14 @@ def measured_figures(run: Run, *, ttft_source: str = "client") -> dict[str, floa
     rows = run.measured
     if not rows:
         raise ValueError(f"{run.csv_path}: no completed measured requests")
-    B = run.setup.block_size
+    s = run.setup
     return _figures(
         hit=[r.is_hit for r in rows],
-        full=[r.cached_tokens >= min(run.setup.prefix_tokens // B, (r.prompt_tokens - 1) // B) * B > 0 for r in rows],
+        full=[is_full_hit(r.cached_tokens, shareable_tokens(prefix_tokens=s.prefix_tokens, prompt_tokens=r.prompt_tokens,
+                                                            block_size=s.block_size)) for r in rows],
         cached=[r.cached_tokens for r in rows], prompt=[r.prompt_tokens for r in rows],
         ttft_ms=[r.ttft(ttft_source) for r in rows],
-        tpot_ms=[r.tpot_ms(run.setup.output_tokens) for r in rows], e2e_ms=[r.e2e_ms for r in rows],
+        tpot_ms=[r.tpot_ms(s.output_tokens) for r in rows], e2e_ms=[r.e2e_ms for r in rows],
         duration_s=max(r.end_s for r in rows) - min(r.start_s for r in rows),
     )
 

@@ -9,6 +9,21 @@ BlockHash = Hashable
 """Identity of a whole prompt prefix up to the end of one block (a chained hash, as vLLM's)."""
 
 
+def shareable_tokens(*, prefix_tokens: int, prompt_tokens: int, block_size: int) -> int:
+    """The leading prompt tokens a full hit caches: the shared prefix's full blocks, short of the block that holds
+    the prompt's last token. A request's `num_shareable_tokens`, for simulated and measured requests alike.
+
+    NOTE: a hit stops at prompt_tokens - 1 (the last token is computed, to sample from), so a prefix that covers the
+    whole prompt shares one block less.
+    """
+    return min(prefix_tokens // block_size, (prompt_tokens - 1) // block_size) * block_size
+
+
+def is_full_hit(num_cached_tokens: int, num_shareable_tokens: int) -> bool:
+    """Whether a request found all of its shareable tokens cached (never, when it has none)."""
+    return num_shareable_tokens > 0 and num_cached_tokens >= num_shareable_tokens
+
+
 @dataclass(frozen=True, slots=True)
 class Request:
     """One inference request, described by the identity of its prompt rather than by token ids.
@@ -29,7 +44,8 @@ class Request:
     output_tokens: int
     block_hashes: tuple[BlockHash, ...]
     num_shareable_tokens: int = 0
-    """Leading prompt tokens another request may share (the shared prefix); a full hit caches all of them."""
+    """Leading prompt tokens another request may share (`shareable_tokens`); a full hit caches all of them
+    (`is_full_hit`)."""
     prefix_id: int | None = None
     prefix_tokens: int = 0
     """Tokens of the shared prefix the prompt starts with (the rest of the prompt is the request's own)."""

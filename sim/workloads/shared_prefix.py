@@ -14,7 +14,7 @@ from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from itertools import accumulate
 
-from sim.workloads.request import BlockHash, Request
+from sim.workloads.request import BlockHash, Request, shareable_tokens
 from sim.workloads.spec import WorkloadSpec, sample_length
 from sim.workloads.traces import TraceRequest
 
@@ -53,13 +53,12 @@ class SharedPrefixRequests:
         if shared is None or len(shared) < num_shared:
             shared = self._prefix_hashes[prefix_id] = prefix_block_hashes(prefix_id, num_shared)
         own = tuple([("u", request_id, i) for i in range(num_shared, num_prompt_blocks)])
-        # NOTE: a full hit stops at num_tokens - 1, so a prefix that covers the whole prompt shares one block less.
-        shareable = min(num_shared, (prompt_tokens - 1) // B) * B
         prefix_in_prompt = min(prefix_tokens, prompt_tokens)
         runs = (((("p", prefix_id), prefix_in_prompt),) if prefix_in_prompt else ()) + (
             ((("u", request_id), prompt_tokens - prefix_in_prompt),) if prompt_tokens > prefix_in_prompt else ())
         return Request(request_id=request_id, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
-                       block_hashes=shared[:num_shared] + own, num_shareable_tokens=shareable,
+                       block_hashes=shared[:num_shared] + own, num_shareable_tokens=shareable_tokens(
+                           prefix_tokens=prefix_tokens, prompt_tokens=prompt_tokens, block_size=B),
                        prefix_id=prefix_id, prefix_tokens=prefix_tokens, warmup=warmup, token_runs=runs)
 
 

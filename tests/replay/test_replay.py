@@ -79,7 +79,7 @@ def test_fast_forward_changes_nothing_but_the_speed(trace_scenario):
     assert fast.stats.cached_tokens == slow.stats.cached_tokens and fast.stats.requests == slow.stats.requests
     assert fast.stats.ttft_ms.counts == slow.stats.ttft_ms.counts
     assert fast.stats.last_finished_s == pytest.approx(slow.stats.last_finished_s)
-    assert [w.evicted_blocks for w in fast.workers] == [w.evicted_blocks for w in slow.workers]
+    assert [w.engine.evicted_blocks for w in fast.workers] == [w.engine.evicted_blocks for w in slow.workers]
     assert [w.steps for w in fast.workers] == [w.steps for w in slow.workers]
 
 
@@ -117,7 +117,7 @@ def test_a_replay_split_over_processes_gives_the_same_numbers(trace_scenario, ro
     one = replay(s, read_mooncake(CONVERSATION, block_size=64))
     split = replay(s, lambda: read_mooncake(CONVERSATION, block_size=64), jobs=3)
     assert (one.jobs, split.jobs) == (1, 3)
-    assert one.rejected > 0 and sum(w.evicted_blocks for w in one.workers) > 0
+    assert one.rejected > 0 and sum(w.engine.evicted_blocks for w in one.workers) > 0
     _same_replay(one, split)
 
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 
 import pytest
 
 from sim.results.figures import hit_rate_figure, ttft_cdf_figure, ttft_panel_rows
-from sim.results.intervals import t_interval
 from sim.results.report import AGGREGATED_COLUMNS, aggregate
+from sim.results.stats import t_interval
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -28,8 +29,9 @@ def test_aggregate_gives_the_t_interval_of_the_repeats():
     assert agg["request_hit_rate_ci95"] == pytest.approx(t_interval([0.50, 0.56, 0.59]).half_width)
     # t(0.975, 2) = 4.302653 x sd 0.045826 / sqrt(3)
     assert agg["request_hit_rate_ci95"] == pytest.approx(4.302653 * 0.0458258 / 3 ** 0.5, rel=1e-5)
-    [one] = aggregate(rows[:1])
-    assert one["request_hit_rate_sd"] == 0.0 and one["request_hit_rate_ci95"] != one["request_hit_rate_ci95"]
+    [one] = aggregate(rows[:1])  # one run says nothing of the spread: NaN, as every aggregation of runs gives
+    assert one["request_hit_rate"] == 0.50
+    assert math.isnan(one["request_hit_rate_sd"]) and math.isnan(one["request_hit_rate_ci95"])
 
 
 def test_hit_rate_figure_draws_a_panel_per_workers_and_concurrency():

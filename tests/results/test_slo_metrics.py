@@ -15,10 +15,11 @@ from hypothesis import strategies as st
 
 from sim.cli import main
 from sim.replay import replay
-from sim.results.records import RequestRecord, RunResult, Slo
+from sim.engines.interface import EngineCounters, PrefixCacheStats
+from sim.results.records import RequestRecord, RunResult, Slo, WorkerCounters, total_counters
 from sim.results.report import SUMMARY_COLUMNS, TIER_COLUMNS, aggregate
 from sim.results.streaming_stats import StreamingStats
-from sim.results.summary import imbalance_max_mean, jain_index, summarize
+from sim.results.summary import RequestCounts, imbalance_max_mean, jain_index, summarize
 from sim.scenario import ScenarioError, SloSpec, load_scenario
 from sim.workloads.traces import read_mooncake
 from tests.support.paths import SCENARIOS, TRACES
@@ -292,6 +293,60 @@ def test_help_texts_explain_slo():
     for command in ("run", "sweep", "replay"):
         text = " ".join(invoke(command, "--help").output.split())
         assert "--slo" in text and "ttft_ms, tpot_ms, e2e_ms" in text and "goodput" in text, command
+
+
+# --- hit rates and counters: one derivation for runs, replays and validation ----------------------------------------
+# The four measured requests again (prompts of 100 tokens, a shareable prefix of 64), now with hits:
+#   id  cached  of which from the host tier   hit  full hit  CPU hit
+#   0   64      0                             yes  yes       no
+#   1   32      32                            yes  no        yes
+#   2   0       0                             no   no        no
+#   3   64      16                            yes  yes       yes
+HITS = tuple(replace(r, cached_tokens=c, cpu_cached_tokens=cpu)
+             for r, (c, cpu) in zip(RECORDS[:4], ((64, 0), (32, 32), (0, 0), (64, 16))))
+
+
+def test_runs_replays_and_validation_derive_the_same_hit_rates():
+    summary = summarize(replace(hand_built(), records=HITS))
+    stats = StreamingStats(num_workers=2)
+    for r in HITS:
+        stats.add(r)
+    counts = RequestCounts(requests=4, hit_requests=3, full_hit_requests=2, prompt_tokens=400, cached_tokens=160,
+                           span_s=2.0, cpu_hit_requests=2, cpu_cached_tokens=48)
+    for rates in (summary, stats, counts):
+        assert (rates.request_hit_rate, rates.full_hit_rate, rates.gpu_hit_rate, rates.cpu_hit_rate) == \
+               (0.75, 0.5, 0.25, 0.5)
+        assert (rates.prefix_reuse, rates.cpu_prefix_reuse, rates.throughput_rps) == (0.4, 0.12, 2.0)
+    assert (summary.token_hit_rate, summary.cpu_token_hit_rate) == (0.4, 0.12)  # vLLM's names for the same rates
+    assert math.isnan(RequestCounts(requests=0, hit_requests=0, full_hit_requests=0, prompt_tokens=0,
+                                    cached_tokens=0, span_s=0.0).request_hit_rate)
+
+
+def _counters(queries: int, hits: int, evicted: int, preempted: int, stored: int) -> EngineCounters:
+    return EngineCounters(prefix_cache=PrefixCacheStats(requests=queries // 100, queries=queries, hits=hits),
+                          evicted_blocks=evicted, evicted_tokens=16 * evicted, preemptions=preempted,
+                          cpu_stored_blocks=stored, cpu_loaded_blocks=stored // 2, cpu_evicted_blocks=1)
+
+
+def test_worker_counters_wrap_the_engine_counters_and_sum_into_the_summary():
+    # Worker 0 at the end of the warm-ups and at the end; its measured phase is the difference.
+    warm = WorkerCounters(0, "gpu-a", _counters(200, 64, 2, 0, 4), steps=10)
+    end = WorkerCounters(0, "gpu-a", _counters(600, 224, 7, 1, 10), steps=25)
+    measured = end.minus(warm)
+    assert measured == WorkerCounters(0, "gpu-a", EngineCounters(
+        prefix_cache=PrefixCacheStats(requests=4, queries=400, hits=160), evicted_blocks=5, evicted_tokens=80,
+        preemptions=1, cpu_stored_blocks=6, cpu_loaded_blocks=3, cpu_evicted_blocks=0), steps=15)
+    assert measured.token_hit_rate == 0.4
+    other = WorkerCounters(1, "gpu-b", _counters(100, 0, 1, 2, 2), steps=3)
+    total = total_counters([measured, other])
+    assert (total.prefix_cache.queries, total.prefix_cache.hits, total.evicted_blocks, total.evicted_tokens,
+            total.preemptions, total.cpu_stored_blocks, total.cpu_loaded_blocks, total.cpu_evicted_blocks) == \
+           (500, 160, 6, 96, 3, 8, 4, 1)
+    row = summarize(replace(hand_built(), workers=(measured, other))).row()
+    assert (row["prefix_cache_queries"], row["prefix_cache_hits"], row["evicted_blocks"], row["evicted_tokens"],
+            row["preemptions"], row["cpu_stored_blocks"], row["cpu_loaded_blocks"], row["cpu_evicted_blocks"]) == \
+           (500, 160, 6, 96, 3, 8, 4, 1)
+    assert total_counters([]) == EngineCounters(PrefixCacheStats(), 0, 0, 0)  # a run without workers counts nothing
 
 
 # --- replay -------------------------------------------------------------------------------------------------------

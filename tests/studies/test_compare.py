@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import math
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -12,10 +11,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sim.cli import main
-from sim.results.intervals import t_interval
+from sim.results.stats import over_runs, pareto_front, t_interval
 from sim.runner import run
 from sim.scenario import load_scenario
-from sim.studies.compare import aggregate_routers, hit_rate_bound, pareto_front, trace_points
+from sim.studies.compare import aggregate_routers, hit_rate_bound, trace_points
 from sim.studies.sweep import sweep_points
 from tests.support.paths import TRACES
 
@@ -66,6 +65,16 @@ def test_t_interval_of_two_values_and_of_one():
     one = t_interval([0.4, float("nan")])  # a nan (e.g. no misses in a run) is left out
     assert one.n == 1 and one.mean == 0.4 and math.isnan(one.sd) and math.isnan(one.half_width)
     assert t_interval([]).n == 0 and math.isnan(t_interval([]).mean)
+
+
+def test_over_runs_is_the_interval_of_each_column_with_gaps_left_out():
+    # Three runs: b is missing from one and None in another (left out, as a NaN is); c is in one run only.
+    rows = [{"a": 1.0, "b": 2.0, "c": 5.0}, {"a": 2.0, "b": None}, {"a": 3.0}]
+    iv = over_runs(rows, ("a", "b", "c", "d"))
+    assert iv["a"] == t_interval([1.0, 2.0, 3.0]) and iv["a"].mean == 2.0 and iv["a"].n == 3
+    assert (iv["b"].mean, iv["b"].n, iv["c"].n, iv["d"].n) == (2.0, 1, 1, 0)
+    assert math.isnan(iv["b"].sd) and math.isnan(iv["b"].half_width)  # one run: NaN, never 0
+    assert iv["a"].columns("a") == {"a": 2.0, "a_sd": 1.0, "a_ci95": iv["a"].half_width}
 
 
 def test_pareto_front_on_a_hand_made_case():

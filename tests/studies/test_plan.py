@@ -6,14 +6,22 @@ from __future__ import annotations
 import csv
 import statistics
 
-import numpy as np
 import pytest
 from click.testing import CliRunner
 
 from sim.cli import main
 from sim.scenario import load_scenario
 from sim.studies import analytic
-from sim.studies.plan import PlanSpec, PlanTarget, analytic_hit_rate, configure, make_grid, plan, transient_requests
+from sim.studies.plan import (
+    Evaluation,
+    PlanSpec,
+    PlanTarget,
+    analytic_hit_rate,
+    configure,
+    make_grid,
+    plan,
+    transient_requests,
+)
 from sim.studies.sweep import run_sweep, sweep_points
 
 
@@ -55,6 +63,19 @@ def test_uniform_steady_state_screen_within_two_points(baseline):
     predicted = analytic_hit_rate(scenario, "random")
     print(f"uniform N=12, 2 GiB: simulated {simulated:.3f}, block model {predicted:.3f}")
     assert abs(predicted - simulated) <= 0.02
+
+
+def test_an_evaluation_of_three_runs_has_the_student_t_interval():
+    # Three runs (plan's default): hit rates 0.50, 0.56, 0.59 have mean 0.55 and sd 0.045826; the 95 % half-width is
+    # t(0.975, 2) = 4.302653 times sd / sqrt(3) = 0.113838, not the normal z = 1.96 times it (0.051857: 2.2x too narrow).
+    e = Evaluation(2.0, hit_rates=(0.50, 0.56, 0.59), ttft_p99_ms=(200.0, 210.0, 230.0))
+    assert e.hit_rate == pytest.approx(0.55)
+    assert e.hit_rate_ci95 == pytest.approx(4.302653 * 0.0458258 / 3 ** 0.5, rel=1e-5)
+    assert e.hit_rate_ci95 == pytest.approx(0.113838, rel=1e-5)
+    assert e.ttft_p99 == pytest.approx(640 / 3)
+    assert e.ttft_p99_ci95 == pytest.approx(4.302653 * 15.275252 / 3 ** 0.5, rel=1e-5)
+    one = Evaluation(2.0, hit_rates=(0.5,), ttft_p99_ms=(200.0,))
+    assert one.hit_rate == 0.5 and one.hit_rate_ci95 != one.hit_rate_ci95  # NaN: one run has no spread
 
 
 @pytest.mark.slow

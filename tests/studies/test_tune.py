@@ -16,11 +16,12 @@ from hypothesis import strategies as st
 
 from policies import ROUTERS
 from sim.cli import main
+from sim.results.stats import pareto_front
 from sim.routing.knobs import ChoiceKnob, FloatKnob, IntKnob
 from sim.scenario import load_scenario
-from sim.studies.search_space import check_space, parse_knob, parse_space, round_significant, space_text
+from sim.studies.search_space import check_space, parse_space, round_significant, space_text
 from sim.studies.sweep import run_sweep, sweep_points
-from sim.studies.tune import Constraint, Metric, Objective, pareto_front, parse_pareto, tune
+from sim.studies.tune import Constraint, Metric, Objective, parse_pareto, tune
 
 # The workload where Dynamo's default cost loses most: 6 workers, N = 24, C = 8 (README, "Why the hit rate...").
 HARD = {"workload.prefixes": 24, "cluster.workers": 6, "workload.concurrency": 8}

@@ -13,6 +13,8 @@ from sim.runner import run as simulate
 from sim.scenario import load_scenario
 from sim.servers.run_csv import RunFileError, read_run, write_run_bytes
 from sim.studies.validate import Tolerance, compare
+from sim.workloads.request import is_full_hit, shareable_tokens
+from sim.workloads.shared_prefix import SharedPrefixRequests
 
 
 def simulated_run_files(tmp_path, *, prefixes=7, workers=3, concurrency=4, name="sim"):
@@ -106,3 +108,17 @@ def test_tolerance_parsing():
     assert not Tolerance.parse("request_hit_rate=0.03").relative
     with pytest.raises(ValueError, match="METRIC one of"):
         Tolerance.parse("hit=0.1")
+
+
+def test_the_full_hit_rule_is_the_requests_for_measured_and_simulated_runs():
+    # Blocks of 16: a 2032-token prefix in a 2434-token prompt shares its 127 full blocks; a prefix that covers the
+    # whole prompt shares one block less, since a hit stops at the prompt's last token (2032 - 1 -> 126 blocks).
+    assert shareable_tokens(prefix_tokens=2032, prompt_tokens=2434, block_size=16) == 2032
+    assert shareable_tokens(prefix_tokens=2032, prompt_tokens=2032, block_size=16) == 2016
+    assert shareable_tokens(prefix_tokens=10, prompt_tokens=100, block_size=16) == 0  # no full block: no full hit
+    assert is_full_hit(2032, 2032) and is_full_hit(2048, 2032) and not is_full_hit(2016, 2032)
+    assert not is_full_hit(0, 0)
+    maker = SharedPrefixRequests(block_size=16)
+    for prefix, prompt in ((2032, 2434), (2032, 2032), (2040, 2045), (10, 100)):
+        made = maker.make(1, 0, prefix_tokens=prefix, prompt_tokens=prompt, output_tokens=4)
+        assert made.num_shareable_tokens == shareable_tokens(prefix_tokens=prefix, prompt_tokens=prompt, block_size=16)

@@ -242,7 +242,7 @@ def run_kvsim(trace: Path, time_model: str, workers: int, router: str, seed: int
     st = result.stats
     return {"wall_s": wall, "requests": st.requests, "reuse": st.prefix_reuse,
             "ttft_p50_ms": st.ttft_ms.percentile(50), "ttft_p99_ms": st.ttft_ms.percentile(99),
-            "e2e_p50_ms": st.e2e_ms.percentile(50), "preemptions": sum(w.preemptions for w in result.workers)}
+            "e2e_p50_ms": st.e2e_ms.percentile(50), "preemptions": sum(w.engine.preemptions for w in result.workers)}
 
 
 def kvsim_per_request(trace: Path, time_model: str, workers: int, seed: int) -> dict:

@@ -11,6 +11,7 @@ import numpy as np
 from scipy.stats import binom, poisson
 
 from sim.studies.analytic.che import _check_popularity
+from sim.workloads.request import shareable_tokens
 
 Method = Literal["che", "exact"]
 
@@ -31,7 +32,8 @@ def shared_prefix_blocks(prefix_tokens: int, prompt_tokens: int, output_tokens: 
             f"need 0 <= prefix_tokens <= prompt_tokens, prompt_tokens >= 1, output_tokens >= 1; got "
             f"prefix_tokens={prefix_tokens}, prompt_tokens={prompt_tokens}, output_tokens={output_tokens}"
         )
-    num_prefix_blocks = min(prefix_tokens // block_size, (prompt_tokens - 1) // block_size)
+    num_prefix_blocks = shareable_tokens(prefix_tokens=prefix_tokens, prompt_tokens=prompt_tokens,
+                                         block_size=block_size) // block_size
     num_hashed_blocks = (prompt_tokens + output_tokens - 1) // block_size
     return num_prefix_blocks, num_hashed_blocks - num_prefix_blocks
 

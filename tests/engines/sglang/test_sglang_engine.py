@@ -89,7 +89,7 @@ def test_decode_stretches_change_nothing_but_the_speed_in_a_replay(overlap, page
     assert fast.stats.e2e_ms.counts == slow.stats.e2e_ms.counts
     assert fast.stats.last_finished_s == pytest.approx(slow.stats.last_finished_s)
     assert fast.workers == slow.workers
-    assert sum(w.evicted_tokens for w in slow.workers) > 0
+    assert sum(w.engine.evicted_tokens for w in slow.workers) > 0
 
 
 @pytest.mark.parametrize("ignore_eos", [True, False])
@@ -107,7 +107,7 @@ def test_decode_stretches_are_exact_in_closed_loops_with_retractions_and_peeks(i
     assert [r.finished_s for r in fast.records] == pytest.approx([r.finished_s for r in slow.records])
     assert fast.workers == slow.workers
     if not ignore_eos:
-        assert sum(w.preemptions for w in slow.workers) > 0  # admission reserved at new_token_ratio: retractions
+        assert sum(w.engine.preemptions for w in slow.workers) > 0  # admission reserved at new_token_ratio: retractions
 
 
 def test_cache_events_report_stored_and_evicted_pages_once_per_processed_batch():

@@ -192,7 +192,7 @@ def test_sixteen_gib_of_host_kv_brings_random_routing_to_the_all_fit_hit_rate():
                                                                 "cluster.deployments": []})))
     assert none.request_hit_rate < 0.2
     assert tiered.request_hit_rate == pytest.approx(all_fit.request_hit_rate, abs=0.03)
-    assert tiered.cpu_hit_rate > 0.5 and tiered.cpu_evicted_blocks == 0
+    assert tiered.cpu_hit_rate > 0.5 and tiered.engine.cpu_evicted_blocks == 0
     gpu_hit, cpu_hit, miss = (tiered.ttft_ms["gpu_hit_p50"], tiered.ttft_ms["cpu_hit_p50"], tiered.ttft_ms["miss_p50"])
     assert gpu_hit < cpu_hit < miss
 
