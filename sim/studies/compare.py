@@ -16,6 +16,7 @@ Bounds (C = KV tokens per worker / prompt tokens, `Scenario.kv_capacity_requests
 
     bound               min(1, W·C/N)   the cluster's W caches hold W·C prompts: with every prefix on one worker
                                         and no load limits, at most that share of the N prefixes hits
+                                        (`analytic.prefix_routing_bound`)
     random expectation  min(1, C/N)     each worker holds C of the N prefixes whatever the router did (the
                                         measured experiment's rule, `analytic.formula_hit_rate`)
 
@@ -35,7 +36,7 @@ from sim.results.stats import over_runs, pareto_front
 from sim.routing.spec import router_overrides
 from sim.runner import build_router
 from sim.scenario import Scenario
-from sim.studies.analytic import formula_hit_rate
+from sim.studies.analytic import formula_hit_rate, prefix_routing_bound
 from sim.studies.executor import Executor, available_cores, using
 
 METRICS = (
@@ -48,14 +49,6 @@ workload's `full_hit_rate`; the SLO and balance columns from `goodput_rps` on co
 
 POINT_KEYS = ("workers", "prefixes", "concurrency")
 """What makes a point (a panel, a table); prefixes and concurrency are None for a trace."""
-
-
-def hit_rate_bound(workers: int, capacity_requests: float, prefixes: int) -> float:
-    """min(1, W·C/N): the share of N equally popular prefixes that W workers of C prompts each can hold at once."""
-    if workers < 1 or prefixes < 1 or capacity_requests <= 0:
-        raise ValueError(f"hit_rate_bound needs workers >= 1, prefixes >= 1, capacity > 0; got {workers}, "
-                         f"{prefixes}, {capacity_requests}")
-    return min(1.0, workers * capacity_requests / prefixes)
 
 
 # --- traces: one replay per (workers, router, repeat) ---------------------------------------------------------------
@@ -139,7 +132,7 @@ def aggregate_routers(rows: Sequence[dict[str, object]], *, capacity_requests: f
             for m, interval in over_runs(members, present).items():
                 agg.update(interval.columns(m))
             if capacity_requests is not None:
-                agg["bound"] = hit_rate_bound(int(workers), capacity_requests, int(prefixes))
+                agg["bound"] = prefix_routing_bound(int(workers), capacity_requests, int(prefixes))
                 agg["random_expectation"] = formula_hit_rate(capacity_requests, int(prefixes))
             else:
                 agg["bound"] = agg.get("reuse_available", math.nan)

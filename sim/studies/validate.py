@@ -17,7 +17,7 @@ import numpy as np
 from sim.results.records import RunResult
 from sim.results.stats import percentile
 from sim.results.summary import RequestCounts
-from sim.servers.run_csv import Run, RunSetup
+from sim.servers.run_csv import Run
 from sim.runner import run as simulate
 from sim.scenario import Scenario, ScenarioError
 from sim.workloads.request import is_full_hit, shareable_tokens

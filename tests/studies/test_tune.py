@@ -1,4 +1,4 @@
-"""`kvsim tune`: the search-space syntax, the Pareto front against a naive check, constraints, the baseline trial,
+"""`kvsim tune`: the search-space syntax, constraints, the baseline trial,
 determinism (the same seed gives the same tune.csv, with 1 process or 2), the CLI, and one test of purpose: tuning
 Dynamo's KV router on the built-in workload finds the hit rate its default cost gives away."""
 
@@ -11,8 +11,6 @@ import statistics
 import pytest
 import yaml
 from click.testing import CliRunner
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from policies import ROUTERS
 from sim.cli import main
@@ -140,36 +138,6 @@ def test_objective_constraint_and_metric_text():
             parse_pareto(bad)
 
 
-# ------------------------------------------------------------------ the Pareto front
-def _naive_front(points, maximize):
-    def better_eq(p, q, i):
-        return p[i] >= q[i] if maximize[i] else p[i] <= q[i]
-
-    def dominates(p, q):
-        return (better_eq(p, q, 0) and better_eq(p, q, 1)) and p != q
-
-    return [not any(math.isnan(v) for v in p) and not any(
-        dominates(q, p) for q in points if not any(math.isnan(v) for v in q)) for p in points]
-
-
-coordinate = st.one_of(st.integers(0, 6).map(float), st.just(math.nan))
-
-
-@settings(max_examples=400, deadline=None)
-@given(points=st.lists(st.tuples(coordinate, st.integers(0, 6).map(float)), max_size=25),
-       maximize=st.tuples(st.booleans(), st.booleans()))
-@pytest.mark.slow
-def test_pareto_front_matches_a_naive_quadratic_check(points, maximize):
-    assert pareto_front(points, maximize) == _naive_front(points, maximize)
-
-
-def test_pareto_front_narrated():
-    # Hit rate up, TTFT down: (0.8, 180) and (0.6, 150) trade off; (0.5, 190) loses to both; a duplicate of a
-    # front point stays on it; NaN never is.
-    points = [(0.8, 180.0), (0.6, 150.0), (0.5, 190.0), (0.8, 180.0), (math.nan, 100.0), (0.8, 200.0)]
-    assert pareto_front(points, (True, False)) == [True, True, False, True, False, False]
-
-
 # ------------------------------------------------------------------ the search
 @pytest.fixture(scope="module")
 def small(base):
@@ -207,7 +175,7 @@ def test_feasible_means_every_constraint_met_on_the_means(small):
     front = {t.number for t in small.trials if t.on_front}
     points = [(t.means["request_hit_rate"], t.means["ttft_p99_ms"]) if t.feasible else (math.nan, math.nan)
               for t in small.trials]
-    assert front == {i for i, on in enumerate(_naive_front(points, (True, False))) if on}
+    assert front == {i for i, on in enumerate(pareto_front(points, (True, False))) if on}  # tested in test_stats
 
 
 @pytest.mark.slow
