@@ -17,6 +17,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from sim.config import key_values
 from sim.studies.reference import Measurement, load_reference
 from sim.scenario import Scenario, ScenarioError, SloSpec, load_scenario
 
@@ -115,18 +116,15 @@ def slo_option(ctx: click.Context, param: click.Parameter, value: str | None) ->
     if value is None:
         return None
     allowed = ", ".join(SloSpec.model_fields)
-    items: dict[str, str] = {}
-    for part in (p.strip() for p in value.split(",")):
-        if not part:
-            continue
-        key, sep, text = (s.strip() for s in part.partition("="))
+    try:
+        items = key_values(value, f"KEY=MS with KEY one of {allowed}")
+    except ValueError as err:
+        raise click.BadParameter(str(err)) from None
+    for key, text in items.items():
         if key not in SloSpec.model_fields:
             raise click.BadParameter(f"unknown key {key!r}; allowed: {allowed}")
-        if not sep or not text:
+        if not text:
             raise click.BadParameter(f"{key}: give a value in ms, as {key}=200")
-        if key in items:
-            raise click.BadParameter(f"{key} given twice")
-        items[key] = text
     if not items:
         raise click.BadParameter(f"{value!r}: give KEY=MS,... with keys {allowed}")
     try:

@@ -15,6 +15,7 @@ from sim.cli.app import (
     checked_out_file, console, executor_options, load_or_exit, main, open_executor_or_exit, progress_bar,
 )
 from sim.cli.study_runs import journaled_search, resume_command
+from sim.config import key_value
 from sim.studies.reference import load_reference
 from sim.results.report import csv_bytes, write_atomic
 
@@ -22,9 +23,13 @@ from sim.results.report import csv_bytes, write_atomic
 def _holdout(ctx: click.Context, param: click.Parameter, value: str | None):
     if not value:
         return None
-    key, sep, values = value.partition("=")
-    if not sep or key not in ("workers", "prefixes", "concurrency"):
-        raise click.BadParameter(f"{value!r}: expected workers=..., prefixes=... or concurrency=..., e.g. prefixes=7,12")
+    form = "workers=..., prefixes=... or concurrency=..., e.g. prefixes=7,12"
+    try:
+        key, values = key_value(value, form)  # NOTE: one key; its value is a list (commas belong to it)
+    except ValueError as err:
+        raise click.BadParameter(str(err)) from None
+    if key not in ("workers", "prefixes", "concurrency"):
+        raise click.BadParameter(f"{value!r} is not {form}")
     try:
         chosen = {int(v) for v in values.split(",") if v.strip()}
     except ValueError:

@@ -106,7 +106,7 @@ def _tolerances(ctx: click.Context, param: click.Parameter, values: tuple[str, .
     from sim.studies.validate import Tolerance
 
     try:
-        return [Tolerance.parse(v) for v in values]
+        return [t for v in values for t in Tolerance.parse_list(v)]
     except ValueError as err:
         raise click.BadParameter(str(err)) from None
 
@@ -121,8 +121,8 @@ def _tolerances(ctx: click.Context, param: click.Parameter, values: tuple[str, .
               help="Compare the client-timed TTFT, or the server's queue + time to first token with kvsim's engine "
                    "queue + prefill (needs the server_ttft_ms and server_queue_ms columns).")
 @click.option("--tolerance", "tolerances", multiple=True, callback=_tolerances,
-              help="METRIC=LIMIT, absolute (request_hit_rate=0.03) or relative (ttft_p50_ms=25%); repeatable. "
-                   "Exit 1 if a figure is outside.")
+              help="METRIC=LIMIT,..., absolute (request_hit_rate=0.03) or relative (ttft_p50_ms=25%), e.g. "
+                   "request_hit_rate=0.03,ttft_p50_ms=25%; repeatable. Exit 1 if a figure is outside.")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
               help="Write one row per (run, metric): run, metric, measured, predicted, error.")
 def validate(runs, scenario_path, routing, ttft_source, tolerances, out_path) -> None:
