@@ -248,18 +248,23 @@ class UsageExit(click.ClickException):
 
 
 def executor_options(command: Callable) -> Callable:
-    """`--executor local|dask` and `--dask-scheduler ADDR`, for every command that runs many simulations (with its own
-    `--jobs`): parameters `executor_kind` and `dask_scheduler`; `open_executor_or_exit` turns them into one."""
+    """`--jobs N`, `--executor local|dask` and `--dask-scheduler ADDR`, declared here once for every command that runs
+    many simulations: parameters `jobs`, `executor_kind` and `dask_scheduler`; `open_executor_or_exit` turns them
+    into an executor."""
     from sim.studies.executor import EXECUTORS
 
     command = click.option(
         "--dask-scheduler", "dask_scheduler", default=None, metavar="ADDR",
         help="With --executor dask: the scheduler of a running Dask cluster (`dask scheduler` prints it, e.g. "
              "tcp://HOST:8786). Default: a local cluster of --jobs single-threaded worker processes.")(command)
-    return click.option(
+    command = click.option(
         "--executor", "executor_kind", type=click.Choice(EXECUTORS), default="local", show_default=True,
         help="Where the simulations run: local processes (--jobs of them) or a Dask cluster. A seed gives the same "
              "results on either.")(command)
+    return click.option(
+        "--jobs", type=click.IntRange(min=1), default=None,
+        help="Parallel processes (with --executor dask and no --dask-scheduler: local Dask workers); the results do "
+             "not depend on it. Default: all cores.")(command)
 
 
 def open_executor_or_exit(kind: str, jobs: int | None, dask_scheduler: str | None):

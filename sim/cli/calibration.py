@@ -60,9 +60,6 @@ def _holdout(ctx: click.Context, param: click.Parameter, value: str | None):
 @click.option("--starts", type=click.IntRange(min=0), default=12, show_default=True, help="Quasi-random starting points scored before refining.")
 @click.option("--refine", type=click.IntRange(min=1), default=2, show_default=True, help="Best starts refined by least squares.")
 @click.option("--max-evaluations", type=click.IntRange(min=1), default=60, show_default=True, help="Objective evaluations per refinement.")
-@click.option("--jobs", type=click.IntRange(min=1), default=None,
-              help="Parallel processes (with --executor dask and no --dask-scheduler: local Dask workers). "
-                   "Default: all cores.")
 @executor_options
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), required=True,
               help="Write the fitted scenario (YAML) here; every finished simulation is journaled beside it, in "

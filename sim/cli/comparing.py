@@ -50,9 +50,6 @@ def _pm(agg: dict, metric: str, spec: str) -> str:
 @click.option("--repeats", type=click.IntRange(min=1), default=5, show_default=True,
               help="Runs per router and point; repeat r uses seed + r, the same for every router.")
 @click.option("--seed", type=int, default=None, help="Base seed. Default: the scenario's.")
-@click.option("--jobs", type=click.IntRange(min=1), default=None,
-              help="Parallel processes (with --executor dask and no --dask-scheduler: local Dask workers). "
-                   "Default: all cores.")
 @executor_options
 @click.option("--trace", "trace_path", type=click.Path(exists=True, dir_okay=False), default=None,
               help="A Mooncake JSONL trace: the workload is the trace, replayed open loop for each router "

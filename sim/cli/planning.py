@@ -63,9 +63,6 @@ from sim.studies.tune import DEFAULT_OBJECTIVE, Constraint
 @click.option("--horizon", type=click.IntRange(min=50), default=1000, show_default=True,
               help="Measured requests per simulated run, after a discarded transient that lets every reachable "
                    "(worker, prefix) pair be visited (steady state).")
-@click.option("--jobs", type=click.IntRange(min=1), default=None,
-              help="Parallel processes (with --executor dask and no --dask-scheduler: local Dask workers). "
-                   "Default: all cores.")
 @executor_options
 @click.option("--slo", callback=slo_option, default=None, help="--choose-router: " + SLO_HELP)
 @hardware_options

@@ -94,9 +94,6 @@ def trace_overrides(base: Scenario, *, block_size: int | None, kv_tokens: int | 
               help="Seconds of trace time per point of the figure.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Write DIR/summary.csv (one row), DIR/workers.csv and DIR/replay.png.")
-@click.option("--jobs", type=click.IntRange(min=1), default=None,
-              help="Processes to split the workers over, for routers that ignore the cluster's state (round-robin, "
-                   "random, prefix-hash without a load factor); same results. Default: all cores.")
 @click.option("--reuse-breakdown/--no-reuse-breakdown", default=None,
               help="Book reuse available and captured (default: the scenario's, on). It keeps every block hash ever "
                    "sent: turn it off for traces of millions of requests to keep memory bounded by the caches.")
@@ -116,7 +113,8 @@ def replay(trace, workers, kv_tokens, kv_blocks, kv_bytes, router, engine, scena
     reuse available / captured (what infinite caches would hit: see the README). Memory stays
     bounded by the caches and the requests in flight, whatever the trace's length, with --no-reuse-breakdown; the
     breakdown keeps every distinct block hash of the trace.
-    With a router that ignores the cluster's state, the workers are split over --jobs processes.
+    With a router that ignores the cluster's state (round-robin, random, prefix-hash without a load factor), the
+    workers are split over --jobs processes, with the same results.
     """
     import time as _time
 

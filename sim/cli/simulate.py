@@ -42,9 +42,6 @@ from sim.routing.spec import router_label, router_overrides
                    + CPU_KV_DETAIL)
 @click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True, help="Runs per point; repeat r uses seed + r.")
 @click.option("--seed", type=int, default=None, help="Base seed. Default: the scenario's.")
-@click.option("--jobs", type=click.IntRange(min=1), default=None,
-              help="Parallel processes (with --executor dask and no --dask-scheduler: local Dask workers). "
-                   "Default: all cores.")
 @executor_options
 @click.option("--slo", callback=slo_option, default=None, help=SLO_HELP)
 @hardware_options

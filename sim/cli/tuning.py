@@ -146,9 +146,6 @@ def best_yaml(result, trial) -> bytes:
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
               help="Runs per trial, on seeds seed .. seed + repeats - 1 for every trial.")
 @click.option("--seed", type=int, default=None, help="Base seed (of the runs and of the sampler). Default: the scenario's.")
-@click.option("--jobs", type=click.IntRange(min=1), default=None,
-              help="Parallel processes (with --executor dask and no --dask-scheduler: local Dask workers). "
-                   "Default: all cores.")
 @executor_options
 @click.option("--batch", type=click.IntRange(min=1), default=BATCH_TRIALS, show_default=True,
               help="Trials asked from the sampler at once; the answer depends on it, not on --jobs.")

@@ -128,3 +128,28 @@ def test_help_explains_every_option():
         assert option in res.output
     assert "routers" in invoke("--help").output
     assert "kv-aware" in invoke("routers").output
+
+
+def _commands(group=main, path=()):
+    """Every command of `kvsim`, subcommands of groups included, as (path, command)."""
+    import click
+
+    for name, command in group.commands.items():
+        if isinstance(command, click.Group):
+            yield from _commands(command, (*path, name))
+        yield (*path, name), command
+
+
+def test_the_executor_options_are_declared_once_with_one_help_text():
+    shared = {}
+    for path, command in _commands():
+        for param in command.params:
+            if param.name in ("jobs", "executor_kind", "dask_scheduler"):
+                shared.setdefault(param.opts[0], {}).setdefault(param.help, []).append(" ".join(path))
+    assert set(shared) == {"--jobs", "--executor", "--dask-scheduler"}
+    for option, helps in shared.items():
+        assert len(helps) == 1, (option, helps)
+    users = sorted(next(iter(shared["--jobs"].values())))
+    assert users == sorted(next(iter(shared["--executor"].values()))) == sorted(
+        next(iter(shared["--dask-scheduler"].values())))
+    assert {"sweep", "compare", "tune", "calibrate", "replay"} <= set(users)
