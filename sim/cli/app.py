@@ -223,6 +223,23 @@ def on_hardware(scenario: Scenario, model: str | None, gpu: tuple[str, int] | No
         raise click.ClickException(str(err).removeprefix("Value error, ")) from None
 
 
+def scenario_option(uses: str = "", default: str = "the built-in service-baseline scenario") -> Callable:
+    """`--scenario FILE` (parameter `scenario_path`), one spelling for every command that takes a scenario; `uses`
+    says what the command takes from it, `default` which scenario it runs without one."""
+    return click.option(
+        "--scenario", "scenario_path", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+        help=f"Scenario YAML file{uses}. Default: {default} (`kvsim scenarios` lists the built-in ones, `kvsim "
+             f"scenarios export NAME` writes one to edit).")
+
+
+def positional_or_option(positional, option, argument: str, option_name: str):
+    """The value of a command's positional `argument` or of its `option_name` (the spelling every command shares):
+    either may be given, not both (a one-line usage error); None or () when neither is."""
+    if positional and option:
+        raise UsageExit(f"give {argument} or {option_name}, not both")
+    return positional or option
+
+
 def load_or_exit(path: str | None) -> tuple[Scenario, Path]:
     try:
         return load_scenario(path)

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from sim.cli.app import (
     checked_out_file, console, executor_options, load_or_exit, main, open_executor_or_exit, progress_bar,
+    scenario_option,
 )
 from sim.cli.study_runs import journaled_search, resume_command
 from sim.config import key_value
@@ -38,8 +39,7 @@ def _holdout(ctx: click.Context, param: click.Parameter, value: str | None):
 
 
 @main.command()
-@click.option("--scenario", "scenario_path", type=click.Path(dir_okay=False), default=None,
-              help="Scenario to calibrate. Default: the built-in service-baseline scenario.")
+@scenario_option(" to calibrate (its reference CSV is the default --measured)")
 @click.option("--measured", "measured_path", type=click.Path(dir_okay=False), default=None,
               help="Measured figures (tidy CSV: workers, prefixes, concurrency, metric, value, unit, aggregation). "
                    "Default: the scenario's reference, unless --runs are given.")

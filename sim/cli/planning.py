@@ -13,7 +13,7 @@ from rich.table import Table
 from sim.cli.app import (
     CPU_KV_HELP, ENGINE_HELP, SLO_HELP, checked_out_dir, console, executor_options, finite_float, hardware_options,
     load_or_exit, main, on_cpu_kv, on_engine, on_hardware, one_engine, open_executor_or_exit, progress_bar,
-    router_list, slo_option, with_slo,
+    router_list, scenario_option, slo_option, with_slo,
 )
 from sim.cli.tuning import CONSTRAINT_HELP, paste_text, parse_constraints, parse_objective, value_text
 from sim.results.figures import plan_figure
@@ -25,8 +25,7 @@ from sim.studies.tune import DEFAULT_OBJECTIVE, Constraint
 
 
 @main.command()
-@click.option("--scenario", "scenario_path", type=click.Path(dir_okay=False), default=None,
-              help="Scenario (workload, model, engine, time model). Default: the built-in calibrated reference.")
+@scenario_option(" (workload, model, engine, time model)")
 @click.option("--prefixes", type=click.IntRange(min=1), default=None, help="Distinct prefixes N. Default: the scenario's.")
 @click.option("--zipf", type=click.FloatRange(min=0), default=None,
               help="Zipf exponent of prefix popularity (0 = uniform). Default: the scenario's popularity.")

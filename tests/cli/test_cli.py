@@ -153,3 +153,35 @@ def test_the_executor_options_are_declared_once_with_one_help_text():
     assert users == sorted(next(iter(shared["--executor"].values()))) == sorted(
         next(iter(shared["--dask-scheduler"].values())))
     assert {"sweep", "compare", "tune", "calibrate", "replay"} <= set(users)
+
+
+def test_run_takes_its_scenario_as_scenario_file_or_positional(tmp_path):
+    from sim.scenario import builtin_scenario_path
+
+    tiny = str(builtin_scenario_path("tiny-cpu"))
+    for name, args in (("option", ["run", "--scenario", tiny]), ("positional", ["run", tiny])):
+        res = invoke(*args, "--prefixes", "2", "--out", str(tmp_path / name))
+        assert res.exit_code == 0, res.output
+        assert "tiny-cpu" in res.output
+    assert (tmp_path / "option" / "summary.csv").read_bytes() == (tmp_path / "positional" / "summary.csv").read_bytes()
+    res = CliRunner().invoke(main, ["run", tiny, "--scenario", tiny])
+    assert res.exit_code == 2 and res.output.strip().splitlines()[-1] == "Error: give SCENARIO or --scenario, not both"
+
+
+def test_replay_and_validate_take_their_files_as_compare_and_calibrate_spell_them():
+    from pathlib import Path
+
+    fixtures = Path(__file__).parent / "fixtures"
+    trace, run_csv = str(fixtures / "traces" / "conversation_head400.jsonl"), str(fixtures / "real-vllm" / "w2-n12-c1.csv")
+    replay = ["--workers", "2", "--kv-tokens", "100000", "--limit", "40"]
+    by_option, by_position = invoke("replay", "--trace", trace, *replay), invoke("replay", trace, *replay)
+    assert by_option.exit_code == by_position.exit_code == 0, by_option.output
+    assert "40 requests" in by_option.output and "40 requests" in by_position.output
+    tiny = ["--scenario", str(Path(__file__).parent.parent / "scenarios" / "tiny-cpu.yaml")]
+    assert invoke("validate", "--runs", run_csv, *tiny).output == invoke("validate", run_csv, *tiny).output
+    for args, message in ((["replay", trace, "--trace", trace, *replay], "give TRACE or --trace, not both"),
+                          (["replay", *replay], "give the trace to replay: TRACE or --trace FILE"),
+                          (["validate", run_csv, "--runs", run_csv], "give RUN.csv... or --runs, not both"),
+                          (["validate"], "give the measured runs: RUN.csv... or --runs FILE (repeatable)")):
+        res = CliRunner().invoke(main, args)
+        assert res.exit_code == 2 and res.output.strip().splitlines()[-1] == f"Error: {message}", res.output
