@@ -131,8 +131,9 @@ def _tolerances(ctx: click.Context, param: click.Parameter, values: tuple[str, .
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
               help="Write one row per (run, metric): run, metric, measured, predicted, error.")
 def validate(run_files, run_paths, scenario_path, routing, ttft_source, tolerances, out_path) -> None:
-    """Simulate measured runs (RUN.csv... or --runs: run CSV + JSON sidecar, see README) and compare kvsim's
-    prediction with them.
+    """Simulate measured runs and compare kvsim's prediction with them.
+
+    The runs, RUN.csv... or --runs FILE, are run CSVs with their JSON sidecars (see README).
 
     Rates are compared in points (predicted - measured), times in ms and throughput in requests/s; the
     relative error is shown beside.

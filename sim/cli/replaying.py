@@ -106,8 +106,9 @@ def trace_overrides(base: Scenario, *, block_size: int | None, kv_tokens: int | 
 def replay(trace_file, trace_path, workers, kv_tokens, kv_blocks, kv_bytes, router, engine, scenario_path, block_size,
            trace_block_size, speed, limit, bin_s, out_dir, jobs, reuse_breakdown, slo, cpu_kv_gib, executor_kind,
            dask_scheduler) -> None:
-    """Replay a Mooncake JSONL trace (TRACE or --trace FILE: timestamp ms, input_length, output_length, hash_ids)
-    open loop.
+    """Replay a Mooncake JSONL trace open loop and report prefix reuse, TTFT and throughput.
+
+    The trace, TRACE or --trace FILE, has a request per line: timestamp (ms), input_length, output_length, hash_ids.
 
     Every request is sent at its timestamp (divided by --speed), routed then, and served by the scenario's
     workers (vLLM-like by default; --engine sglang for SGLang's).

@@ -176,8 +176,11 @@ def sweep(ctx, scenario_path, prefixes, workers, concurrency, routers, engines, 
               help="Write DIR/summary.csv (one row) and DIR/requests.csv (a row per request, warm-ups flagged).")
 def run_command(scenario_file, scenario_path, prefixes, workers, concurrency, router, engine, cpu_kv_gib, seed, slo,
                 model, gpu, out_dir) -> None:
-    """Run one point of a scenario (SCENARIO or --scenario FILE; default: the built-in service-baseline) and print
-    its summary (goodput against --slo or the scenario's slo block)."""
+    """Run one point of a scenario and print its summary.
+
+    The scenario is SCENARIO or --scenario FILE (default: the built-in service-baseline); goodput counts the
+    requests that meet --slo or the scenario's slo block.
+    """
     from sim.runner import run
     from sim.results.summary import summarize
 

@@ -261,7 +261,7 @@ def test_a_binary_measured_csv_is_one_line_error(tmp_path):
     _one_line_error(result, "not a UTF-8 text file")
 
 
-PLAN = ["plan", "--prefixes", "2", "--target-hit-rate", "0.9", "--router", "random"]
+PLAN = ["plan", "capacity", "--prefixes", "2", "--target-hit-rate", "0.9", "--router", "random"]
 OPTION_CASES = [
     (["sweep", "--prefixes", "2", "--router", "recorded"], 2, "recorded replays a recorded run's choices"),
     (["run", "--prefixes", "2", "--router", "recorded"], 2, "recorded replays a recorded run's choices"),

@@ -185,3 +185,18 @@ def test_replay_and_validate_take_their_files_as_compare_and_calibrate_spell_the
                           (["validate"], "give the measured runs: RUN.csv... or --runs FILE (repeatable)")):
         res = CliRunner().invoke(main, args)
         assert res.exit_code == 2 and res.output.strip().splitlines()[-1] == f"Error: {message}", res.output
+
+
+def test_the_resume_line_of_a_subcommand_names_its_group(monkeypatch):
+    import sys
+
+    import click
+
+    from sim.cli.study_runs import resume_command
+
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/kvsim", "plan", "router", "--router", "random,kv-aware", "--out",
+                                      "my dir", "--resume"])
+    plan = main.commands["plan"]
+    with click.Context(main, info_name="kvsim") as root, click.Context(plan, parent=root, info_name="plan") as group, \
+            click.Context(plan.commands["router"], parent=group, info_name="router") as ctx:
+        assert resume_command(ctx) == "kvsim plan router --router random,kv-aware --out 'my dir'"
