@@ -18,7 +18,7 @@ from rich.progress import (
 )
 
 from sim.config import key_values
-from sim.studies.reference import Measurement, load_reference
+from sim.studies.reference import Measurement, load_reference, reference_path
 from sim.scenario import Scenario, ScenarioError, SloSpec, load_scenario
 
 # NOTE: piped output (CI logs, files) gets a wide table instead of rich's 80-column default.
@@ -248,10 +248,17 @@ def load_or_exit(path: str | None) -> tuple[Scenario, Path]:
 
 
 def reference_measurements(scenario: Scenario, scenario_path: Path) -> list[Measurement]:
-    """The scenario's measured reference (empty without one), or a one-line error."""
-    if scenario.reference is None:
+    """The scenario's measured reference: empty without one, or with a one-line warning on stderr when its file is
+    missing (a copied scenario runs, without measurements); a file that is there but cannot be read is a one-line
+    error."""
+    ref_path = reference_path(scenario, scenario_path)
+    if ref_path is None:
         return []
-    ref_path = scenario_path.parent / scenario.reference
+    if not ref_path.exists():
+        # NOTE: click.echo, not rich: a path may hold [brackets] that rich would take for markup
+        click.echo(f"warning: reference: {ref_path} not found; running without measurements (give the scenario's "
+                   f"reference: a path relative to it, or kvsim:PATH for a file that ships with kvsim)", err=True)
+        return []
     try:
         return load_reference(ref_path)
     except (OSError, ValueError) as err:
