@@ -369,5 +369,6 @@ def main() -> None:
     A worker is a serving engine on a device: vLLM v1 (block prefix cache, step scheduler) or SGLang
     (RadixAttention token tree, prefill/decode batches); a scenario file (YAML) describes the model, engine,
     workload, cluster and router. Without --scenario the built-in `service-baseline` scenario (the measured
-    reference experiment, on vLLM) is used.
+    reference experiment, on vLLM) is used; `kvsim scenarios` lists the built-in scenarios and `kvsim scenarios
+    export NAME > my.yaml` writes one to edit.
     """
