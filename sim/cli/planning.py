@@ -78,6 +78,17 @@ _cluster_options = _options(
 )
 
 
+def _out_options(writes: str, replays: str) -> Callable:
+    """`--out DIR` (writing `writes`, journaling every simulation) and `--resume` (each router's `replays` replays)."""
+    return _options(
+        click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+                     help=f"Write {writes}; every finished simulation is journaled in DIR/runs.jsonl."),
+        click.option("--resume", is_flag=True, default=False,
+                     help=f"Continue the plan journaled in --out DIR/runs.jsonl: each router's {replays} replays, "
+                          "taking its finished simulations from the journal."),
+    )
+
+
 def _plan_base(scenario_path, prefixes, zipf, workers, concurrency, cpu_kv_gib, engine, model, gpu, *,
                slo=None, vary: str | None = None) -> Scenario:
     """The scenario both subcommands plan on, with the command's what-ifs applied, or a one-line error."""
@@ -120,12 +131,7 @@ def _plan_base(scenario_path, prefixes, zipf, workers, concurrency, cpu_kv_gib, 
 @click.option("--workers", type=click.IntRange(min=1), default=None, help="Number of workers. Default: the scenario's.")
 @_cluster_options
 @click.option("--slo", callback=slo_option, default=None, help=SLO_HELP)
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
-              help="Write DIR/plan.csv (a row per router) and DIR/plan.png, then DIR/manifest.json listing them; "
-                   "every finished simulation is journaled in DIR/runs.jsonl.")
-@click.option("--resume", is_flag=True, default=False,
-              help="Continue the plan journaled in --out DIR/runs.jsonl: each router's search replays, taking its "
-                   "finished simulations from the journal.")
+@_out_options("DIR/plan.csv (a row per router) and DIR/plan.png, then DIR/manifest.json listing them", "search")
 @click.pass_context
 def plan_router(ctx, scenario_path, prefixes, zipf, concurrency, routers, target_hit_rate, target_ttft_p99_ms,
                 constraints, objective, budget, seed, workers, cpu_kv_gib, engine, model, gpu, repeats, jobs,
@@ -174,12 +180,7 @@ def plan_router(ctx, scenario_path, prefixes, zipf, concurrency, routers, target
 @click.option("--horizon", type=click.IntRange(min=50), default=1000, show_default=True,
               help="Measured requests per simulated run, after a discarded transient that lets every reachable "
                    "(worker, prefix) pair be visited (steady state).")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
-              help="Write DIR/plan.csv (a row per router) and DIR/plan.png; every finished simulation is journaled "
-                   "in DIR/runs.jsonl.")
-@click.option("--resume", is_flag=True, default=False,
-              help="Continue the plan journaled in --out DIR/runs.jsonl: each router's bisection replays, taking "
-                   "its finished simulations from the journal.")
+@_out_options("DIR/plan.csv (a row per router) and DIR/plan.png", "bisection")
 @click.pass_context
 def plan_capacity(ctx, scenario_path, prefixes, zipf, concurrency, vary, target_hit_rate, target_ttft_p99_ms, low,
                   high, step, routers, workers, cpu_kv_gib, engine, model, gpu, repeats, jobs, executor_kind,
