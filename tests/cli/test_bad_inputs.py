@@ -383,9 +383,7 @@ KV_CASES = [
 
 @pytest.mark.parametrize("args, expected", KV_CASES, ids=[" ".join(c[0][:1] + c[0][-2:]) for c in KV_CASES])
 def test_a_bad_k_v_list_is_a_one_line_usage_error_naming_the_option(tmp_path, args, expected):
-    from pathlib import Path
-
-    subst = {"RUN": str(Path(__file__).parent / "fixtures" / "real-vllm" / "w2-n12-c1.csv"),
+    subst = {"RUN": str(FIXTURES / "real-vllm" / "w2-n12-c1.csv"),
              "OK/fitted.yaml": str(tmp_path / "fitted.yaml")}
     result = CliRunner().invoke(main, [subst.get(a, a) for a in args])
     assert result.exit_code == 2, result.output

@@ -9,6 +9,7 @@ from click.testing import CliRunner
 
 from sim.cli import main
 from sim.scenario import ScenarioError, load_scenario
+from tests.support.paths import FIXTURES, SCENARIOS, TRACES
 
 REQUIRED = ["workers", "prefixes", "concurrency", "router", "repeat", "requests", "request_hit_rate",
             "full_hit_rate", "token_hit_rate", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "throughput_rps"]
@@ -169,15 +170,12 @@ def test_run_takes_its_scenario_as_scenario_file_or_positional(tmp_path):
 
 
 def test_replay_and_validate_take_their_files_as_compare_and_calibrate_spell_them():
-    from pathlib import Path
-
-    fixtures = Path(__file__).parent / "fixtures"
-    trace, run_csv = str(fixtures / "traces" / "conversation_head400.jsonl"), str(fixtures / "real-vllm" / "w2-n12-c1.csv")
+    trace, run_csv = str(TRACES / "conversation_head400.jsonl"), str(FIXTURES / "real-vllm" / "w2-n12-c1.csv")
     replay = ["--workers", "2", "--kv-tokens", "100000", "--limit", "40"]
     by_option, by_position = invoke("replay", "--trace", trace, *replay), invoke("replay", trace, *replay)
     assert by_option.exit_code == by_position.exit_code == 0, by_option.output
     assert "40 requests" in by_option.output and "40 requests" in by_position.output
-    tiny = ["--scenario", str(Path(__file__).parent.parent / "scenarios" / "tiny-cpu.yaml")]
+    tiny = ["--scenario", str(SCENARIOS / "tiny-cpu.yaml")]
     assert invoke("validate", "--runs", run_csv, *tiny).output == invoke("validate", run_csv, *tiny).output
     for args, message in ((["replay", trace, "--trace", trace, *replay], "give TRACE or --trace, not both"),
                           (["replay", *replay], "give the trace to replay: TRACE or --trace FILE"),

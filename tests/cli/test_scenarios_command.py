@@ -5,7 +5,6 @@ one-line warning (calibrate, which needs them, says so in one line)."""
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 
 import pytest
 import yaml
@@ -13,8 +12,7 @@ from click.testing import CliRunner
 
 from sim.cli import main
 from sim.scenario import builtin_scenario_names, builtin_scenario_path, load_scenario, scenarios_dir
-
-FIXTURES = Path(__file__).parent / "fixtures"
+from tests.support.paths import FIXTURES, TRACES
 
 
 def invoke(*args):
@@ -68,7 +66,7 @@ COMMANDS = [
      "--repeats", "2", "--horizon", "50", "--jobs", "1"],
     ["plan", "router", *SMALL, "--router", "random,round-robin", "--budget", "2", "--repeats", "2", "--jobs", "1"],
     ["tune", *SMALL, "--router", "random", "--budget", "1", "--repeats", "1", "--jobs", "1"],
-    ["replay", "--trace", FIXTURES / "traces" / "conversation_head400.jsonl", "--workers", "2", "--limit", "20"],
+    ["replay", "--trace", TRACES / "conversation_head400.jsonl", "--workers", "2", "--limit", "20"],
     ["validate", FIXTURES / "real-vllm" / "w2-n12-c1.csv"],
 ]
 
