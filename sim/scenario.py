@@ -189,7 +189,10 @@ class Scenario(ConfigModel):
         default_factory=dict,
         description="Options for the other engines, applied when a command switches the engine (--engine): e.g. "
                     "{sglang: {chunked_prefill_size: 2048}}. Options both engines have carry over by themselves.")
-    reference: str | None = Field(None, description="Measured results (CSV) for this scenario, relative to the scenario file.")
+    reference: str | None = Field(
+        None, description="Measured results (CSV) for this scenario, relative to the scenario file, or kvsim:PATH for "
+                          "one that ships with kvsim (relative to its scenarios folder). Runs without measurements "
+                          "(and a warning) when the file is missing.")
     calibration: CalibrationSpec = Field(default_factory=CalibrationSpec, description="Time-model calibration.")
     slo: SloSpec = Field(default_factory=SloSpec,
                          description="Latency objectives (ttft_ms, tpot_ms, e2e_ms) for goodput; default: none set.")
@@ -431,11 +434,30 @@ def scenarios_dir() -> Path:
     return Path(str(resources.files("sim"))) / "scenarios"
 
 
+def builtin_scenario_names() -> list[str]:
+    """The built-in scenarios, by name (their files' stems in `scenarios_dir()`), sorted."""
+    return sorted(p.stem for p in scenarios_dir().glob("*.yaml"))
+
+
 def builtin_scenario_path(name: str = BUILTIN_SCENARIO) -> Path:
     path = scenarios_dir() / f"{name}.yaml"
     if not path.is_file():
-        raise ScenarioError(f"no built-in scenario {name!r} in {path.parent}")
+        raise ScenarioError(f"no built-in scenario {name!r}; allowed: {', '.join(builtin_scenario_names())}")
     return path
+
+
+SHIPPED = "kvsim:"
+"""The prefix of a path a scenario gives (`reference:`, `model.config`) to a file that ships with kvsim, relative to
+the installed scenarios folder: `kvsim:reference/service-baseline.csv`. A scenario exported from a built-in one
+(`kvsim scenarios export`) refers to its files so, and runs from any folder."""
+
+
+def scenario_file_path(ref: str, base_dir: Path) -> Path:
+    """The file a scenario's path `ref` names: `kvsim:REL` is REL in `scenarios_dir()` (see SHIPPED); any other
+    relative path is taken from `base_dir`, the scenario file's folder."""
+    if ref.startswith(SHIPPED):
+        return scenarios_dir() / ref.removeprefix(SHIPPED)
+    return base_dir / Path(ref).expanduser()
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -468,6 +490,10 @@ def load_scenario(path: str | Path | None = None) -> tuple[Scenario, Path]:
         raise ScenarioError(f"{file}: not valid YAML ({' '.join(str(err).split())})") from None
     if not isinstance(data, dict):
         raise ScenarioError(f"{file}: a scenario is a YAML mapping, got {type(data).__name__}")
+    model = data.get("model")
+    if isinstance(model, dict) and isinstance(model.get("config"), str) and model["config"].startswith(SHIPPED):
+        # NOTE: the model spec reads its config relative to the scenario's folder; a shipped one is resolved here
+        data = {**data, "model": {**model, "config": str(scenario_file_path(model["config"], file.parent))}}
     return validate_scenario(data, source=str(file), base_dir=file.resolve().parent), file.resolve()
 
 

@@ -5,7 +5,9 @@ One module per group of commands; importing them registers their commands on `ma
 
 from __future__ import annotations
 
-from sim.cli import calibration, comparing, planning, real_servers, replaying, simulate, tuning  # noqa: F401 - registers the commands
+from sim.cli import (  # noqa: F401 - registers the commands
+    calibration, comparing, planning, real_servers, replaying, scenarios, simulate, tuning,
+)
 from sim.cli.app import main
 
 __all__ = ["main"]

@@ -17,7 +17,8 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from sim.studies.reference import Measurement, load_reference
+from sim.config import key_values
+from sim.studies.reference import Measurement, load_reference, reference_path
 from sim.scenario import Scenario, ScenarioError, SloSpec, load_scenario
 
 # NOTE: piped output (CI logs, files) gets a wide table instead of rich's 80-column default.
@@ -115,18 +116,15 @@ def slo_option(ctx: click.Context, param: click.Parameter, value: str | None) ->
     if value is None:
         return None
     allowed = ", ".join(SloSpec.model_fields)
-    items: dict[str, str] = {}
-    for part in (p.strip() for p in value.split(",")):
-        if not part:
-            continue
-        key, sep, text = (s.strip() for s in part.partition("="))
+    try:
+        items = key_values(value, f"KEY=MS with KEY one of {allowed}")
+    except ValueError as err:
+        raise click.BadParameter(str(err)) from None
+    for key, text in items.items():
         if key not in SloSpec.model_fields:
             raise click.BadParameter(f"unknown key {key!r}; allowed: {allowed}")
-        if not sep or not text:
+        if not text:
             raise click.BadParameter(f"{key}: give a value in ms, as {key}=200")
-        if key in items:
-            raise click.BadParameter(f"{key} given twice")
-        items[key] = text
     if not items:
         raise click.BadParameter(f"{value!r}: give KEY=MS,... with keys {allowed}")
     try:
@@ -225,6 +223,23 @@ def on_hardware(scenario: Scenario, model: str | None, gpu: tuple[str, int] | No
         raise click.ClickException(str(err).removeprefix("Value error, ")) from None
 
 
+def scenario_option(uses: str = "", default: str = "the built-in service-baseline scenario") -> Callable:
+    """`--scenario FILE` (parameter `scenario_path`), one spelling for every command that takes a scenario; `uses`
+    says what the command takes from it, `default` which scenario it runs without one."""
+    return click.option(
+        "--scenario", "scenario_path", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+        help=f"Scenario YAML file{uses}. Default: {default} (`kvsim scenarios` lists the built-in ones, `kvsim "
+             f"scenarios export NAME` writes one to edit).")
+
+
+def positional_or_option(positional, option, argument: str, option_name: str):
+    """The value of a command's positional `argument` or of its `option_name` (the spelling every command shares):
+    either may be given, not both (a one-line usage error); None or () when neither is."""
+    if positional and option:
+        raise UsageExit(f"give {argument} or {option_name}, not both")
+    return positional or option
+
+
 def load_or_exit(path: str | None) -> tuple[Scenario, Path]:
     try:
         return load_scenario(path)
@@ -233,10 +248,17 @@ def load_or_exit(path: str | None) -> tuple[Scenario, Path]:
 
 
 def reference_measurements(scenario: Scenario, scenario_path: Path) -> list[Measurement]:
-    """The scenario's measured reference (empty without one), or a one-line error."""
-    if scenario.reference is None:
+    """The scenario's measured reference: empty without one, or with a one-line warning on stderr when its file is
+    missing (a copied scenario runs, without measurements); a file that is there but cannot be read is a one-line
+    error."""
+    ref_path = reference_path(scenario, scenario_path)
+    if ref_path is None:
         return []
-    ref_path = scenario_path.parent / scenario.reference
+    if not ref_path.exists():
+        # NOTE: click.echo, not rich: a path may hold [brackets] that rich would take for markup
+        click.echo(f"warning: reference: {ref_path} not found; running without measurements (give the scenario's "
+                   f"reference: a path relative to it, or kvsim:PATH for a file that ships with kvsim)", err=True)
+        return []
     try:
         return load_reference(ref_path)
     except (OSError, ValueError) as err:
@@ -250,18 +272,23 @@ class UsageExit(click.ClickException):
 
 
 def executor_options(command: Callable) -> Callable:
-    """`--executor local|dask` and `--dask-scheduler ADDR`, for every command that runs many simulations (with its own
-    `--jobs`): parameters `executor_kind` and `dask_scheduler`; `open_executor_or_exit` turns them into one."""
+    """`--jobs N`, `--executor local|dask` and `--dask-scheduler ADDR`, declared here once for every command that runs
+    many simulations: parameters `jobs`, `executor_kind` and `dask_scheduler`; `open_executor_or_exit` turns them
+    into an executor."""
     from sim.studies.executor import EXECUTORS
 
     command = click.option(
         "--dask-scheduler", "dask_scheduler", default=None, metavar="ADDR",
         help="With --executor dask: the scheduler of a running Dask cluster (`dask scheduler` prints it, e.g. "
              "tcp://HOST:8786). Default: a local cluster of --jobs single-threaded worker processes.")(command)
-    return click.option(
+    command = click.option(
         "--executor", "executor_kind", type=click.Choice(EXECUTORS), default="local", show_default=True,
         help="Where the simulations run: local processes (--jobs of them) or a Dask cluster. A seed gives the same "
              "results on either.")(command)
+    return click.option(
+        "--jobs", type=click.IntRange(min=1), default=None,
+        help="Parallel processes (with --executor dask and no --dask-scheduler: local Dask workers); the results do "
+             "not depend on it. Default: all cores.")(command)
 
 
 def open_executor_or_exit(kind: str, jobs: int | None, dask_scheduler: str | None):
@@ -342,5 +369,6 @@ def main() -> None:
     A worker is a serving engine on a device: vLLM v1 (block prefix cache, step scheduler) or SGLang
     (RadixAttention token tree, prefill/decode batches); a scenario file (YAML) describes the model, engine,
     workload, cluster and router. Without --scenario the built-in `service-baseline` scenario (the measured
-    reference experiment, on vLLM) is used.
+    reference experiment, on vLLM) is used; `kvsim scenarios` lists the built-in scenarios and `kvsim scenarios
+    export NAME > my.yaml` writes one to edit.
     """

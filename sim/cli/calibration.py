@@ -13,18 +13,25 @@ from rich.table import Table
 
 from sim.cli.app import (
     checked_out_file, console, executor_options, load_or_exit, main, open_executor_or_exit, progress_bar,
+    scenario_option,
 )
 from sim.cli.study_runs import journaled_search, resume_command
-from sim.studies.reference import load_reference
+from sim.config import key_value
+from sim.scenario import SHIPPED
+from sim.studies.reference import load_reference, reference_path
 from sim.results.report import csv_bytes, write_atomic
 
 
 def _holdout(ctx: click.Context, param: click.Parameter, value: str | None):
     if not value:
         return None
-    key, sep, values = value.partition("=")
-    if not sep or key not in ("workers", "prefixes", "concurrency"):
-        raise click.BadParameter(f"{value!r}: expected workers=..., prefixes=... or concurrency=..., e.g. prefixes=7,12")
+    form = "workers=..., prefixes=... or concurrency=..., e.g. prefixes=7,12"
+    try:
+        key, values = key_value(value, form)  # NOTE: one key; its value is a list (commas belong to it)
+    except ValueError as err:
+        raise click.BadParameter(str(err)) from None
+    if key not in ("workers", "prefixes", "concurrency"):
+        raise click.BadParameter(f"{value!r} is not {form}")
     try:
         chosen = {int(v) for v in values.split(",") if v.strip()}
     except ValueError:
@@ -33,8 +40,7 @@ def _holdout(ctx: click.Context, param: click.Parameter, value: str | None):
 
 
 @main.command()
-@click.option("--scenario", "scenario_path", type=click.Path(dir_okay=False), default=None,
-              help="Scenario to calibrate. Default: the built-in service-baseline scenario.")
+@scenario_option(" to calibrate (its reference CSV is the default --measured)")
 @click.option("--measured", "measured_path", type=click.Path(dir_okay=False), default=None,
               help="Measured figures (tidy CSV: workers, prefixes, concurrency, metric, value, unit, aggregation). "
                    "Default: the scenario's reference, unless --runs are given.")
@@ -55,9 +61,6 @@ def _holdout(ctx: click.Context, param: click.Parameter, value: str | None):
 @click.option("--starts", type=click.IntRange(min=0), default=12, show_default=True, help="Quasi-random starting points scored before refining.")
 @click.option("--refine", type=click.IntRange(min=1), default=2, show_default=True, help="Best starts refined by least squares.")
 @click.option("--max-evaluations", type=click.IntRange(min=1), default=60, show_default=True, help="Objective evaluations per refinement.")
-@click.option("--jobs", type=click.IntRange(min=1), default=None,
-              help="Parallel processes (with --executor dask and no --dask-scheduler: local Dask workers). "
-                   "Default: all cores.")
 @executor_options
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), required=True,
               help="Write the fitted scenario (YAML) here; every finished simulation is journaled beside it, in "
@@ -83,16 +86,20 @@ def calibrate(ctx, scenario_path, measured_path, run_paths, ttft_source, fit_par
     checked_out_file(out_path)
     checked_out_file(report_path, "--report")
     base, path = load_or_exit(scenario_path)
-    ref_path = Path(measured_path) if measured_path else (
-        path.parent / base.reference if base.reference and not run_paths else None)
+    own_reference = reference_path(base, path)
+    ref_path = Path(measured_path) if measured_path else (own_reference if not run_paths else None)
     if ref_path is None and not run_paths:
         raise click.BadParameter("the scenario has no reference: give --measured or --runs", param_hint="--measured")
     targets = []
     if ref_path is not None:
+        source = "--measured" if measured_path else "reference"
+        if not ref_path.exists():  # NOTE: calibrating needs measurements; other commands run without them
+            raise click.ClickException(f"{source}: {ref_path} not found; calibrating needs measurements: give "
+                                       "--measured FILE or --runs RUN.csv, or point the scenario's reference at them")
         try:
             targets += targets_from_reference(load_reference(ref_path))
         except (OSError, ValueError) as err:
-            raise click.ClickException(f"--measured: cannot read {ref_path}: {err}") from None
+            raise click.ClickException(f"{source}: cannot read {ref_path}: {err}") from None
     try:
         runs = [read_run(p) for p in run_paths]
         targets += targets_from_runs(runs, ttft_source=ttft_source)
@@ -172,9 +179,10 @@ def calibrate(ctx, scenario_path, measured_path, run_paths, ttft_source, fit_par
         "holdout_rms_log_error": None if math.isnan(hold_err) else round(hold_err, 4),
     })})
     out = Path(out_path)
-    if base.reference is not None:  # keep pointing at the same file from where the fitted scenario is written
-        own_reference = (path.parent / base.reference).resolve()
-        fitted = fitted.model_copy(update={"reference": os.path.relpath(own_reference, out.resolve().parent)})
+    if base.reference is not None and not base.reference.startswith(SHIPPED):
+        # keep pointing at the same file from where the fitted scenario is written (a shipped one is found anywhere)
+        fitted = fitted.model_copy(update={"reference": os.path.relpath(own_reference.resolve(),
+                                                                        out.resolve().parent)})
     sources = ([ref_path.name] if ref_path else []) + [Path(p).name for p in run_paths]
     header = (f"# Calibrated by `kvsim calibrate` from {path.name} against {', '.join(sources)}.\n"
               f"# Fitted: {', '.join(f'{k} = {v:.4g}' for k, v in result.parameters.items())}.\n")

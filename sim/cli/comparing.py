@@ -11,7 +11,7 @@ from rich.table import Table
 
 from sim.cli.app import (
     ENGINE_HELP, NEEDS_A_RECORDING, SLO_HELP, checked_out_dir, console, executor_options, fmt, int_list, load_or_exit,
-    main, on_engine, one_engine, router_list, router_names, slo_option, with_slo,
+    main, on_engine, one_engine, router_list, router_names, scenario_option, slo_option, with_slo,
 )
 from sim.cli.replaying import trace_base, trace_overrides
 from sim.results.output_set import write_output_set
@@ -36,8 +36,7 @@ def _pm(agg: dict, metric: str, spec: str) -> str:
 
 
 @main.command()
-@click.option("--scenario", "scenario_path", type=click.Path(dir_okay=False), default=None,
-              help="Scenario YAML file. Default: the built-in service-baseline scenario (trace-replay with --trace).")
+@scenario_option(default="the built-in service-baseline scenario (trace-replay with --trace)")
 @click.option("--prefixes", callback=int_list, default=None,
               help="Distinct shared prefixes N, one or comma-separated (the built-in workload; not with --trace).")
 @click.option("--workers", callback=int_list, default=None, help="Worker counts, one or comma-separated. Default: the scenario's.")
@@ -50,9 +49,6 @@ def _pm(agg: dict, metric: str, spec: str) -> str:
 @click.option("--repeats", type=click.IntRange(min=1), default=5, show_default=True,
               help="Runs per router and point; repeat r uses seed + r, the same for every router.")
 @click.option("--seed", type=int, default=None, help="Base seed. Default: the scenario's.")
-@click.option("--jobs", type=click.IntRange(min=1), default=None,
-              help="Parallel processes (with --executor dask and no --dask-scheduler: local Dask workers). "
-                   "Default: all cores.")
 @executor_options
 @click.option("--trace", "trace_path", type=click.Path(exists=True, dir_okay=False), default=None,
               help="A Mooncake JSONL trace: the workload is the trace, replayed open loop for each router "

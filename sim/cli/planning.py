@@ -1,20 +1,21 @@
-"""`kvsim plan`: the cheapest worker count or KV size per worker that reaches a hit-rate or TTFT target, or which
-router and settings meet constraints best (`--choose-router`, by `kvsim tune` per router)."""
+"""`kvsim plan capacity`: the cheapest worker count or KV size per worker that reaches a hit-rate or TTFT target; `kvsim
+plan router`: which router and settings meet constraints best (by `kvsim tune` per router)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import click
-from click.core import ParameterSource
 from rich.table import Table
 
 from sim.cli.app import (
-    CPU_KV_HELP, ENGINE_HELP, SLO_HELP, checked_out_dir, console, executor_options, finite_float, hardware_options,
+    CPU_KV_HELP, ENGINE_HELP, SLO_HELP, UsageExit, checked_out_dir, console, executor_options, finite_float, hardware_options,
     load_or_exit, main, on_cpu_kv, on_engine, on_hardware, one_engine, open_executor_or_exit, progress_bar,
-    router_list, slo_option, with_slo,
+    router_list, scenario_option, slo_option, with_slo,
 )
+from sim.cli.study_runs import journaled_search, resume_command
 from sim.cli.tuning import CONSTRAINT_HELP, paste_text, parse_constraints, parse_objective, value_text
 from sim.results.figures import plan_figure
 from sim.results.output_set import write_output_set
@@ -24,70 +25,73 @@ from sim.scenario import Scenario, ScenarioError
 from sim.studies.tune import DEFAULT_OBJECTIVE, Constraint
 
 
-@main.command()
-@click.option("--scenario", "scenario_path", type=click.Path(dir_okay=False), default=None,
-              help="Scenario (workload, model, engine, time model). Default: the built-in calibrated reference.")
-@click.option("--prefixes", type=click.IntRange(min=1), default=None, help="Distinct prefixes N. Default: the scenario's.")
-@click.option("--zipf", type=click.FloatRange(min=0), default=None,
-              help="Zipf exponent of prefix popularity (0 = uniform). Default: the scenario's popularity.")
-@click.option("--target-hit-rate", type=click.FloatRange(0, 1), default=None, help="Request hit rate to reach.")
-@click.option("--target-ttft-p99-ms", type=click.FloatRange(min=0), default=None,
-              help="TTFT p99 (ms) not to exceed (needs a calibrated scenario).")
-@click.option("--vary", type=click.Choice(sorted(["workers", "kv-gib", "cpu-kv-gib"])), default=None,
-              help="What may change: the worker count, the GPU KV cache per worker in GiB, or the host (CPU) KV tier "
-                   "per worker in GiB (vLLM's --kv-offloading-size) (or give --choose-router).")
-@click.option("--choose-router", "choose", callback=router_list, default=None,
-              help="Instead of --vary: which of these routers (comma-separated NAME or NAME:key=value,...) and "
-                   "settings meet the targets and --constraint best; each is tuned over its default search space "
-                   "(`kvsim tune`) on the scenario's workload as it is, with the same --budget and seeds.")
-@click.option("--constraint", "constraints", multiple=True, callback=parse_constraints,
-              help=f"--choose-router: {CONSTRAINT_HELP} The targets are constraints too.")
-@click.option("--objective", callback=parse_objective, default=DEFAULT_OBJECTIVE, show_default=True,
-              help="--choose-router: maximize:COLUMN or minimize:COLUMN among the settings that meet the constraints.")
-@click.option("--budget", type=click.IntRange(min=1), default=60, show_default=True,
-              help="--choose-router: simulations per router (trials x repeats).")
-@click.option("--seed", type=int, default=None, help="--choose-router: base seed. Default: the scenario's.")
-@click.option("--concurrency", type=click.IntRange(min=1), default=None, help="Requests in flight. Default: the scenario's.")
-@click.option("--min", "low", type=float, callback=finite_float, default=None, help="Smallest value to try. Default: 1 worker / 1 GiB / 0 GiB of host KV.")
-@click.option("--max", "high", type=float, callback=finite_float, default=None, help="Largest value to try. Default: 64 workers / 32 GiB / 64 GiB of host KV.")
-@click.option("--step", type=click.FloatRange(min=0.01), default=0.25, show_default=True, help="Resolution of kv-gib and cpu-kv-gib.")
-@click.option("--workers", type=click.IntRange(min=1), default=None,
-              help="Workers while varying kv-gib or cpu-kv-gib or choosing a router. Default: the scenario's.")
-@click.option("--cpu-kv-gib", "cpu_kv_gib", type=click.FloatRange(min=0), default=None,
-              help="While varying something else: " + CPU_KV_HELP)
-@click.option("--router", "routers", callback=router_list, default=None,
-              help="Routers to plan for: NAME or NAME:key=value,..., comma-separated (see `kvsim routers`). "
-                   "Default: the scenario's.")
-@click.option("--engine", callback=one_engine, default=None, help=ENGINE_HELP)
-@click.option("--repeats", type=click.IntRange(min=2), default=3, show_default=True, help="Simulated runs per candidate.")
-@click.option("--horizon", type=click.IntRange(min=50), default=1000, show_default=True,
-              help="Measured requests per simulated run, after a discarded transient that lets every reachable "
-                   "(worker, prefix) pair be visited (steady state).")
-@click.option("--jobs", type=click.IntRange(min=1), default=None,
-              help="Parallel processes (with --executor dask and no --dask-scheduler: local Dask workers). "
-                   "Default: all cores.")
-@executor_options
-@click.option("--slo", callback=slo_option, default=None, help="--choose-router: " + SLO_HELP)
-@hardware_options
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
-              help="Write DIR/plan.csv (a row per router) and DIR/plan.png; with --choose-router also "
-                   "DIR/manifest.json listing them; every finished simulation is journaled in DIR/runs.jsonl.")
-@click.option("--resume", is_flag=True, default=False,
-              help="Continue the plan journaled in --out DIR/runs.jsonl: each router's search (--choose-router) or "
-                   "bisection (--vary) replays, taking its finished simulations from the journal.")
-def plan(scenario_path, prefixes, zipf, target_hit_rate, target_ttft_p99_ms, vary, choose, constraints, objective,
-         budget, seed, concurrency, low, high, step, workers, cpu_kv_gib, routers, engine, repeats, horizon, jobs,
-         executor_kind, dask_scheduler, slo, model, gpu, out_dir, resume) -> None:
-    """Find, per router, the cheapest setting that meets a target: how many workers, how much GPU KV per worker,
-    or how much host (CPU) KV per worker; or, with --choose-router, which router and settings meet the targets and
-    constraints best.
+_SUBCOMMANDS = ("kvsim plan takes a subcommand: `kvsim plan capacity --vary workers|kv-gib|cpu-kv-gib ...` (was plan "
+                "--vary) or `kvsim plan router --router A,B,C ...` (was plan --choose-router A,B,C)")
 
-    --vary: the analytic block model screens the range; simulation confirms by bisection with repeats (steady
-    state), and the table reports the simulated mean at the answer with its 95 % interval beside the analytic answer.
-    """
-    from sim.studies.plan import VARY_UNITS, PlanSpec, PlanTarget, make_grid
-    from sim.studies.plan import plan as run_plan
 
+class _PlanGroup(click.Group):
+    """`kvsim plan`, a group of two subcommands; the options of the single command it was (`plan --vary ...`,
+    `plan --choose-router ...`) get a one-line error naming the subcommands instead of click's 'No such option'."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0].startswith("-") and args[0] not in ctx.help_option_names:
+            raise UsageExit(_SUBCOMMANDS)
+        return super().parse_args(ctx, args)
+
+
+@main.group(cls=_PlanGroup, short_help="Plan for a target: the cheapest capacity, or the best router.")
+def plan() -> None:
+    """Plan a deployment for a target: `capacity` finds, per router, the cheapest worker count, GPU KV or host (CPU)
+    KV per worker that meets it; `router` finds which router and settings meet targets and constraints best."""
+
+
+def _options(*decorators: Callable) -> Callable:
+    """The options `decorators` declare, in the order given, as one decorator (shared by both subcommands)."""
+    def apply(command: Callable) -> Callable:
+        for decorator in reversed(decorators):
+            command = decorator(command)
+        return command
+    return apply
+
+
+_workload_options = _options(
+    scenario_option(" (workload, model, engine, time model)"),
+    click.option("--prefixes", type=click.IntRange(min=1), default=None,
+                 help="Distinct shared prefixes N. Default: the scenario's."),
+    click.option("--zipf", type=click.FloatRange(min=0), default=None,
+                 help="Zipf exponent of prefix popularity (0 = uniform). Default: the scenario's popularity."),
+    click.option("--concurrency", type=click.IntRange(min=1), default=None,
+                 help="Requests in flight. Default: the scenario's."),
+)
+_target_options = _options(
+    click.option("--target-hit-rate", type=click.FloatRange(0, 1), default=None, help="Request hit rate to reach."),
+    click.option("--target-ttft-p99-ms", type=click.FloatRange(min=0), default=None,
+                 help="TTFT p99 (ms) not to exceed (needs a calibrated scenario)."),
+)
+_cluster_options = _options(
+    click.option("--cpu-kv-gib", "cpu_kv_gib", type=click.FloatRange(min=0), default=None, help=CPU_KV_HELP),
+    click.option("--engine", callback=one_engine, default=None, help=ENGINE_HELP),
+    hardware_options,
+    click.option("--repeats", type=click.IntRange(min=2), default=3, show_default=True,
+                 help="Simulated runs per candidate."),
+    executor_options,
+)
+
+
+def _out_options(writes: str, replays: str) -> Callable:
+    """`--out DIR` (writing `writes`, journaling every simulation) and `--resume` (each router's `replays` replays)."""
+    return _options(
+        click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+                     help=f"Write {writes}; every finished simulation is journaled in DIR/runs.jsonl."),
+        click.option("--resume", is_flag=True, default=False,
+                     help=f"Continue the plan journaled in --out DIR/runs.jsonl: each router's {replays} replays, "
+                          "taking its finished simulations from the journal."),
+    )
+
+
+def _plan_base(scenario_path, prefixes, zipf, workers, concurrency, cpu_kv_gib, engine, model, gpu, *,
+               slo=None, vary: str | None = None) -> Scenario:
+    """The scenario both subcommands plan on, with the command's what-ifs applied, or a one-line error."""
     base, _ = load_or_exit(scenario_path)
     base = on_hardware(with_slo(on_engine(base, engine), slo), model, gpu)
     if cpu_kv_gib is not None and vary == "cpu-kv-gib":
@@ -104,38 +108,93 @@ def plan(scenario_path, prefixes, zipf, target_hit_rate, target_ttft_p99_ms, var
         overrides["cluster.workers"] = workers
     if concurrency is not None:
         overrides["workload.concurrency"] = concurrency
-    if (vary is None) == (choose is None):
-        raise click.UsageError("give --vary (how much of one thing) or --choose-router (which router), not both"
-                               if vary else "give --vary workers|kv-gib|cpu-kv-gib or --choose-router ROUTERS")
-    ctx = click.get_current_context()
-    only = (("low", "high", "step", "horizon", "routers") if choose
-            else ("constraints", "budget", "seed", "objective", "slo"))
-    given = [p.opts[0] for p in ctx.command.params
-             if p.name in only and ctx.get_parameter_source(p.name) == ParameterSource.COMMANDLINE]
-    if given:
-        raise click.UsageError(f"{', '.join(given)} {'does' if len(given) == 1 else 'do'} not apply to "
-                               f"{'--choose-router' if choose else '--vary'}")
     try:
-        base = base.with_overrides(**overrides) if overrides else base
+        return base.with_overrides(**overrides) if overrides else base
     except ScenarioError as err:
         raise click.ClickException(str(err)) from None
-    if choose:
-        targets = ([Constraint("request_hit_rate", ">=", target_hit_rate)] if target_hit_rate is not None else []) + (
-            [Constraint("ttft_p99_ms", "<=", target_ttft_p99_ms)] if target_ttft_p99_ms is not None else [])
-        from sim.cli.study_runs import journaled_search, resume_command
 
-        out = checked_out_dir(out_dir)
-        constraints = (*targets, *constraints)
-        command = resume_command(ctx)
-        # NOTE: what decides which trials each router's search asks (not --jobs or --executor).
-        inputs = repr((choose, objective, constraints, budget, repeats, seed))
-        with journaled_search("plan-choose-router", base, out=out, resume=resume, command=command, inputs=inputs,
-                              at_most=len(choose) * (budget - budget % repeats)) as journal, \
-                open_executor_or_exit(executor_kind, jobs, dask_scheduler) as executor:
-            choice = choose_router(base, choose, objective=objective, constraints=constraints, budget=budget,
-                                   repeats=repeats, seed=seed, jobs=jobs, executor=executor, store=journal)
-        show_choice(base, choice, objective=objective, budget=budget, repeats=repeats, out=out, command=command)
-        return
+
+@plan.command(name="router", short_help="Which router and settings meet targets and constraints best.")
+@_workload_options
+@click.option("--router", "routers", callback=router_list, required=True,
+              help="The candidate routers, comma-separated: NAME or NAME:key=value,... (options given are held "
+                   "fixed; see `kvsim routers`). Each is tuned over its default search space (`kvsim tune`) on the "
+                   "scenario's workload as it is, with the same --budget and seeds.")
+@_target_options
+@click.option("--constraint", "constraints", multiple=True, callback=parse_constraints,
+              help=f"{CONSTRAINT_HELP} The targets are constraints too.")
+@click.option("--objective", callback=parse_objective, default=DEFAULT_OBJECTIVE, show_default=True,
+              help="maximize:COLUMN or minimize:COLUMN among the settings that meet the constraints.")
+@click.option("--budget", type=click.IntRange(min=1), default=60, show_default=True,
+              help="Simulations per router (trials x repeats).")
+@click.option("--seed", type=int, default=None, help="Base seed. Default: the scenario's.")
+@click.option("--workers", type=click.IntRange(min=1), default=None, help="Number of workers. Default: the scenario's.")
+@_cluster_options
+@click.option("--slo", callback=slo_option, default=None, help=SLO_HELP)
+@_out_options("DIR/plan.csv (a row per router) and DIR/plan.png, then DIR/manifest.json listing them", "search")
+@click.pass_context
+def plan_router(ctx, scenario_path, prefixes, zipf, concurrency, routers, target_hit_rate, target_ttft_p99_ms,
+                constraints, objective, budget, seed, workers, cpu_kv_gib, engine, model, gpu, repeats, jobs,
+                executor_kind, dask_scheduler, slo, out_dir, resume) -> None:
+    """Find which of the --router candidates, and which of its settings, meets the targets and --constraint best
+    for the --objective.
+
+    Each router is tuned as `kvsim tune` does (trial 0 its defaults, then optuna's sampler) with --budget
+    simulations on the same seeds; the table shows each router's best setting, the answer and its --router text.
+    """
+    base = _plan_base(scenario_path, prefixes, zipf, workers, concurrency, cpu_kv_gib, engine, model, gpu, slo=slo)
+    targets = ([Constraint("request_hit_rate", ">=", target_hit_rate)] if target_hit_rate is not None else []) + (
+        [Constraint("ttft_p99_ms", "<=", target_ttft_p99_ms)] if target_ttft_p99_ms is not None else [])
+    out = checked_out_dir(out_dir)
+    constraints = (*targets, *constraints)
+    command = resume_command(ctx)
+    # NOTE: what decides which trials each router's search asks (not --jobs or --executor).
+    inputs = repr((routers, objective, constraints, budget, repeats, seed))
+    with journaled_search("plan-choose-router", base, out=out, resume=resume, command=command, inputs=inputs,
+                          at_most=len(routers) * (budget - budget % repeats)) as journal, \
+            open_executor_or_exit(executor_kind, jobs, dask_scheduler) as executor:
+        choice = choose_router(base, routers, objective=objective, constraints=constraints, budget=budget,
+                               repeats=repeats, seed=seed, jobs=jobs, executor=executor, store=journal)
+    show_choice(base, choice, objective=objective, budget=budget, repeats=repeats, out=out, command=command)
+
+
+@plan.command(name="capacity",
+              short_help="The cheapest worker count, GPU KV or host KV per worker for a target, per router.")
+@_workload_options
+@click.option("--vary", type=click.Choice(sorted(["workers", "kv-gib", "cpu-kv-gib"])), required=True,
+              help="What may change: the worker count, the GPU KV cache per worker in GiB, or the host (CPU) KV tier "
+                   "per worker in GiB (vLLM's --kv-offloading-size).")
+@_target_options
+@click.option("--min", "low", type=float, callback=finite_float, default=None,
+              help="Smallest value to try. Default: 1 worker / 1 GiB / 0 GiB of host KV.")
+@click.option("--max", "high", type=float, callback=finite_float, default=None,
+              help="Largest value to try. Default: 64 workers / 32 GiB / 64 GiB of host KV.")
+@click.option("--step", type=click.FloatRange(min=0.01), default=0.25, show_default=True,
+              help="Resolution of kv-gib and cpu-kv-gib.")
+@click.option("--router", "routers", callback=router_list, default=None,
+              help="Routers to plan for: NAME or NAME:key=value,..., comma-separated (see `kvsim routers`). "
+                   "Default: the scenario's.")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Workers while varying kv-gib or cpu-kv-gib. Default: the scenario's.")
+@_cluster_options
+@click.option("--horizon", type=click.IntRange(min=50), default=1000, show_default=True,
+              help="Measured requests per simulated run, after a discarded transient that lets every reachable "
+                   "(worker, prefix) pair be visited (steady state).")
+@_out_options("DIR/plan.csv (a row per router) and DIR/plan.png", "bisection")
+@click.pass_context
+def plan_capacity(ctx, scenario_path, prefixes, zipf, concurrency, vary, target_hit_rate, target_ttft_p99_ms, low,
+                  high, step, routers, workers, cpu_kv_gib, engine, model, gpu, repeats, jobs, executor_kind,
+                  dask_scheduler, horizon, out_dir, resume) -> None:
+    """Find, per router, the cheapest setting that meets a target: how many workers (--vary workers), how much GPU
+    KV per worker (kv-gib) or how much host (CPU) KV per worker (cpu-kv-gib).
+
+    The analytic block model screens the range; simulation confirms by bisection with repeats (steady state), and
+    the table reports the simulated mean at the answer with its 95 % interval beside the analytic answer.
+    """
+    from sim.studies.plan import VARY_UNITS, PlanSpec, PlanTarget, make_grid
+    from sim.studies.plan import plan as run_plan
+
+    base = _plan_base(scenario_path, prefixes, zipf, workers, concurrency, cpu_kv_gib, engine, model, gpu, vary=vary)
     try:
         target = PlanTarget(target_hit_rate, target_ttft_p99_ms)
         low = (0.0 if vary == "cpu-kv-gib" else 1.0) if low is None else low
@@ -155,8 +214,6 @@ def plan(scenario_path, prefixes, zipf, target_hit_rate, target_ttft_p99_ms, var
                         horizon_requests=horizon, routers=tuple(routers or [base.router.name]))
     except (ScenarioError, ValueError) as err:
         raise click.ClickException(str(err)) from None
-    from sim.cli.study_runs import journaled_search, resume_command
-
     out = checked_out_dir(out_dir)
     # NOTE: what decides which candidates the bisections simulate (not --jobs or --executor).
     inputs = repr(spec)
@@ -216,7 +273,7 @@ def plan(scenario_path, prefixes, zipf, target_hit_rate, target_ttft_p99_ms, var
 
 def choose_router(base: Scenario, routers: list[str], *, objective, constraints, budget: int, repeats: int,
                   seed: int | None, jobs: int | None, executor=None, store=None):
-    """`kvsim plan --choose-router`'s search: each router tuned behind a progress bar (`store`: the journal)."""
+    """`kvsim plan router`'s search: each router tuned behind a progress bar (`store`: the journal)."""
     from sim.studies.plan import choose_router as run_choice
 
     with progress_bar("plan") as step:

@@ -9,7 +9,10 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from sim.cli.app import checked_out_file, console, err_console, fmt, load_or_exit, main, router_names
+from sim.cli.app import (
+    UsageExit, checked_out_file, console, err_console, fmt, load_or_exit, main, positional_or_option, router_names,
+    scenario_option,
+)
 from sim.results.report import csv_bytes, write_atomic
 from sim.scenario import ScenarioError
 
@@ -21,8 +24,7 @@ from sim.scenario import ScenarioError
 @click.option("--concurrency", type=click.IntRange(min=1), required=True, help="Requests kept in flight (closed loop).")
 @click.option("--requests", type=click.IntRange(min=1), default=None,
               help="Measured requests. Default: the scenario's max(min_requests, requests_per_prefix x N).")
-@click.option("--scenario", "scenario_path", type=click.Path(dir_okay=False), default=None,
-              help="Scenario whose workload (prefix, tail and output tokens, warm-ups) and seed to use.")
+@scenario_option(" whose workload (prefix, tail and output tokens, warm-ups), seed and block size to use")
 @click.option("--router", default="random", show_default=True, help="Client-side router (one that needs no cache state).")
 @click.option("--prefix-tokens", type=click.IntRange(min=0), default=None, help="Override the scenario's prefix tokens.")
 @click.option("--tail-tokens", type=click.IntRange(min=1), default=None, help="Override the scenario's tail tokens.")
@@ -30,7 +32,9 @@ from sim.scenario import ScenarioError
 @click.option("--seed", type=int, default=None, help="Stream seed. Default: the scenario's.")
 @click.option("--max-token-id", type=click.IntRange(min=4), default=8191, show_default=True,
               help="Largest token id in prompts (vocabulary size - 1); ids start at 3.")
-@click.option("--model", default=None, help="Model name for requests. Default: the first one /v1/models lists.")
+@click.option("--served-model-name", "model", default=None,
+              help="Model name the requests ask for (the server's --served-model-name). Default: the first one "
+                   "/v1/models lists.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1), default=120.0, show_default=True,
               help="Seconds before a silent request is abandoned (and retried).")
 @click.option("--retries", type=click.IntRange(min=0), default=2, show_default=True,
@@ -106,27 +110,30 @@ def _tolerances(ctx: click.Context, param: click.Parameter, values: tuple[str, .
     from sim.studies.validate import Tolerance
 
     try:
-        return [Tolerance.parse(v) for v in values]
+        return [t for v in values for t in Tolerance.parse_list(v)]
     except ValueError as err:
         raise click.BadParameter(str(err)) from None
 
 
 @main.command()
-@click.argument("runs", nargs=-1, required=True, type=click.Path(dir_okay=False), metavar="RUN.csv...")
-@click.option("--scenario", "scenario_path", type=click.Path(dir_okay=False), default=None,
-              help="Base scenario for what a run does not describe (time model, devices). Default: the built-in one.")
+@click.argument("run_files", nargs=-1, type=click.Path(dir_okay=False), metavar="[RUN.csv]...")
+@click.option("--runs", "run_paths", multiple=True, type=click.Path(dir_okay=False),
+              help="Measured run CSVs (with sidecars) to compare with; repeatable (or give them as RUN.csv...).")
+@scenario_option(": the base for what a run does not describe (time model, devices)")
 @click.option("--routing", type=click.Choice(["recorded", "simulated"]), default="recorded", show_default=True,
               help="recorded: each request goes to the worker it went to; simulated: the run's router decides.")
 @click.option("--ttft", "ttft_source", type=click.Choice(["client", "server"]), default="client", show_default=True,
               help="Compare the client-timed TTFT, or the server's queue + time to first token with kvsim's engine "
                    "queue + prefill (needs the server_ttft_ms and server_queue_ms columns).")
 @click.option("--tolerance", "tolerances", multiple=True, callback=_tolerances,
-              help="METRIC=LIMIT, absolute (request_hit_rate=0.03) or relative (ttft_p50_ms=25%); repeatable. "
-                   "Exit 1 if a figure is outside.")
+              help="METRIC=LIMIT,..., absolute (request_hit_rate=0.03) or relative (ttft_p50_ms=25%), e.g. "
+                   "request_hit_rate=0.03,ttft_p50_ms=25%; repeatable. Exit 1 if a figure is outside.")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
               help="Write one row per (run, metric): run, metric, measured, predicted, error.")
-def validate(runs, scenario_path, routing, ttft_source, tolerances, out_path) -> None:
-    """Simulate measured runs (run CSV + JSON sidecar, see README) and compare kvsim's prediction with them.
+def validate(run_files, run_paths, scenario_path, routing, ttft_source, tolerances, out_path) -> None:
+    """Simulate measured runs and compare kvsim's prediction with them.
+
+    The runs, RUN.csv... or --runs FILE, are run CSVs with their JSON sidecars (see README).
 
     Rates are compared in points (predicted - measured), times in ms and throughput in requests/s; the
     relative error is shown beside.
@@ -134,6 +141,9 @@ def validate(runs, scenario_path, routing, ttft_source, tolerances, out_path) ->
     from sim.servers.run_csv import RunFileError, read_run
     from sim.studies.validate import compare
 
+    runs = positional_or_option(run_files, run_paths, "RUN.csv...", "--runs")
+    if not runs:
+        raise UsageExit("give the measured runs: RUN.csv... or --runs FILE (repeatable)")
     checked_out_file(out_path)
 
     base, _ = load_or_exit(scenario_path)

@@ -10,8 +10,9 @@ import click
 from rich.table import Table
 
 from sim.cli.app import (
-    CPU_KV_HELP, ENGINE_HELP, SLO_HELP, checked_out_dir, console, err_console, executor_options, fmt, load_or_exit,
-    main, on_cpu_kv, on_engine, one_engine, open_executor_or_exit, progress_bar, router_list, slo_option, with_slo,
+    CPU_KV_HELP, ENGINE_HELP, SLO_HELP, UsageExit, checked_out_dir, console, err_console, executor_options, fmt,
+    load_or_exit, main, on_cpu_kv, on_engine, one_engine, open_executor_or_exit, positional_or_option, progress_bar,
+    router_list, scenario_option, slo_option, with_slo,
 )
 from sim.results.figures import replay_figure
 from sim.results.report import csv_bytes, write_atomic
@@ -70,7 +71,9 @@ def trace_overrides(base: Scenario, *, block_size: int | None, kv_tokens: int | 
 
 
 @main.command()
-@click.argument("trace", type=click.Path(dir_okay=False))
+@click.argument("trace_file", required=False, type=click.Path(dir_okay=False), metavar="[TRACE]")
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="The Mooncake JSONL trace to replay (or give it as TRACE).")
 @click.option("--workers", type=click.IntRange(min=1), required=True, help="Number of workers.")
 @click.option("--kv-tokens", type=click.IntRange(min=1), default=None,
               help="Usable KV capacity per worker in tokens (blocks = tokens / block size, plus vLLM's null block).")
@@ -81,8 +84,8 @@ def trace_overrides(base: Scenario, *, block_size: int | None, kv_tokens: int | 
 @click.option("--router", callback=router_list, default=None, help="Router: NAME or NAME:key=value,... (see `kvsim routers`). Default: the scenario's "
                    "(round-robin).")
 @click.option("--engine", callback=one_engine, default=None, help=ENGINE_HELP)
-@click.option("--scenario", "scenario_path", type=click.Path(dir_okay=False), default=None,
-              help="Engine, time model and devices. Default: the built-in trace-replay scenario (Dynamo mocker-like).")
+@scenario_option(" (engine, time model and devices)",
+                 default="the built-in trace-replay scenario (Dynamo mocker-like)")
 @click.option("--block-size", type=click.IntRange(min=1), default=None,
               help="Engine block size in tokens; must divide --trace-block-size. Default: the scenario's (64).")
 @click.option("--trace-block-size", type=click.IntRange(min=1), default=512, show_default=True,
@@ -94,19 +97,18 @@ def trace_overrides(base: Scenario, *, block_size: int | None, kv_tokens: int | 
               help="Seconds of trace time per point of the figure.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Write DIR/summary.csv (one row), DIR/workers.csv and DIR/replay.png.")
-@click.option("--jobs", type=click.IntRange(min=1), default=None,
-              help="Processes to split the workers over, for routers that ignore the cluster's state (round-robin, "
-                   "random, prefix-hash without a load factor); same results. Default: all cores.")
 @click.option("--reuse-breakdown/--no-reuse-breakdown", default=None,
               help="Book reuse available and captured (default: the scenario's, on). It keeps every block hash ever "
                    "sent: turn it off for traces of millions of requests to keep memory bounded by the caches.")
 @click.option("--slo", callback=slo_option, default=None, help=SLO_HELP)
 @click.option("--cpu-kv-gib", "cpu_kv_gib", type=click.FloatRange(min=0), default=None, help=CPU_KV_HELP)
 @executor_options
-def replay(trace, workers, kv_tokens, kv_blocks, kv_bytes, router, engine, scenario_path, block_size,
+def replay(trace_file, trace_path, workers, kv_tokens, kv_blocks, kv_bytes, router, engine, scenario_path, block_size,
            trace_block_size, speed, limit, bin_s, out_dir, jobs, reuse_breakdown, slo, cpu_kv_gib, executor_kind,
            dask_scheduler) -> None:
-    """Replay a Mooncake JSONL trace (timestamp ms, input_length, output_length, hash_ids) open loop.
+    """Replay a Mooncake JSONL trace open loop and report prefix reuse, TTFT and throughput.
+
+    The trace, TRACE or --trace FILE, has a request per line: timestamp (ms), input_length, output_length, hash_ids.
 
     Every request is sent at its timestamp (divided by --speed), routed then, and served by the scenario's
     workers (vLLM-like by default; --engine sglang for SGLang's).
@@ -116,7 +118,8 @@ def replay(trace, workers, kv_tokens, kv_blocks, kv_bytes, router, engine, scena
     reuse available / captured (what infinite caches would hit: see the README). Memory stays
     bounded by the caches and the requests in flight, whatever the trace's length, with --no-reuse-breakdown; the
     breakdown keeps every distinct block hash of the trace.
-    With a router that ignores the cluster's state, the workers are split over --jobs processes.
+    With a router that ignores the cluster's state (round-robin, random, prefix-hash without a load factor), the
+    workers are split over --jobs processes, with the same results.
     """
     import time as _time
 
@@ -125,6 +128,9 @@ def replay(trace, workers, kv_tokens, kv_blocks, kv_bytes, router, engine, scena
     from sim.studies.executor import available_cores
     from sim.workloads.traces import TraceError, read_mooncake
 
+    trace = positional_or_option(trace_file, trace_path, "TRACE", "--trace")
+    if trace is None:
+        raise UsageExit("give the trace to replay: TRACE or --trace FILE")
     checked_out_dir(out_dir)
     base = on_cpu_kv(with_slo(trace_base(scenario_path, engine), slo), cpu_kv_gib)
     overrides, B = trace_overrides(base, block_size=block_size, kv_tokens=kv_tokens, kv_blocks=kv_blocks,

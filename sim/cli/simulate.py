@@ -14,7 +14,7 @@ from sim.studies.analytic import formula_hit_rate
 from sim.cli.app import (
     CPU_KV_DETAIL, CPU_KV_HELP, ENGINE_HELP, SLO_HELP, checked_out_dir, console, engine_list, executor_options, fmt, gib_list,
     hardware_options, int_list, load_or_exit, main, on_cpu_kv, on_engine, on_hardware, one_engine,
-    reference_measurements, router_list, slo_option, with_slo,
+    positional_or_option, reference_measurements, router_list, scenario_option, slo_option, with_slo,
 )
 from sim.results.figures import engine_figure, hit_rate_figure, ttft_cdf_figure
 from sim.results.output_set import write_output_set
@@ -26,8 +26,7 @@ from sim.routing.spec import router_label, router_overrides
 
 
 @main.command()
-@click.option("--scenario", "scenario_path", type=click.Path(dir_okay=False), default=None,
-              help="Scenario YAML file. Default: the built-in service-baseline scenario.")
+@scenario_option()
 @click.option("--prefixes", callback=int_list, required=True, help="Distinct shared prefixes N, comma-separated (e.g. 2,7,12,24).")
 @click.option("--workers", callback=int_list, default=None, help="Worker counts, comma-separated (e.g. 3,6). Default: the scenario's.")
 @click.option("--concurrency", callback=int_list, default=None, help="Requests in flight (closed loop), comma-separated. Default: the scenario's.")
@@ -42,9 +41,6 @@ from sim.routing.spec import router_label, router_overrides
                    + CPU_KV_DETAIL)
 @click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True, help="Runs per point; repeat r uses seed + r.")
 @click.option("--seed", type=int, default=None, help="Base seed. Default: the scenario's.")
-@click.option("--jobs", type=click.IntRange(min=1), default=None,
-              help="Parallel processes (with --executor dask and no --dask-scheduler: local Dask workers). "
-                   "Default: all cores.")
 @executor_options
 @click.option("--slo", callback=slo_option, default=None, help=SLO_HELP)
 @hardware_options
@@ -164,7 +160,8 @@ def sweep(ctx, scenario_path, prefixes, workers, concurrency, routers, engines, 
 
 
 @main.command(name="run")
-@click.argument("scenario_path", required=False, type=click.Path(dir_okay=False), metavar="[SCENARIO]")
+@click.argument("scenario_file", required=False, type=click.Path(dir_okay=False), metavar="[SCENARIO]")
+@scenario_option(" (or give it as SCENARIO)")
 @click.option("--prefixes", type=click.IntRange(min=1), default=None, help="Distinct shared prefixes N. Default: the scenario's.")
 @click.option("--workers", type=click.IntRange(min=1), default=None, help="Number of workers. Default: the scenario's.")
 @click.option("--concurrency", type=click.IntRange(min=1), default=None, help="Requests in flight. Default: the scenario's.")
@@ -177,13 +174,17 @@ def sweep(ctx, scenario_path, prefixes, workers, concurrency, routers, engines, 
 @hardware_options
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Write DIR/summary.csv (one row) and DIR/requests.csv (a row per request, warm-ups flagged).")
-def run_command(scenario_path, prefixes, workers, concurrency, router, engine, cpu_kv_gib, seed, slo, model, gpu,
-                out_dir) -> None:
-    """Run one point of SCENARIO (default: the built-in service-baseline) and print its summary (goodput against
-    --slo or the scenario's slo block)."""
+def run_command(scenario_file, scenario_path, prefixes, workers, concurrency, router, engine, cpu_kv_gib, seed, slo,
+                model, gpu, out_dir) -> None:
+    """Run one point of a scenario and print its summary.
+
+    The scenario is SCENARIO or --scenario FILE (default: the built-in service-baseline); goodput counts the
+    requests that meet --slo or the scenario's slo block.
+    """
     from sim.runner import run
     from sim.results.summary import summarize
 
+    scenario_path = positional_or_option(scenario_file, scenario_path, "SCENARIO", "--scenario")
     out = checked_out_dir(out_dir)
     base, _ = load_or_exit(scenario_path)
     base = on_cpu_kv(on_hardware(with_slo(on_engine(base, engine), slo), model, gpu), cpu_kv_gib)

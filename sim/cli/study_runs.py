@@ -157,8 +157,14 @@ def resume_command(ctx: click.Context) -> str:
     import shlex
     import sys
 
+    names = []  # the command's path below `kvsim`: ["sweep"], ["plan", "router"]
+    node = ctx
+    while node.parent is not None:
+        names.insert(0, node.info_name)
+        node = node.parent
     argv = sys.argv
-    if ctx.info_name not in argv:  # NOTE: called in-process (tests, notebooks): argv is not this command's
+    start = next((i for i in range(len(argv)) if argv[i:i + len(names)] == names), None)
+    if start is None:  # NOTE: called in-process (tests, notebooks): argv is not this command's
         return f"{ctx.command_path} (the same options)"
-    args = [a for a in argv[argv.index(ctx.info_name):] if a != "--resume"]
+    args = [a for a in argv[start:] if a != "--resume"]
     return " ".join(["kvsim", *(shlex.quote(a) for a in args)])

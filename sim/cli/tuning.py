@@ -11,7 +11,7 @@ from rich.table import Table
 
 from sim.cli.app import (
     ENGINE_HELP, SLO_HELP, checked_out_dir, console, executor_options, fmt, load_or_exit, main, on_engine, one_engine,
-    open_executor_or_exit, progress_bar, router_list, slo_option, with_slo,
+    open_executor_or_exit, progress_bar, router_list, scenario_option, slo_option, with_slo,
 )
 from sim.cli.study_runs import journaled_search, resume_command
 from sim.results.output_set import write_output_set
@@ -122,8 +122,7 @@ def best_yaml(result, trial) -> bytes:
 
 
 @main.command()
-@click.option("--scenario", "scenario_path", type=click.Path(dir_okay=False), default=None,
-              help="Scenario YAML file. Default: the built-in service-baseline scenario.")
+@scenario_option()
 @click.option("--prefixes", type=click.IntRange(min=1), default=None,
               help="Distinct shared prefixes N. Default: the scenario's.")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
@@ -146,9 +145,6 @@ def best_yaml(result, trial) -> bytes:
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
               help="Runs per trial, on seeds seed .. seed + repeats - 1 for every trial.")
 @click.option("--seed", type=int, default=None, help="Base seed (of the runs and of the sampler). Default: the scenario's.")
-@click.option("--jobs", type=click.IntRange(min=1), default=None,
-              help="Parallel processes (with --executor dask and no --dask-scheduler: local Dask workers). "
-                   "Default: all cores.")
 @executor_options
 @click.option("--batch", type=click.IntRange(min=1), default=BATCH_TRIALS, show_default=True,
               help="Trials asked from the sampler at once; the answer depends on it, not on --jobs.")

@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 from pydantic import Field, model_validator
 
-from sim.config import ConfigModel
+from sim.config import ConfigModel, key_values
 
 
 class RouterSpec(ConfigModel):
@@ -46,14 +46,10 @@ def split_router_spec(spec: str) -> tuple[str, dict[str, Any]]:
     name = name.strip()
     if not name:
         raise ValueError(f"{spec!r}: a router spec starts with a router name (NAME or NAME:key=value,...)")
-    options: dict[str, Any] = {}
-    for item in filter(None, (t.strip() for t in rest.split(","))) if rest else ():
-        key, eq, value = item.partition("=")
-        if not eq or not key.strip():
-            raise ValueError(f"{spec!r}: option {item!r} is not key=value")
-        if key.strip() in options:
-            raise ValueError(f"{spec!r}: option {key.strip()!r} given twice")
-        options[key.strip()] = option_value(value.strip())
+    try:
+        options = {key: option_value(value) for key, value in key_values(rest, "key=value").items()}
+    except ValueError as err:
+        raise ValueError(f"{spec!r}: option {err} (NAME or NAME:key=value,...)") from None
     if colon and not options:
         raise ValueError(f"{spec!r}: nothing after ':' (give key=value options or drop the ':')")
     return name, options

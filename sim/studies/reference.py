@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sim.csv_fields import finite_float, read_text, whole_number
+from sim.scenario import Scenario, scenario_file_path
 
 REQUIRED_COLUMNS = ("workers", "prefixes", "concurrency", "metric", "value")
 METRICS = ("request_hit_rate", "token_hit_rate", "hit_requests", "miss_requests", "throughput_rps",
@@ -24,6 +25,12 @@ class Measurement:
     value: float
     unit: str
     aggregation: str
+
+
+def reference_path(scenario: Scenario, scenario_path: Path) -> Path | None:
+    """The file of the scenario's `reference:` (None without one): relative to the scenario file at `scenario_path`,
+    or `kvsim:PATH` for one that ships with kvsim (`sim.scenario.SHIPPED`)."""
+    return None if scenario.reference is None else scenario_file_path(scenario.reference, scenario_path.parent)
 
 
 def load_reference(path: str | Path) -> list[Measurement]:

@@ -19,9 +19,11 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from sim.config import GIB
+from sim.config import GIB, key_value, key_values
 from sim.routing.knobs import SYNTAX, ChoiceKnob, FloatKnob, IntKnob, Knob, SearchSpace
 from sim.routing.spec import format_value, option_value
+
+_FORM = f"key=range or key=choices ({SYNTAX})"
 
 CLUSTER_KNOBS = {"workers": "workers", "kv-gib": "GiB"}
 """Knobs that change the cluster rather than the router, with their units."""
@@ -37,9 +39,13 @@ def _number(key: str, text: str, kind: type) -> float | int:
 
 def parse_knob(item: str) -> Knob:
     """One `key=...` item (see the module docstring), or a one-line ValueError naming the key and the syntax."""
-    key, eq, value = (s.strip() for s in item.partition("="))
-    if not eq or not key or not value:
-        raise ValueError(f"{item!r} is not key=range or key=choices ({SYNTAX})")
+    return _knob(*key_value(item, _FORM))
+
+
+def _knob(key: str, value: str) -> Knob:
+    """The knob `key=value` (the text after `=`: a range or choices), or a one-line ValueError naming the key."""
+    if not value:
+        raise ValueError(f"{key}: no range or choices after '=' ({SYNTAX})")
     log = value.endswith(":log")
     body = value.removesuffix(":log") if log else value
     if "|" in body:
@@ -64,15 +70,10 @@ def parse_knob(item: str) -> Knob:
 
 def parse_space(text: str) -> SearchSpace:
     """`key=...,key=...` -> knobs in the order given; every key once."""
-    knobs = [parse_knob(item) for item in (t.strip() for t in text.split(",")) if item]
+    knobs = tuple(_knob(key, value) for key, value in key_values(text, _FORM).items())
     if not knobs:
         raise ValueError(f"{text!r}: no knob given ({SYNTAX})")
-    seen: set[str] = set()
-    for knob in knobs:
-        if knob.key in seen:
-            raise ValueError(f"{knob.key}: given twice in the space")
-        seen.add(knob.key)
-    return tuple(knobs)
+    return knobs
 
 
 def space_text(space: Sequence[Knob]) -> str:

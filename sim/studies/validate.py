@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sim.config import key_value, key_values
 from sim.results.records import RunResult
 from sim.results.stats import percentile
 from sim.results.summary import RequestCounts
@@ -185,17 +186,26 @@ class Tolerance:
     @classmethod
     def parse(cls, text: str) -> Tolerance:
         """'request_hit_rate=0.03' (absolute, in the metric's unit) or 'ttft_p50_ms=25%' (relative)."""
-        metric, sep, value = text.partition("=")
-        metric = metric.strip()
-        if not sep or metric not in METRICS:
-            raise ValueError(f"{text!r}: expected METRIC=LIMIT with METRIC one of {', '.join(METRICS)}")
-        relative = value.strip().endswith("%")
+        return cls._of(*key_value(text, cls.FORM))
+
+    @classmethod
+    def parse_list(cls, text: str) -> list[Tolerance]:
+        """Comma-separated tolerances, 'request_hit_rate=0.03,ttft_p50_ms=25%', each metric once."""
+        return [cls._of(metric, value) for metric, value in key_values(text, cls.FORM).items()]
+
+    FORM = f"METRIC=LIMIT with METRIC one of {', '.join(METRICS)}"
+
+    @classmethod
+    def _of(cls, metric: str, value: str) -> Tolerance:
+        if metric not in METRICS:
+            raise ValueError(f"{metric}={value}: expected {cls.FORM}")
+        relative = value.endswith("%")
         try:
-            limit = float(value.strip().rstrip("%"))
+            limit = float(value.rstrip("%"))
         except ValueError:
-            raise ValueError(f"{text!r}: the limit must be a number, optionally with %") from None
-        if limit < 0:
-            raise ValueError(f"{text!r}: the limit must be >= 0")
+            raise ValueError(f"{metric}={value}: the limit must be a number, optionally with %") from None
+        if not limit >= 0:
+            raise ValueError(f"{metric}={value}: the limit must be a number >= 0")
         return cls(metric, limit / 100 if relative else limit, relative)
 
     def violated_by(self, c: Comparison) -> bool:

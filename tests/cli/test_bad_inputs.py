@@ -261,7 +261,7 @@ def test_a_binary_measured_csv_is_one_line_error(tmp_path):
     _one_line_error(result, "not a UTF-8 text file")
 
 
-PLAN = ["plan", "--prefixes", "2", "--target-hit-rate", "0.9", "--router", "random"]
+PLAN = ["plan", "capacity", "--prefixes", "2", "--target-hit-rate", "0.9", "--router", "random"]
 OPTION_CASES = [
     (["sweep", "--prefixes", "2", "--router", "recorded"], 2, "recorded replays a recorded run's choices"),
     (["run", "--prefixes", "2", "--router", "recorded"], 2, "recorded replays a recorded run's choices"),
@@ -337,4 +337,54 @@ def test_an_unwritable_out_is_refused_before_any_work(tmp_path, args, expected):
              "RUN": str(fixtures / "real-vllm" / "w2-n12-c1.csv"), "OK/fitted.yaml": str(tmp_path / "fitted.yaml")}
     result = CliRunner().invoke(main, [subst.get(a, a) for a in args])
     assert result.exit_code == 2
+    _one_line_error(result, expected)
+
+
+# --- k=v lists: one grammar (sim.config.key_values) for --slo, --tolerance, --holdout, router options, --space -------
+
+def test_key_values_reads_a_k_v_list_in_order_and_refuses_what_is_not_one():
+    from sim.config import key_value, key_values
+
+    assert key_values(" ttft_ms = 200 ,, tpot_ms=50, ") == {"ttft_ms": "200", "tpot_ms": "50"}
+    assert list(key_values("b=1,a=2")) == ["b", "a"] and key_values("") == {}
+    assert key_value("prefixes=7,12") == ("prefixes", "7,12")  # one pair: commas belong to the value
+    assert key_values("state=") == {"state": ""}  # an empty value is the caller's rule
+    for text, message in (("a=1,b", "'b' is not KEY=V"), ("=1", "'=1' is not KEY=V"), ("a=1,a=2", "a: given twice")):
+        with pytest.raises(ValueError, match=message):
+            key_values(text, "KEY=V")
+
+
+def test_tolerances_are_a_k_v_list_too():
+    from sim.studies.validate import Tolerance
+
+    hit, ttft = Tolerance.parse_list("request_hit_rate=0.03, ttft_p50_ms=25%")
+    assert (hit.metric, hit.limit, hit.relative) == ("request_hit_rate", 0.03, False)
+    assert (ttft.metric, ttft.limit, ttft.relative) == ("ttft_p50_ms", 0.25, True)
+    with pytest.raises(ValueError, match="limit must be a number >= 0"):
+        Tolerance.parse("request_hit_rate=nan")
+
+
+KV_CASES = [
+    (["run", "--slo", "ttft_ms=200,tpot_ms"], "'--slo': 'tpot_ms' is not KEY=MS with KEY one of ttft_ms, tpot_ms"),
+    (["run", "--slo", "ttft_ms=1,ttft_ms=2"], "'--slo': ttft_ms: given twice"),
+    (["sweep", "--prefixes", "2", "--router", "kv-aware:state=events,state=exact"],
+     "'kv-aware:state=events,state=exact': option state: given twice"),
+    (["run", "--router", "kv-aware:=1"], "option '=1' is not key=value (NAME or NAME:key=value,...)"),
+    (["tune", "--space", "temperature=0:1,temperature=0:2"], "temperature: given twice"),
+    (["tune", "--space", "temperature="], "temperature: no range or choices after '='"),
+    (["validate", "RUN", "--tolerance", "request_hit_rate"],
+     "'--tolerance': 'request_hit_rate' is not METRIC=LIMIT with METRIC one of request_hit_rate"),
+    (["validate", "RUN", "--tolerance", "request_hit_rate=0.1,hit=2"], "hit=2: expected METRIC=LIMIT"),
+    (["calibrate", "--out", "OK/fitted.yaml", "--holdout", "prefixes"],
+     "'--holdout': 'prefixes' is not workers=..., prefixes=... or concurrency=..., e.g. prefixes=7,12"),
+    (["calibrate", "--out", "OK/fitted.yaml", "--holdout", "seeds=1"], "'seeds=1' is not workers=..., prefixes="),
+]
+
+
+@pytest.mark.parametrize("args, expected", KV_CASES, ids=[" ".join(c[0][:1] + c[0][-2:]) for c in KV_CASES])
+def test_a_bad_k_v_list_is_a_one_line_usage_error_naming_the_option(tmp_path, args, expected):
+    subst = {"RUN": str(FIXTURES / "real-vllm" / "w2-n12-c1.csv"),
+             "OK/fitted.yaml": str(tmp_path / "fitted.yaml")}
+    result = CliRunner().invoke(main, [subst.get(a, a) for a in args])
+    assert result.exit_code == 2, result.output
     _one_line_error(result, expected)

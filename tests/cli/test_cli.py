@@ -9,6 +9,7 @@ from click.testing import CliRunner
 
 from sim.cli import main
 from sim.scenario import ScenarioError, load_scenario
+from tests.support.paths import FIXTURES, SCENARIOS, TRACES
 
 REQUIRED = ["workers", "prefixes", "concurrency", "router", "repeat", "requests", "request_hit_rate",
             "full_hit_rate", "token_hit_rate", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "throughput_rps"]
@@ -128,3 +129,83 @@ def test_help_explains_every_option():
         assert option in res.output
     assert "routers" in invoke("--help").output
     assert "kv-aware" in invoke("routers").output
+
+
+def _commands(group=main, path=()):
+    """Every command of `kvsim`, subcommands of groups included, as (path, command)."""
+    import click
+
+    for name, command in group.commands.items():
+        if isinstance(command, click.Group):
+            yield from _commands(command, (*path, name))
+        yield (*path, name), command
+
+
+def test_the_executor_options_are_declared_once_with_one_help_text():
+    shared = {}
+    for path, command in _commands():
+        for param in command.params:
+            if param.name in ("jobs", "executor_kind", "dask_scheduler"):
+                shared.setdefault(param.opts[0], {}).setdefault(param.help, []).append(" ".join(path))
+    assert set(shared) == {"--jobs", "--executor", "--dask-scheduler"}
+    for option, helps in shared.items():
+        assert len(helps) == 1, (option, helps)
+    users = sorted(next(iter(shared["--jobs"].values())))
+    assert users == sorted(next(iter(shared["--executor"].values()))) == sorted(
+        next(iter(shared["--dask-scheduler"].values())))
+    assert {"sweep", "compare", "tune", "calibrate", "replay"} <= set(users)
+
+
+def test_run_takes_its_scenario_as_scenario_file_or_positional(tmp_path):
+    from sim.scenario import builtin_scenario_path
+
+    tiny = str(builtin_scenario_path("tiny-cpu"))
+    for name, args in (("option", ["run", "--scenario", tiny]), ("positional", ["run", tiny])):
+        res = invoke(*args, "--prefixes", "2", "--out", str(tmp_path / name))
+        assert res.exit_code == 0, res.output
+        assert "tiny-cpu" in res.output
+    assert (tmp_path / "option" / "summary.csv").read_bytes() == (tmp_path / "positional" / "summary.csv").read_bytes()
+    res = CliRunner().invoke(main, ["run", tiny, "--scenario", tiny])
+    assert res.exit_code == 2 and res.output.strip().splitlines()[-1] == "Error: give SCENARIO or --scenario, not both"
+
+
+def test_replay_and_validate_take_their_files_as_compare_and_calibrate_spell_them():
+    trace, run_csv = str(TRACES / "conversation_head400.jsonl"), str(FIXTURES / "real-vllm" / "w2-n12-c1.csv")
+    replay = ["--workers", "2", "--kv-tokens", "100000", "--limit", "40"]
+    by_option, by_position = invoke("replay", "--trace", trace, *replay), invoke("replay", trace, *replay)
+    assert by_option.exit_code == by_position.exit_code == 0, by_option.output
+    assert "40 requests" in by_option.output and "40 requests" in by_position.output
+    tiny = ["--scenario", str(SCENARIOS / "tiny-cpu.yaml")]
+    assert invoke("validate", "--runs", run_csv, *tiny).output == invoke("validate", run_csv, *tiny).output
+    for args, message in ((["replay", trace, "--trace", trace, *replay], "give TRACE or --trace, not both"),
+                          (["replay", *replay], "give the trace to replay: TRACE or --trace FILE"),
+                          (["validate", run_csv, "--runs", run_csv], "give RUN.csv... or --runs, not both"),
+                          (["validate"], "give the measured runs: RUN.csv... or --runs FILE (repeatable)")):
+        res = CliRunner().invoke(main, args)
+        assert res.exit_code == 2 and res.output.strip().splitlines()[-1] == f"Error: {message}", res.output
+
+
+def test_the_resume_line_of_a_subcommand_names_its_group(monkeypatch):
+    import sys
+
+    import click
+
+    from sim.cli.study_runs import resume_command
+
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/kvsim", "plan", "router", "--router", "random,kv-aware", "--out",
+                                      "my dir", "--resume"])
+    plan = main.commands["plan"]
+    with click.Context(main, info_name="kvsim") as root, click.Context(plan, parent=root, info_name="plan") as group, \
+            click.Context(plan.commands["router"], parent=group, info_name="router") as ctx:
+        assert resume_command(ctx) == "kvsim plan router --router random,kv-aware --out 'my dir'"
+
+
+def test_every_command_that_takes_a_scenario_spells_it_scenario_file():
+    takes = {" ".join(path): command for path, command in _commands()
+             if any(p.name == "scenario_path" for p in command.params)}
+    assert set(takes) == {"run", "sweep", "compare", "plan capacity", "plan router", "tune", "calibrate", "replay",
+                          "validate", "measure"}
+    for name, command in takes.items():
+        [option] = [p for p in command.params if p.name == "scenario_path"]
+        assert option.opts == ["--scenario"] and option.metavar == "FILE", name
+        assert "`kvsim scenarios` lists the built-in ones" in option.help, name

@@ -277,8 +277,9 @@ def test_sweep_without_slo_has_goodput_equal_to_throughput(tmp_path):
     ("ttft_ms=-1", "ttft_ms=-1: Input should be greater than 0"),
     ("e2e_ms=inf", "e2e_ms=inf: Input should be a finite number"),
     ("tpot_ms=soon", "tpot_ms=soon: Input should be a valid number"),
-    ("tpot_ms", "tpot_ms: give a value in ms"),
-    ("ttft_ms=1,ttft_ms=2", "ttft_ms given twice"),
+    ("tpot_ms", "'tpot_ms' is not KEY=MS with KEY one of ttft_ms, tpot_ms, e2e_ms"),
+    ("tpot_ms=", "tpot_ms: give a value in ms"),
+    ("ttft_ms=1,ttft_ms=2", "ttft_ms: given twice"),
     (",", "give KEY=MS,... with keys ttft_ms, tpot_ms, e2e_ms"),
 ])
 def test_bad_slo_option_is_a_one_line_usage_error(command, value, message):

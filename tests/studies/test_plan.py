@@ -1,5 +1,5 @@
 """Capacity planning: the analytic screen agrees with steady-state simulation where its assumptions hold, and
-`kvsim plan` answers with a table, plan.csv and a figure."""
+`kvsim plan capacity` answers with a table, plan.csv and a figure."""
 
 from __future__ import annotations
 
@@ -101,7 +101,8 @@ def test_plan_reports_none_when_out_of_range(baseline):
 
 @pytest.mark.slow
 def test_plan_command_writes_csv_and_figure(tmp_path):
-    res = CliRunner().invoke(main, ["plan", "--prefixes", "8", "--target-hit-rate", "0.6", "--vary", "kv-gib",
+    res = CliRunner().invoke(main, ["plan", "capacity", "--prefixes", "8", "--target-hit-rate", "0.6", "--vary",
+                                    "kv-gib",
                                     "--min", "1", "--max", "3", "--step", "0.5", "--router", "random,prefix-hash",
                                     "--repeats", "2", "--horizon", "200", "--jobs", "1", "--out", str(tmp_path)])
     assert res.exit_code == 0, res.output
@@ -113,5 +114,5 @@ def test_plan_command_writes_csv_and_figure(tmp_path):
 
 
 def test_plan_rejects_a_missing_target():
-    res = CliRunner().invoke(main, ["plan", "--vary", "workers"])
+    res = CliRunner().invoke(main, ["plan", "capacity", "--vary", "workers"])
     assert res.exit_code != 0 and "give a target" in res.output and "Traceback" not in res.output

@@ -285,11 +285,11 @@ def test_tuning_kv_aware_recovers_the_hit_rate_its_default_cost_gives_away(base)
     assert held_out >= 0.75
 
 
-# ------------------------------------------------------------------ kvsim plan --choose-router
+# ------------------------------------------------------------------ kvsim plan router
 @pytest.mark.slow
 def test_plan_chooses_the_router_whose_tuned_setting_meets_the_constraint(tmp_path):
     # Random routing's TTFT p99 here is ~640 ms (README's router table): only kv-aware can meet 250 ms.
-    res = invoke("plan", "--prefixes", "24", "--workers", "6", "--concurrency", "8", "--choose-router",
+    res = invoke("plan", "router", "--prefixes", "24", "--workers", "6", "--concurrency", "8", "--router",
                  "random,kv-aware", "--constraint", "ttft_p99_ms<=250", "--budget", "8", "--repeats", "2",
                  "--seed", "0", "--out", str(tmp_path))
     assert res.exit_code == 0, res.output
@@ -303,20 +303,40 @@ def test_plan_chooses_the_router_whose_tuned_setting_meets_the_constraint(tmp_pa
 
 @pytest.mark.slow
 def test_plan_says_when_no_router_meets_the_target():
-    res = invoke("plan", "--prefixes", "24", "--choose-router", "random,round-robin", "--target-ttft-p99-ms", "50",
+    res = invoke("plan", "router", "--prefixes", "24", "--router", "random,round-robin", "--target-ttft-p99-ms", "50",
                  "--budget", "2", "--repeats", "2")
     assert res.exit_code == 0, res.output
     assert "no router meets ttft_p99_ms<=50; the closest is round-robin" in res.output
 
 
+SUBCOMMANDS = ("Error: kvsim plan takes a subcommand: `kvsim plan capacity --vary workers|kv-gib|cpu-kv-gib ...` (was "
+               "plan --vary) or `kvsim plan router --router A,B,C ...` (was plan --choose-router A,B,C)")
+
+
 @pytest.mark.parametrize("args, names", [
-    (["--vary", "workers", "--choose-router", "random"], "not both"),
-    ([], "give --vary workers|kv-gib|cpu-kv-gib or --choose-router"),
-    (["--choose-router", "random", "--horizon", "100"], "--horizon does not apply to --choose-router"),
-    (["--vary", "workers", "--constraint", "ttft_p99_ms<=1"], "--constraint, --budget do not apply to --vary"),
-    (["--choose-router", "random", "--objective", "min-workers"], "needs maximize:COLUMN or minimize:COLUMN"),
+    (["router", "--budget", "2"], "Missing option '--router'"),
+    (["router", "--router", "random", "--horizon", "100"], "No such option '--horizon'"),
+    (["capacity", "--vary", "workers", "--constraint", "ttft_p99_ms<=1"], "No such option '--constraint'"),
+    (["capacity", "--router", "random"], "Missing option '--vary'"),
+    (["router", "--router", "random", "--budget", "2", "--objective", "min-workers"],
+     "needs maximize:COLUMN or minimize:COLUMN"),
+    (["--vary", "workers", "--target-hit-rate", "0.5"], SUBCOMMANDS),  # the single command plan was
+    (["--prefixes", "7", "--choose-router", "random,kv-aware", "--budget", "2"], SUBCOMMANDS),
 ])
-def test_plan_choose_router_bad_input(args, names):
-    res = invoke("plan", "--prefixes", "7", "--target-hit-rate", "0.5", "--budget", "2", *args)
+def test_plan_subcommands_bad_input(args, names):
+    res = invoke("plan", *args[:1], "--prefixes", "7", "--target-hit-rate", "0.5", *args[1:]) if args[0] in (
+        "router", "capacity") else invoke("plan", *args)
     assert res.exit_code == 2, res.output
     assert names in res.output and "Traceback" not in res.output
+    if names == SUBCOMMANDS:
+        assert res.output.strip() == SUBCOMMANDS
+
+
+def test_each_plan_subcommand_shows_only_its_own_options():
+    capacity, router = (" ".join(invoke("plan", name, "--help").output.split()) for name in ("capacity", "router"))
+    for option in ("--vary", "--min", "--max", "--step", "--horizon"):
+        assert option in capacity and option not in router, option
+    for option in ("--constraint", "--objective", "--budget", "--seed", "--slo"):
+        assert option in router and option not in capacity, option
+    for text in (capacity, router):
+        assert "--choose-router" not in text and "--router" in text and "--scenario FILE" in text

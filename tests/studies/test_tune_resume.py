@@ -1,4 +1,4 @@
-"""`kvsim tune`, `kvsim plan --choose-router` and `kvsim plan --vary` journal every finished simulation in --out DIR/runs.jsonl; with
+"""`kvsim tune`, `kvsim plan router` and `kvsim plan capacity` journal every finished simulation in --out DIR/runs.jsonl; with
 --resume the search replays (same seed, same asks) and takes the journaled runs instead of simulating them, so the
 resumed outputs are byte for byte those of an uninterrupted run."""
 
@@ -132,7 +132,7 @@ def test_sigint_stops_the_tune_in_one_line_and_resume_gives_the_uninterrupted_cs
     assert manifest_matches(out)
 
 
-PLAN = ["plan", "--prefixes", "24", "--workers", "6", "--concurrency", "8", "--choose-router", "random,kv-aware",
+PLAN = ["plan", "router", "--prefixes", "24", "--workers", "6", "--concurrency", "8", "--router", "random,kv-aware",
         "--constraint", "ttft_p99_ms<=250", "--budget", "8", "--repeats", "2", "--seed", "0", "--jobs", "1"]
 
 
@@ -158,8 +158,8 @@ def test_plan_choose_router_resumes_from_its_journal_with_the_same_bytes(tmp_pat
     assert manifest_matches(cut)
 
 
-PLAN_VARY = ["plan", "--prefixes", "8", "--target-hit-rate", "0.6", "--vary", "kv-gib", "--min", "1", "--max", "3",
-             "--step", "0.5", "--router", "random,prefix-hash", "--repeats", "2", "--horizon", "200", "--jobs", "1"]
+PLAN_VARY = ["plan", "capacity", "--prefixes", "8", "--target-hit-rate", "0.6", "--vary", "kv-gib", "--min", "1",
+             "--max", "3", "--step", "0.5", "--router", "random,prefix-hash", "--repeats", "2", "--horizon", "200", "--jobs", "1"]
 
 
 @pytest.mark.slow
@@ -195,5 +195,5 @@ def test_plan_vary_resume_runs_only_the_bisections_missing_simulations(tmp_path,
 
 
 def test_plan_vary_resume_needs_out():
-    res = invoke("plan", "--prefixes", "7", "--target-hit-rate", "0.5", "--vary", "workers", "--resume")
+    res = invoke("plan", "capacity", "--prefixes", "7", "--target-hit-rate", "0.5", "--vary", "workers", "--resume")
     assert res.exit_code == 2 and "--resume needs --out DIR" in res.output

@@ -2,8 +2,8 @@
 # The host-tier study of the README ("Host KV tier study"): on the built-in workload (6 workers, N = 24, C = 8),
 # the hit rate and TTFT against host (CPU) KV per worker (vLLM --kv-offloading-size: 0, 4, 16, 64 GiB) under random
 # routing, beside KV-aware routing (Dynamo's kv-aware, and kvsim's policy) with and without it; the all-fit
-# reference (GPU KV for every prefix on every worker); and `kvsim plan` for the host KV that buys KV-aware's hit
-# rate. Writes sweep/ (summary.csv, hit_rate.png, ttft_cdf.png), all-fit/, plan-*/ beside this script;
+# reference (GPU KV for every prefix on every worker); and `kvsim plan capacity` for the host KV that buys KV-aware's
+# hit rate. Writes sweep/ (summary.csv, hit_rate.png, ttft_cdf.png), all-fit/, plan-*/ beside this script;
 # tables.py prints the README's tables from them and draws host_tier.png. About 5 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
@@ -35,11 +35,11 @@ write_atomic(Path("benchmarks/studies/host-tier-study/all-fit/summary.csv"), csv
 PY
 # How much host KV buys KV-aware routing's hit rate (its mean over the sweep's 5 repeats, read from sweep/):
 TARGET=$(.venv/bin/python $OUT/tables.py --kv-aware-hit-rate)
-$KVSIM plan --vary cpu-kv-gib --target-hit-rate "$TARGET" --prefixes 24 --workers 6 --router random \
+$KVSIM plan capacity --vary cpu-kv-gib --target-hit-rate "$TARGET" --prefixes 24 --workers 6 --router random \
     --max 16 --step 0.25 --repeats 3 --out $OUT/plan-hit-rate
 # ... and how much keeps random routing's TTFT p99 within KV-aware's (no host tier), if any does.
 TTFT=$(.venv/bin/python $OUT/tables.py --kv-aware-ttft-p99)
-$KVSIM plan --vary cpu-kv-gib --target-ttft-p99-ms "$TTFT" --prefixes 24 --workers 6 --router random \
+$KVSIM plan capacity --vary cpu-kv-gib --target-ttft-p99-ms "$TTFT" --prefixes 24 --workers 6 --router random \
     --max 64 --step 1 --repeats 3 --out $OUT/plan-ttft || true
 rm -f $OUT/*/manifest.json $OUT/*/runs.jsonl $OUT/sweep/*.png   # one N: tables.py draws the study's figure instead
 .venv/bin/python $OUT/tables.py --figure $OUT/host_tier.png

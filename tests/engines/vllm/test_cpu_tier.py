@@ -225,7 +225,7 @@ def test_run_with_host_kv_reports_the_tier_per_worker():
 
 @pytest.mark.slow
 def test_plan_finds_the_host_kv_for_a_hit_rate():
-    res = invoke("plan", "--vary", "cpu-kv-gib", "--target-hit-rate", "0.6", "--prefixes", "24", "--workers", "6",
+    res = invoke("plan", "capacity", "--vary", "cpu-kv-gib", "--target-hit-rate", "0.6", "--prefixes", "24", "--workers", "6",
                  "--max", "8", "--step", "0.5", "--horizon", "300", "--repeats", "2", "--jobs", "1")
     assert res.exit_code == 0, res.output
     assert "cpu-kv-gib" in res.output and "GiB" in res.output
@@ -249,8 +249,8 @@ def test_replay_with_host_kv(tmp_path):
     (["sweep", "--prefixes", "2", "--cpu-kv-gib", "lots"], "not a comma-separated list of GiB"),
     (["sweep", "--prefixes", "2", "--cpu-kv-gib", "4", "--engine", "sglang"], "has no host KV tier"),
     (["run", "--cpu-kv-gib", "-2"], "-2"),
-    (["plan", "--vary", "cpu-kv-gib", "--target-hit-rate", "0.5", "--cpu-kv-gib", "4"], "give one"),
-    (["plan", "--vary", "cpu-kv-gib", "--target-hit-rate", "0.5", "--min", "-1"], "GiB of host KV >= 0"),
+    (["plan", "capacity", "--vary", "cpu-kv-gib", "--target-hit-rate", "0.5", "--cpu-kv-gib", "4"], "give one"),
+    (["plan", "capacity", "--vary", "cpu-kv-gib", "--target-hit-rate", "0.5", "--min", "-1"], "GiB of host KV >= 0"),
 ])
 def test_bad_host_kv_input_is_one_line(args, message):
     res = CliRunner().invoke(main, args)
