@@ -14,6 +14,7 @@ from sim.cli.app import (
     scenario_option,
 )
 from sim.results.report import csv_bytes, write_atomic
+from sim.results.stats import ratio
 from sim.scenario import ScenarioError
 
 
@@ -99,7 +100,7 @@ def measure(endpoints, prefixes, concurrency, requests, scenario_path, router, p
     measured_rows = [r for r in rows if not r["warmup"] and not r["error"]]
     hits = sum(1 for r in measured_rows if r["cached_tokens"] > 0)
     console.print(f"wrote {out} and {sidecar_path(out).name}: {len(measured_rows)} measured requests, "
-                  f"request hit rate {hits / max(1, len(measured_rows)):.3f}, "
+                  f"request hit rate {ratio(hits, len(measured_rows)):.3f}, "
                   f"{setup['measured_duration_s']:.1f} s")
     if setup["failed_requests"]:
         first = next(r["error"] for r in rows if r["error"])

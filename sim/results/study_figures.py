@@ -1,5 +1,5 @@
 """The figures of router studies (PNG bytes; the CLI writes them): `kvsim compare` (hit rate against TTFT p99 with
-the bound, the Pareto frontier, bars per router) and `kvsim tune` / `plan --choose-router` (trials, fronts)."""
+the bound, the Pareto frontier, bars per router) and `kvsim tune` / `plan router` (trials, fronts)."""
 
 from __future__ import annotations
 
@@ -331,7 +331,7 @@ def tune_figure(result, *, title: str) -> bytes:
 
 
 def choose_router_figure(choice, *, title: str) -> bytes:
-    """`kvsim plan --choose-router`: every router's trials in the plane of the two Pareto metrics, a colour per
+    """`kvsim plan router`: every router's trials in the plane of the two Pareto metrics, a colour per
     router (its trials faint, its default a diamond, its answer a large marker with 95 % intervals), the
     constraints on either metric as lines."""
     from sim.routing.spec import format_value
