@@ -23,8 +23,9 @@ site is built, plus the trace replay `sim.replay.replay`. Everything else is int
 ```python
 import sim
 
-result = sim.run(sim.load_scenario())      # one run of the built-in scenario; writes nothing
-print(sim.summarize(result))
+scenario, _path = sim.load_scenario()           # the built-in scenario
+summary = sim.summarize(sim.run(scenario))      # one run; writes nothing
+print(summary.request_hit_rate, summary.ttft_ms["p99"])
 ```
 """
 
