@@ -66,7 +66,7 @@ class AibrixPrefixCacheRouter(RouterBase):
     every `eviction_interval_s`; lookups do not refresh it; a request's blocks are added root first, so within a
     request the root is the least recently used (`leaves_first=False`). It never sees engine evictions.
 
-    Where the doc (routers.md §12) and the code differ, the code is followed:
+    Where the doc (docs/routers/rules.md, AIBrix) and the code differ, the code is followed:
     * Imbalanced is not simply "a random least-running pod": the least-running pods are the candidates of the
       prefix match, so the one with the longest match among them wins (the std bound always holds for them), and
       only if none matched is it a random least-running pod.

@@ -25,7 +25,7 @@ Deprecated `overlap_score_weight = x`: `prefill_load_scale = x`, and x = 0 also 
 (default 0) and `decode_active_request_weight` (newest scorer only) are not modelled.
 
 `router_selection_policy=lmetric` (`lmetric.rs`, "Simple is Better: Multiplication May Be All You Need", arXiv
-2603.15202). NOTE: routers.md §1 gives `adjusted_prefill * (decode_blocks + 1)`; the code is
+2603.15202). NOTE: docs/routers/rules.md (Dynamo) gives `adjusted_prefill * (decode_blocks + 1)`; the code is
 
     new_prefill_w = max(ISL - overlap_w * B, 1)                       # tokens, floored at 1
     score_w       = new_prefill_w * (active_requests_w + 1)            # active_requests = router in-flight

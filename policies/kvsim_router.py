@@ -32,7 +32,7 @@ lmetric's class does); the router keeps class -> (home, tokens claimed, last see
 last routed. Everything it reads is what a real router has: its own dispatch/complete counts, its prefix state, and
 the engines' reported cache size.
 
-Why these bounds, measured (mean of 5 repeats unless said; commands in the README's router study):
+Why these bounds, measured (mean of 5 repeats unless said; commands in docs/studies/router-study.md):
 * Built-in workload, vLLM, 6 workers, N = 24, C = 8: request hit rate 0.906 (0.92 of the bound 0.99), TTFT p99
   177 ms, against Dynamo's defaults 0.435 / 185 ms and `overlap_score_weight=4` 0.78 / 181 ms. The warm-ups
   place the 24 prefixes 4 to a worker and affinity serves each from its home. With the load bound alone

@@ -17,7 +17,7 @@ Load signals here:
   ratio; on identical workers both order like `kv_usage`. SGLang's `/get_load` also adds the waiting queue's prompt
   tokens, which the simulator's `EngineLoad` does not carry, so a queue-only imbalance is not seen here.
 
-Doc/code notes: routers.md §2.2 calls the polled load a "cached-token load"; the code's is tokens in use
+Doc/code notes: docs/routers/rules.md (p2c) calls the polled load a "cached-token load"; the code's is tokens in use
 (sglang) or the KV usage ratio (smg). The gateway polls by default whenever the policy is power_of_two, so a real
 deployment with a reachable `/get_load` compares polled loads (`load=engine`); the default here is the in-flight
 form (the gateway's fallback, and Dynamo's p2c), which needs no poller. smg #2187 (2026-08-18) replaced the comparison with a least-load expected-wait

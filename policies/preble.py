@@ -108,7 +108,7 @@ class PrebleRouter(RouterBase):
     Several: move the cheapest while first - cost >= last + cost (allocation := {last}, descendants too), until
     first < 1.5 x last. Then recurse on the list without its first entry.
 
-    Doc/code disagreements (followed the code): routers.md §6 says rebalancing runs at most every 10 s; the check is
+    Doc/code disagreements (followed the code): docs/routers/rules.md (Preble) says rebalancing runs at most every 10 s; the check is
     commented out upstream, so it may run after every request (`min_rebalancing_interval_s` restores it). The exploit
     argmin uses `np.argmin(costs)` (a position in the holder list) as the GPU id (`holder_pick=position`, the code;
     `gpu` = the paper's rule); holders iterate in ascending id order, as a Python set of small ints does.

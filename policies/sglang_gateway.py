@@ -83,7 +83,7 @@ class SglangCacheAwareRouter(RouterBase):
     the worker that first inserted the node, while it still holds it (else hash order, which then becomes cached).
 
     Doc/code notes (followed the code):
-    * routers.md §2.1 says the miss fallback is "smallest: tenant with fewest chars"; that is the older sgl-router
+    * docs/routers/rules.md (SGLang cache_aware) says the miss fallback is "smallest: tenant with fewest chars"; that is the older sgl-router
       (`tree.get_smallest_tenant()`). sgl-model-gateway and smg take argmin load (`min_by_key(load)`): the default.
     * smg HEAD (PR #2161) removes the request-count switch: only the KV-usage guards are global; a hit picks the
       least-loaded (uniform random among ties) of up to 8 matched tenants, and the pick spills to the min-load worker

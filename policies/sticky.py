@@ -1,6 +1,6 @@
 """A keep-alive HTTP client in front of a Kubernetes Service: each pooled connection is pinned to one pod.
 
-kube-proxy (iptables/nftables mode, routers.md §8) picks a uniformly random endpoint when a TCP connection opens and
+kube-proxy (iptables/nftables mode, docs/routers/rules.md, Kubernetes Service) picks a uniformly random endpoint when a TCP connection opens and
 conntrack pins it; every request sent on that connection reaches the same pod. The client's connection pool decides
 which connection a request takes. The pool modelled is httpcore's (`encode/httpcore`
 `httpcore/_async/connection_pool.py` `_assign_requests_to_connections` @9820975), which httpx and therefore the

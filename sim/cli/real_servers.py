@@ -134,7 +134,7 @@ def _tolerances(ctx: click.Context, param: click.Parameter, values: tuple[str, .
 def validate(run_files, run_paths, scenario_path, routing, ttft_source, tolerances, out_path) -> None:
     """Simulate measured runs and compare kvsim's prediction with them.
 
-    The runs, RUN.csv... or --runs FILE, are run CSVs with their JSON sidecars (see README).
+    The runs, RUN.csv... or --runs FILE, are run CSVs with their JSON sidecars (docs/commands/measure-validate.md).
 
     Rates are compared in points (predicted - measured), times in ms and throughput in requests/s; the
     relative error is shown beside.

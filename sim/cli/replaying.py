@@ -115,7 +115,7 @@ def replay(trace_file, trace_path, workers, kv_tokens, kv_blocks, kv_bytes, rout
     Reported: prefix reuse = cached prompt tokens / prompt tokens (Dynamo's prefix_cache_reused_ratio), vLLM's
     token hit rate (prefix_cache_hits / queries), request hit rate, TTFT, TPOT and E2E percentiles, throughput,
     goodput (requests meeting --slo or the scenario's slo block), the load of each worker and its imbalance, and
-    reuse available / captured (what infinite caches would hit: see the README). Memory stays
+    reuse available / captured (what infinite caches would hit: docs/concepts/hit-rate.md). Memory stays
     bounded by the caches and the requests in flight, whatever the trace's length, with --no-reuse-breakdown; the
     breakdown keeps every distinct block hash of the trace.
     With a router that ignores the cluster's state (round-robin, random, prefix-hash without a load factor), the

@@ -21,7 +21,7 @@ from sim.studies.search_space import check_space, parse_space, round_significant
 from sim.studies.sweep import run_sweep, sweep_points
 from sim.studies.tune import Constraint, Metric, Objective, parse_pareto, tune
 
-# The workload where Dynamo's default cost loses most: 6 workers, N = 24, C = 8 (README, "Why the hit rate...").
+# The workload where Dynamo's default cost loses most: 6 workers, N = 24, C = 8 (docs/concepts/hit-rate.md).
 HARD = {"workload.prefixes": 24, "cluster.workers": 6, "workload.concurrency": 8}
 
 
@@ -271,7 +271,7 @@ def test_bad_input_is_a_one_line_usage_error(args, names):
 @pytest.mark.slow
 def test_tuning_kv_aware_recovers_the_hit_rate_its_default_cost_gives_away(base):
     # Dynamo's default cost (scale 1) lets load pull requests off the worker holding their prefix: ~0.44 here;
-    # the README's overlap_score_weight=4 gives ~0.78. 24 one-run trials must find >= 0.75, and the setting must
+    # docs/concepts/hit-rate.md's overlap_score_weight=4 gives ~0.78. 24 one-run trials must find >= 0.75, and the setting must
     # hold on seeds the search never saw.
     hard = base.with_overrides(**HARD)
     result = tune(hard, "kv-aware", objective="maximize:request_hit_rate", budget_simulations=24, repeats=1, seed=0,
@@ -288,7 +288,7 @@ def test_tuning_kv_aware_recovers_the_hit_rate_its_default_cost_gives_away(base)
 # ------------------------------------------------------------------ kvsim plan router
 @pytest.mark.slow
 def test_plan_chooses_the_router_whose_tuned_setting_meets_the_constraint(tmp_path):
-    # Random routing's TTFT p99 here is ~640 ms (README's router table): only kv-aware can meet 250 ms.
+    # Random routing's TTFT p99 here is ~640 ms (docs/studies/router-study.md): only kv-aware can meet 250 ms.
     res = invoke("plan", "router", "--prefixes", "24", "--workers", "6", "--concurrency", "8", "--router",
                  "random,kv-aware", "--constraint", "ttft_p99_ms<=250", "--budget", "8", "--repeats", "2",
                  "--seed", "0", "--out", str(tmp_path))

@@ -7,7 +7,7 @@
 Streams are written to DIR (default sglang-engine-oracle-examples in the temporary directory, $TMPDIR), never into
 the repository. --run also
 runs the oracle on every stream (interpreter: $KVSIM_SGLANG_PYTHON, else .venv-sglang/bin/python), prints a short
-summary per stream and checks the behaviours sglang-0.5.23-semantics.md documents (exit 1 if a check fails).
+summary per stream and checks the behaviours docs/engines/sglang-0.5.23-semantics.md documents (exit 1 if a check fails).
 --cross reruns every stream with tree_cache "radix" and "unified-python" and requires the same decisions and the
 same final tree; --twice reruns it unchanged and requires byte-identical output (determinism).
 """

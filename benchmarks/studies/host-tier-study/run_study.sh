@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The host-tier study of the README ("Host KV tier study"): on the built-in workload (6 workers, N = 24, C = 8),
+# The host-tier study (docs/studies/host-tier-study.md): on the built-in workload (6 workers, N = 24, C = 8),
 # the hit rate and TTFT against host (CPU) KV per worker (vLLM --kv-offloading-size: 0, 4, 16, 64 GiB) under random
 # routing, beside KV-aware routing (Dynamo's kv-aware, and kvsim's policy) with and without it; the all-fit
 # reference (GPU KV for every prefix on every worker); and `kvsim plan capacity` for the host KV that buys KV-aware's
 # hit rate. Writes sweep/ (summary.csv, hit_rate.png, ttft_cdf.png), all-fit/, plan-*/ beside this script;
-# tables.py prints the README's tables from them and draws host_tier.png. About 5 minutes on 2 cores.
+# tables.py prints the tables of docs/studies/host-tier-study.md from them and draws host_tier.png. About 5 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 KVSIM=${KVSIM:-.venv/bin/kvsim}

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The README's host-tier tables from run_study.sh's CSVs (means and 95 % t-intervals over repeats).
+"""The tables of docs/studies/host-tier-study.md from run_study.sh's CSVs (means and 95 % t-intervals over repeats).
 
     python benchmarks/studies/host-tier-study/tables.py                      # the tables (markdown)
     python benchmarks/studies/host-tier-study/tables.py --kv-aware-hit-rate  # kv-aware's mean hit rate at 0 GiB (a number)

@@ -34,7 +34,7 @@ MODES = {
     "open-loop": {"workload.arrival_rate_rps": 13.0},
 }
 SLO_TTFT_MS, SLO_TPOT_MS = 150.0, 20.0
-"""The study's SLO (as README's router study): a TTFT a hit meets under load and a miss meets only when idle."""
+"""The study's SLO (as docs/studies/router-study.md's): a TTFT a hit meets under load and a miss meets only when idle."""
 SHOWN = ("request_hit_rate", "ttft_p50_ms", "ttft_p99_ms", "goodput_rps", "max_worker_share", "jain_index")
 
 

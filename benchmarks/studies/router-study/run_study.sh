@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The router study of the README ("Router study"): every router on the built-in workload and on the two Mooncake
+# The router study (docs/studies/router-study.md): every router on the built-in workload and on the two Mooncake
 # traces, each on the same request streams, then where each router fails. Writes one folder per part beside this
 # script (compare.csv, summary.csv, compare.png, compare_hit_rate.png), tune-kv-aware/ and failure_modes.{csv,md};
-# benchmarks/studies/router-study/tables.py prints the README's tables from them.
+# benchmarks/studies/router-study/tables.py prints the tables of docs/studies/host-tier-study.md from them.
 # About 15 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."

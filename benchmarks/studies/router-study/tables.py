@@ -1,4 +1,4 @@
-"""The README's router-study tables, in Markdown, from the study's CSVs (run `run_study.sh` first).
+"""The router-study tables of docs/studies/router-study.md, in Markdown, from the study's CSVs (run `run_study.sh` first).
 
     .venv/bin/python benchmarks/studies/router-study/tables.py
 """

@@ -1,7 +1,7 @@
 """SGLang 0.5.23's waiting-queue order (`SchedulePolicy`) and prefill admission (`PrefillAdder`, `PrefillBudget`).
 
 Mirrors `python/sglang/srt/managers/schedule_policy.py` and `mem_cache/prefill_budget.py` for a plain
-(non-hybrid) model; the rules and their source lines are in `benchmarks/sglang-oracle/sglang-0.5.23-semantics.md`
+(non-hybrid) model; the rules and their source lines are in `docs/engines/sglang-0.5.23-semantics.md`
 §4-§5. The admission arithmetic, with P the page size and ceil() rounding up to pages:
 
     remaining_total   = available + evictable - total_offset       (live: locks taken in this pass count)

@@ -4,7 +4,7 @@ Mirrors `python/sglang/srt/managers/scheduler.py` (`event_loop_overlap` / `event
 `get_next_batch_to_run`, `_get_new_batch_prefill_raw`, `update_running_batch`), `schedule_batch.py`
 (`prepare_for_extend`, `retract_decode`, `filter_batch`, `merge_batch`) and
 `scheduler_components/batch_result_processor.py`, for one plain (non-hybrid, no speculative decoding) model. The
-rules, with file:line, are in `benchmarks/sglang-oracle/sglang-0.5.23-semantics.md`; the engine oracle
+rules, with file:line, are in `docs/engines/sglang-0.5.23-semantics.md`; the engine oracle
 (`tests/engines/sglang/test_sglang_engine_oracle.py`) checks this class decision by decision against SGLang's own code.
 
 The loop, one iteration at a time (overlap scheduling, SGLang's default):

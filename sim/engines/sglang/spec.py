@@ -1,7 +1,7 @@
 """The `engine:` section of a scenario for SGLang (`kind: sglang`): its options, defaults and capacity arithmetic.
 
 Defaults are SGLang 0.5.23's for a generic dense model on a CUDA GPU (`python/sglang/srt/server_args.py` and
-`arg_groups/`; cited in `benchmarks/sglang-oracle/sglang-0.5.23-semantics.md` §10).
+`arg_groups/`; cited in `docs/engines/sglang-0.5.23-semantics.md` §10).
 """
 
 from __future__ import annotations

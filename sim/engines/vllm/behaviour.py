@@ -1,6 +1,6 @@
 """Which vLLM release behaves how: the cache and scheduler rules that changed between 0.10 and 0.33.
 
-Source: `../shared/docs/engine-semantics.md` §1 (each rule with its upstream PR or file).
+Source: `docs/engines/vllm-rules.md` §1 (each rule with its upstream PR or file).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 DEFAULT_VLLM_VERSION = "0.31.0"
 OLDEST_VLLM_VERSION = (0, 10, 0)
 NEWEST_VLLM_VERSION = (0, 33, 0)
-"""The releases whose rules kvsim knows (engine-semantics.md §1); a version outside them is refused."""
+"""The releases whose rules kvsim knows (docs/engines/vllm-rules.md §1); a version outside them is refused."""
 
 
 def parse_version(version: str) -> tuple[int, int, int]:

@@ -346,7 +346,7 @@ def block_lru_hit_rates(
 ) -> BlockLruHitRates:
     """Steady-state hit rates of one vLLM worker serving an independent stream of shared-prefix requests.
 
-    The model (README "the per-worker cache"): the free queue is an LRU over blocks. A finishing request frees its
+    The model (docs/engines/vllm.md, the per-worker cache): the free queue is an LRU over blocks. A finishing request frees its
     blocks tail first, so its U own hashed blocks (unique tail and output, never reused) reach the most recently
     used end first and its prefix's K blocks follow with the root *last*; its unhashed partial block goes to the
     head and displaces nothing. A hit pulls blocks out of the queue and the finish puts them back, so after a

@@ -1,6 +1,6 @@
 """Property tests: kvsim's KV cache manager against a deliberately naive model of vLLM's block pool.
 
-The naive model is the pseudo-code of engine-semantics.md §10 written as plainly as possible: Python lists for
+The naive model is the pseudo-code of docs/engines/vllm-rules.md §9 written as plainly as possible: Python lists for
 the free queue (O(n) everything), a dict of hash -> list of blocks (first registered answers lookups). Hypothesis
 drives both with the same random admissions, decode steps and finishes, and after every operation the hits, the
 free queue (block for block) and the cached set must agree.

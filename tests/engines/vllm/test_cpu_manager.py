@@ -1,6 +1,6 @@
 """kvsim's mirror of vLLM 0.33.0's CPU offloading manager (LRU and ARC), `sim.engines.vllm.offload.cpu_manager`.
 
-* Narrated scenarios with exact state (rules: benchmarks/vllm-oracle/offloading/vllm-0.33-offloading-rules.md §4).
+* Narrated scenarios with exact state (rules: docs/engines/vllm-0.33-offloading-rules.md §4).
 * In CI: kvsim replays `cpu_manager_streams.STREAMS` (the rules doc's probe, 60 random legal op sequences under
   LRU and 40 under ARC) and must reproduce the answers recorded from vLLM's own `CPUOffloadingManager`
   (tests/golden/cpu_manager/*.json) op by op.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Self-test of offload_oracle.py against behaviours in vllm-0.33-offloading-rules.md
+"""Self-test of offload_oracle.py against behaviours in docs/engines/vllm-0.33-offloading-rules.md
 (benchmarks/vllm-oracle/offloading/).
 
 Any Python 3 (no vLLM import here); the oracle runs as a subprocess under $KVSIM_VLLM_PYTHON, else

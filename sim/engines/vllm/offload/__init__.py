@@ -3,7 +3,7 @@ of a vLLM worker (`engine.cpu_kv_bytes`): the CPU manager and its LRU or ARC pol
 scheduler side (`connector`: lookup, deferrals, load and store jobs, flushes) and its copies in simulated time
 (`transfers`).
 
-Rules and source citations: benchmarks/vllm-oracle/offloading/vllm-0.33-offloading-rules.md; copy timing:
+Rules and source citations: docs/engines/vllm-0.33-offloading-rules.md; copy timing:
 sim/timing/host-link.md.
 """
 

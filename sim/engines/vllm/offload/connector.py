@@ -4,7 +4,7 @@ chunks a request may load at admission, which of its chunks are stored and when,
 Mirrors `vllm/distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py` (`OffloadingConnectorScheduler`,
 cited `OS` with 0.33.0 line numbers) for one full-attention KV cache group, one GPU block per chunk
 (`blocks_per_chunk = 1`), prompt-only stores, async loads and no store threshold: the connector's defaults. The
-rules, with every citation, are in benchmarks/vllm-oracle/offloading/vllm-0.33-offloading-rules.md (cited "rules").
+rules, with every citation, are in docs/engines/vllm-0.33-offloading-rules.md (cited "rules").
 The CPU pool and its recency are `CpuOffloadingManager`; the copies belong to whoever runs the jobs (the engine's
 `HostTransfers`, or an oracle's lockstep fake worker).
 
