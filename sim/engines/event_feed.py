@@ -8,15 +8,21 @@ from sim.engines.interface import CacheEvent, CacheListener
 
 
 class EventRecorder(Protocol):
-    """The part of an engine's cache that records events as it changes (vLLM's block pool, SGLang's radix tree):
-    `events` is None while nobody listens (recording costs nothing then), a list in emission order once it does."""
+    """The part of an engine's cache that records events as it changes (vLLM's block pool, SGLang's radix tree). It
+    owns its queue of events: recording is off (and costs nothing) until `enable_events`; `take_events` hands out
+    what was queued since the last call, in emission order, and starts a new queue."""
 
-    events: list[CacheEvent] | None
+    records_events: bool
+    """Whether events are queued (read-only: `enable_events` turns it on)."""
+
+    def enable_events(self) -> None: ...
+
+    def take_events(self) -> list[CacheEvent]: ...
 
 
 class EventFeed:
-    """The subscribers of `recorder`'s events: `publish` hands what it recorded since the last call to each of them,
-    stamped with the time, and starts a new list."""
+    """The subscribers of `recorder`'s events: `publish` takes what it recorded since the last call and hands it to
+    each of them, stamped with the time."""
 
     __slots__ = ("_recorder", "_listeners")
 
@@ -25,14 +31,13 @@ class EventFeed:
         self._listeners: list[CacheListener] = []
 
     def subscribe(self, listener: CacheListener) -> None:
-        if self._recorder.events is None:
-            self._recorder.events = []
+        self._recorder.enable_events()
         self._listeners.append(listener)
 
     def publish(self, now_s: float) -> None:
-        recorder = self._recorder
-        events = recorder.events
+        if not self._recorder.records_events:
+            return  # NOTE: the common case, nobody listens: decided without a call
+        events = self._recorder.take_events()
         if events:
-            recorder.events = []
             for listener in self._listeners:
                 listener(events, now_s)

@@ -153,10 +153,9 @@ class _EventRecorder:
 
     def _attributing(self, method):
         def call(state, *args, **kwargs):
-            pending = self._kv.pool.events
-            n0 = len(pending)
+            n0 = len(self._kv.pool.queued_events())
             result = method(state, *args, **kwargs)
-            for ev in pending[n0:]:
+            for ev in self._kv.pool.queued_events()[n0:]:
                 if ev.kind == "stored":
                     self._owner.setdefault(id(ev), (ev, state))
             return result
@@ -194,7 +193,7 @@ class _EventRecorder:
         return prompt.index(block_hash)
 
     def check_drained(self) -> None:
-        if self._kv.pool.events or self._owner:
+        if self._kv.pool.queued_events() or self._owner:
             raise AssertionError("KV events recorded but never published")
 
 

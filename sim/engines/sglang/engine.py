@@ -118,9 +118,8 @@ class SglangEngine:
 
     def update_from_output(self, plan: StepPlan, now_s: float) -> StepOutcome:
         outcome = self.scheduler.update_from_output(plan, now_s)
-        if self.tree.events:
-            # NOTE: SGLang publishes the batch's KV events after processing its result; no call while nobody listens.
-            self.cache.publish(now_s)
+        # NOTE: SGLang publishes the batch's KV events after processing its result.
+        self.cache.publish(now_s)
         return outcome
 
     def plan_decode_stretch(self, time_model: StepTimeModel, *, speed: float,

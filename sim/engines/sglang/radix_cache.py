@@ -54,8 +54,9 @@ class TreeNode:
 
 class RadixCache:
     """One worker's radix tree (see the module docstring). `page_size` tokens per page; `eviction_policy` one of
-    `EVICTION_POLICIES`. Events (`stored` per new node, `removed` per evicted node, page by page, as SGLang's
-    `KVCacheEventRecorder`) are recorded once `events` is a list."""
+    `EVICTION_POLICIES`. The tree owns its queue of cache events (`stored` per new node, `removed` per evicted node,
+    page by page, `cleared` per reset, as SGLang's `KVCacheEventRecorder`): recording is off until `enable_events`,
+    and `take_events` hands out what was queued since the last call."""
 
     def __init__(self, *, page_size: int = 1, eviction_policy: str = "lru") -> None:
         if page_size < 1:
@@ -67,7 +68,10 @@ class RadixCache:
         self._priority = EVICTION_POLICIES[eviction_policy]
         self._clock = 0
         self._node_ids = 0
-        self.events: list[CacheEvent] | None = None
+        self.records_events = False
+        """Whether events are queued (read-only: `enable_events` turns it on)."""
+        self._events: list[CacheEvent] = []
+        """Cache events not yet taken, in emission order (empty while not recording)."""
         self.evictable_leaves: set[TreeNode] = set()
         self.num_evicted_tokens = 0
         self.reset()
@@ -89,8 +93,8 @@ class RadixCache:
         self.evictable_size_ = 0
         self.protected_size_ = 0
         self.evictable_leaves.clear()
-        if self.events is not None:
-            self.events.append(CacheEvent("cleared"))
+        if self.records_events:
+            self._events.append(CacheEvent("cleared"))
 
     def page_aligned(self, key: Tokens) -> Tokens:
         if self.page_size == 1:
@@ -151,7 +155,7 @@ class RadixCache:
             parent = x.parent
             if len(parent.children) == 0 and parent.lock_ref == 0:
                 heapq.heappush(heap, (get_priority(parent), parent.id, parent))
-            if self.events is not None:
+            if self.records_events:
                 self._record_remove(x)
         self.num_evicted_tokens += num_evicted
         return num_evicted
@@ -283,7 +287,7 @@ class RadixCache:
             self.evictable_size_ += len(key)
             self._update_leaf_status(node)
             self._update_leaf_status(new_node)
-            if self.events is not None:
+            if self.records_events:
                 self._record_store(new_node)
             node = new_node
         return total_prefix_length, node
@@ -303,6 +307,18 @@ class RadixCache:
             self.evictable_leaves.add(node)
 
     # ------------------------------------------------------------------ events (SGLang's KVCacheEventRecorder)
+    def enable_events(self) -> None:
+        """Queue cache events from now on (idempotent)."""
+        self.records_events = True
+
+    def take_events(self) -> list[CacheEvent]:
+        """The events queued since the last call, in emission order, handed over; the tree starts a new queue."""
+        events = self._events
+        if not events:
+            return []
+        self._events = []
+        return events
+
     def _pages(self, node: TreeNode) -> tuple[Hashable, ...]:
         """The node's pages as event identities: each page's key (a token, or its canonical runs)."""
         key, P = node.key, self.page_size
@@ -311,10 +327,10 @@ class RadixCache:
     def _record_store(self, node: TreeNode) -> None:
         parent = node.parent
         parent_hash = self._pages(parent)[-1] if parent is not self.root_node and len(parent.key) else None
-        self.events.append(CacheEvent("stored", self._pages(node), parent_hash=parent_hash, block_size=self.page_size))
+        self._events.append(CacheEvent("stored", self._pages(node), parent_hash=parent_hash, block_size=self.page_size))
 
     def _record_remove(self, node: TreeNode) -> None:
-        self.events.append(CacheEvent("removed", self._pages(node), block_size=self.page_size))
+        self._events.append(CacheEvent("removed", self._pages(node), block_size=self.page_size))
 
     # ------------------------------------------------------------------ checking
     def check_invariants(self) -> None:

@@ -33,8 +33,11 @@ class BlockPool:
     A block whose ref count reaches 0 goes to the **tail** of the queue if it has a hash; without a hash it goes
     to the **head** when `unhashed_to_head` (vLLM >= 0.24, PR #42656) and to the tail otherwise (<= 0.23).
 
-    Events (only once `events` is a list: a subscriber, `sim.engines.event_feed`; vLLM's `enable_kv_cache_events`): a `removed` event per evicted block, in eviction
-    order (vLLM `_maybe_evict_cached_block`); `stored` events are the cache manager's (one per caching pass).
+    Events: the pool owns the queue of cache events not yet published, in emission order, as vLLM's `BlockPool`
+    owns its `kv_event_queue`. Recording is off (and costs nothing) until `enable_events` (a subscriber,
+    `sim.engines.event_feed`; vLLM's `enable_kv_cache_events`). The pool queues a `removed` event per evicted block,
+    in eviction order (vLLM `_maybe_evict_cached_block`), and the `stored` event of each caching pass the cache
+    manager reports (`record_stored`); `take_events` hands the queue out and starts a new one.
     """
 
     __slots__ = (
@@ -47,7 +50,8 @@ class BlockPool:
         "_duplicates",
         "num_evicted_blocks",
         "block_size",
-        "events",
+        "records_events",
+        "_events",
     )
 
     def __init__(self, num_blocks: int, *, unhashed_to_head: bool = True, block_size: int = 0) -> None:
@@ -64,8 +68,10 @@ class BlockPool:
         self.num_evicted_blocks = 0
         self.block_size = block_size
         """Tokens per block (only for the events' `block_size`)."""
-        self.events: list[CacheEvent] | None = None
-        """Cache events not yet published, in emission order; None while nobody listens."""
+        self.records_events = False
+        """Whether events are queued (read-only: `enable_events` turns it on)."""
+        self._events: list[CacheEvent] = []
+        """Cache events not yet taken, in emission order (empty while not recording)."""
 
     # ------------------------------------------------------------------ queries (no side effects)
     @property
@@ -157,10 +163,10 @@ class BlockPool:
                     cached[new_hash] = b
         if removed:
             self.num_evicted_blocks += len(removed)
-            if self.events is not None:
+            if self.records_events:
                 # NOTE: one BlockRemoved per evicted block, in eviction order, as vLLM emits them.
                 B = self.block_size
-                self.events.extend([CacheEvent("removed", (h,), None, B) for h in removed])
+                self._events.extend([CacheEvent("removed", (h,), None, B) for h in removed])
         return out
 
     def cache_blocks(self, block_ids: Sequence[int], block_hashes: Sequence[BlockHash]) -> None:
@@ -204,6 +210,32 @@ class BlockPool:
         for b in reversed(to_head):
             free[b] = None
             free.move_to_end(b, last=False)
+
+    # ------------------------------------------------------------------ events
+    def enable_events(self) -> None:
+        """Queue cache events from now on (idempotent)."""
+        self.records_events = True
+
+    def record_stored(self, block_hashes: tuple[BlockHash, ...], parent_hash: BlockHash | None) -> None:
+        """Queue the `stored` event of one caching pass: `block_hashes` newly cached, in position order, after the
+        block `parent_hash` (None: from the first block). Nothing while not recording."""
+        if self.records_events:
+            self._events.append(CacheEvent("stored", block_hashes, parent_hash=parent_hash,
+                                           block_size=self.block_size))
+
+    def take_events(self) -> list[CacheEvent]:
+        """The events queued since the last call, in emission order, handed over (vLLM `BlockPool.take_events`);
+        the pool starts a new queue."""
+        events = self._events
+        if not events:
+            return []
+        self._events = []
+        return events
+
+    def queued_events(self) -> tuple[CacheEvent, ...]:
+        """The events queued and not yet taken, in emission order, without taking them (for observers that
+        attribute events to the calls that recorded them)."""
+        return tuple(self._events)
 
     def _uncache(self, block_hash: BlockHash, block_id: int) -> None:
         dups = self._duplicates.get(block_hash)

@@ -123,7 +123,7 @@ class DecodeStretch(StretchTiming):
             return
         kv = self.scheduler.kv
         B = kv.block_size
-        if kv.pool.events is not None:
+        if kv.records_events:
             self._apply_publishing(lo, k)
         else:
             boundaries = []

@@ -94,9 +94,8 @@ class VllmEngine:
             done = transfers.end_step(step, now_s)
             self.scheduler.connector_step = None
             outcome = self.scheduler.update_from_output(plan, now_s, finished_jobs=done)
-        if self.cache.pool.events:
-            # NOTE: vLLM's engine core takes the step's KV events after processing its output.
-            self.cache.publish(now_s)
+        # NOTE: vLLM's engine core takes the step's KV events after processing its output.
+        self.cache.publish(now_s)
         return outcome
 
     def plan_decode_stretch(self, time_model: StepTimeModel, *, speed: float, now_s: float) -> DecodeStretch | None:

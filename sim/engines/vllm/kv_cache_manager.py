@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from sim.engines.event_feed import EventFeed
-from sim.engines.interface import CacheEvent, CacheListener, PrefixCacheStats
+from sim.engines.interface import CacheListener, PrefixCacheStats
 from sim.engines.vllm.block_pool import BlockPool
 from sim.engines.vllm.math_utils import cdiv
 from sim.engines.vllm.request_state import RequestState
@@ -78,13 +78,17 @@ class KVCacheManager:
         """Hand the events recorded since the last call to the subscribers, stamped `now_s`."""
         self._feed.publish(now_s)
 
+    @property
+    def records_events(self) -> bool:
+        """Whether the cache records events (someone subscribed)."""
+        return self.pool.records_events
+
     def _record_stored(self, state: RequestState, start: int) -> None:
         """A `stored` event for blocks start..num_cached_blocks-1 of `state` (one caching pass), if any."""
         stop = state.num_cached_blocks
         if stop > start:
-            self.pool.events.append(CacheEvent(
-                "stored", tuple(state.block_hashes(start, stop)),
-                parent_hash=state.block_hash(start - 1) if start > 0 else None, block_size=self.block_size))
+            self.pool.record_stored(tuple(state.block_hashes(start, stop)),
+                                    state.block_hash(start - 1) if start > 0 else None)
 
     def find_longest_cache_hit(self, state: RequestState) -> list[int]:
         # NOTE: a full hit still recomputes the last token (its logits are needed), so hits are capped at
@@ -120,12 +124,12 @@ class KVCacheManager:
             # NOTE: the common decode case, same outcome as the general path: the slots exist already.
             end = state.num_computed_tokens + num_new_tokens
             if end <= len(state.block_ids) * B and end <= self.max_model_len:
-                if pool.events is None:
+                if not pool.records_events:
                     self._cache_full_blocks(state, min(end, state.num_tokens))
                 else:
                     self.cache_full_blocks(state, min(end, state.num_tokens))
                 return True
-        events = pool.events
+        records_events = pool.records_events
         num_hit_tokens = len(hit_blocks) * B
         num_computed = state.num_computed_tokens + num_hit_tokens
         num_tokens_need_slot = min(num_computed + num_new_tokens, self.max_model_len)
@@ -154,7 +158,7 @@ class KVCacheManager:
             else:
                 state.block_ids.extend(pool.get_new_blocks(num_new_blocks))
         self._cache_full_blocks(state, min(num_computed + num_new_tokens, state.num_tokens))
-        if events is not None:
+        if records_events:
             self._record_stored(state, first_uncached)
         return True
 
@@ -202,7 +206,7 @@ class KVCacheManager:
         caching pass: one `stored` event when recording)."""
         start = state.num_cached_blocks
         self._cache_full_blocks(state, num_tokens)
-        if self.pool.events is not None:
+        if self.pool.records_events:
             self._record_stored(state, start)
 
     def _cache_full_blocks(self, state: RequestState, num_tokens: int) -> None:

@@ -101,22 +101,23 @@ def test_lfu_keeps_the_node_hit_more_often():
     c.insert(toks(("a", 10)))
     c.insert(toks(("b", 10)))
     c.insert(toks(("a", 10)))  # a second insert counts a hit on a's node
-    evicted = []
-    delete = c._delete_leaf
-    c._delete_leaf = lambda node: (evicted.append(node.key.runs[0][0]), delete(node))
+    c.enable_events()
     c.evict(1)
-    assert evicted == ["b"]  # LRU would have taken a, inserted first
+    evicted = [e.block_hashes[0] for e in c.take_events() if e.kind == "removed"]
+    assert evicted == [("b", 0)]  # b's node (its first page is token ("b", 0)); LRU would have taken a, inserted first
 
 
 def test_events_report_stored_nodes_and_removed_nodes_page_by_page():
     c = RadixCache(page_size=4)
-    c.events = []
+    c.enable_events()
     c.insert(toks((P7, 8)))
     c.insert(toks((P7, 8), ("u", 4)))
     c.evict(4)
-    kinds = [(e.kind, len(e.block_hashes), e.parent_hash is not None) for e in c.events]
+    events = c.take_events()
+    kinds = [(e.kind, len(e.block_hashes), e.parent_hash is not None) for e in events]
     assert kinds == [("stored", 2, False), ("stored", 1, True), ("removed", 1, False)]
-    assert c.events[1].parent_hash == c.events[0].block_hashes[-1]
+    assert events[1].parent_hash == events[0].block_hashes[-1]
+    assert c.take_events() == []  # handed out once
 
 
 # ---------------------------------------------------------------------------------------------- naive model
