@@ -101,11 +101,9 @@ class SglangDecodeStretch(StretchTiming):
         """token_usage after k batches: each request takes `_new_pages(committed, d, P)` more private pages in the
         d = k - applied batches still to apply (as `apply` would), which leave the available slots."""
         d = min(k, self.num_steps) - self.applied
-        s = self.scheduler
-        pool, P = s.pool, s.pool.page_size
-        taken = 0 if d <= 0 else sum(_new_pages(r.kv_committed_len, d, P) for r in self.requests)
-        n = pool.max_total_tokens
-        return (n - (pool.available_size() - P * taken) - s.tree.evictable_size_) / n
+        pool = self.scheduler.pool
+        taken = 0 if d <= 0 else sum(_new_pages(r.kv_committed_len, d, pool.page_size) for r in self.requests)
+        return pool.token_usage(taken)
 
     def apply(self, k: int) -> None:
         """The requests after k batches: k more outputs each and k more formed batches' slots (overlap: the batches

@@ -50,9 +50,8 @@ class SglangPrefixCache:
         return tuple(key.page_key(start, P) for start in range(0, len(key), P))
 
     def usage(self) -> float:
-        """`sglang:token_usage` = (slots - available - evictable) / slots: cached, unlocked tokens count as free."""
-        n = self.pool.max_total_tokens
-        return (n - self.pool.available_size() - self.tree.evictable_size_) / n
+        """`sglang:token_usage` (`KvPool.token_usage`): cached, unlocked tokens count as free."""
+        return self.pool.token_usage()
 
     def subscribe(self, listener: CacheListener) -> None:
         self._feed.subscribe(listener)
@@ -108,9 +107,7 @@ class SglangEngine:
         return self.scheduler.num_requests
 
     def load(self) -> EngineLoad:
-        s = self.scheduler
-        running = len(s.running_batch.reqs)
-        return EngineLoad(num_running=running, num_waiting=s.num_requests - running, kv_usage=self.cache.usage())
+        return self.scheduler.load()
 
     def schedule(self, now_s: float) -> StepPlan:
         step = self.scheduler.schedule(now_s)
@@ -139,9 +136,4 @@ class SglangEngine:
         return None  # no host tier (HiCache is not modelled)
 
     def describe_stall(self) -> str:
-        s = self.scheduler
-        head = s.waiting[0] if s.waiting else None
-        what = (f"head request {head.request.request_id} needs {head.fill_len} tokens" if head is not None
-                else "no request waiting")
-        return (f"nothing schedulable with {len(s.waiting)} waiting and {len(s.running_batch.reqs)} running; {what}, "
-                f"{s.pool.available_size()} KV slots free, {self.tree.evictable_size_} evictable")
+        return self.scheduler.describe_stall()

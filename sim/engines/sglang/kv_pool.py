@@ -43,6 +43,12 @@ class KvPool:
         tree = self.tree
         return self.max_total_tokens - tree.evictable_size_ - tree.protected_size_ - self.page_size * self.private_pages
 
+    def token_usage(self, num_pages_taken: int = 0) -> float:
+        """`sglang:token_usage` = (slots - available - evictable) / slots: cached, unlocked tokens count as free;
+        with `num_pages_taken`, as it will be once requests have taken that many more pages."""
+        n = self.max_total_tokens
+        return (n - (self.available_size() - self.page_size * num_pages_taken) - self.tree.evictable_size_) / n
+
     def available_rows(self) -> int:
         return self.num_rows - self.rows_in_use
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from sim.engines.interface import PrefixCacheStats, StepOutcome, StepPlan
+from sim.engines.interface import EngineLoad, PrefixCacheStats, StepOutcome, StepPlan
 from sim.engines.sglang.kv_pool import KvPool
 from sim.engines.sglang.radix_cache import RadixCache
 from sim.engines.sglang.request_state import SglangRequest
@@ -142,6 +142,21 @@ class Scheduler:
 
     def add_request(self, req: SglangRequest) -> None:
         self.inbox.append(req)
+
+    def load(self) -> EngineLoad:
+        """SGLang's scheduler metrics: running requests (`num_running_reqs`), queued ones, arrived but not yet
+        ingested included (`num_queue_reqs`), and `token_usage`."""
+        running = len(self.running_batch.reqs)
+        return EngineLoad(num_running=running, num_waiting=self.num_requests - running,
+                          kv_usage=self.pool.token_usage())
+
+    def describe_stall(self) -> str:
+        """Why the loop formed no batch while requests wait (for the error the worker raises)."""
+        head = self.waiting[0] if self.waiting else None
+        what = (f"head request {head.request.request_id} needs {head.fill_len} tokens" if head is not None
+                else "no request waiting")
+        return (f"nothing schedulable with {len(self.waiting)} waiting and {len(self.running_batch.reqs)} running; "
+                f"{what}, {self.pool.available_size()} KV slots free, {self.tree.evictable_size_} evictable")
 
     def schedule(self, now_s: float) -> SglangStep | None:
         """Run loop iterations until the loop waits for a batch; return the batch the device runs next."""

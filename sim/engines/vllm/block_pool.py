@@ -83,6 +83,12 @@ class BlockPool:
         """Free-queue length: never-used, unhashed and evictable cached blocks alike (vLLM's `get_num_free_blocks`)."""
         return len(self._free)
 
+    def usage(self, num_blocks_taken: int = 0) -> float:
+        """vLLM's `get_usage` (`kv_cache_usage_perc`): the fraction of usable blocks out of the free queue, so
+        evictable cached blocks count as free; with `num_blocks_taken`, as it will be once that many more blocks
+        have left the queue (evicting a cached block is still one fewer free)."""
+        return 1.0 - (len(self._free) - num_blocks_taken) / (self.num_blocks - 1)
+
     @property
     def num_cached_blocks(self) -> int:
         return len(self._cached) + sum(len(v) for v in self._duplicates.values())

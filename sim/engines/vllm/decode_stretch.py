@@ -112,8 +112,7 @@ class DecodeStretch(StretchTiming):
         kv = self.scheduler.kv
         B = kv.block_size
         new = 0 if k <= lo else sum((c + k - 1) // B - (c + lo - 1) // B for c in self.computed0)
-        pool = kv.pool
-        return 1.0 - (pool.num_free_blocks - new) / pool.num_usable_blocks
+        return kv.usage(new)
 
     def apply(self, k: int) -> None:
         """Bring the requests and the cache to the state after the first k steps (idempotent, incremental)."""

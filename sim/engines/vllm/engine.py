@@ -80,9 +80,7 @@ class VllmEngine:
         return self.scheduler.num_requests
 
     def load(self) -> EngineLoad:
-        s = self.scheduler
-        return EngineLoad(num_running=len(s.running), num_waiting=len(s.waiting) + len(s.holding),
-                          kv_usage=self.cache.usage())
+        return self.scheduler.load()
 
     def update_from_output(self, plan: StepPlan, now_s: float) -> StepOutcome:
         transfers = self.transfers
@@ -121,7 +119,7 @@ class VllmEngine:
         return finished
 
     def counters(self) -> EngineCounters:
-        evicted = self.cache.pool.num_evicted_blocks
+        evicted = self.cache.num_evicted_blocks
         c = self.connector
         return EngineCounters(prefix_cache=self.cache.stats.copy(), evicted_blocks=evicted,
                               evicted_tokens=evicted * self.cache.block_size,
@@ -138,13 +136,4 @@ class VllmEngine:
         return self.transfers.next_done_s()
 
     def describe_stall(self) -> str:
-        s = self.scheduler
-        if s.holding:
-            head = s.holding[0]
-            return (f"nothing schedulable with {len(s.holding)} requests holding KV blocks (CPU loads), "
-                    f"{len(s.waiting)} waiting and {len(s.running)} running; head request {head.request.request_id} "
-                    f"holds {len(head.block_ids)} blocks ({'loading' if head.loading else 'loaded'}, "
-                    f"{head.num_computed_tokens} of {head.num_tokens} tokens), {self.cache.num_free_blocks} blocks free")
-        head = s.waiting[0]
-        return (f"nothing schedulable with {len(s.waiting)} waiting and {len(s.running)} running; head request "
-                f"{head.request.request_id} needs {head.num_tokens} tokens, {self.cache.num_free_blocks} blocks free")
+        return self.scheduler.describe_stall()

@@ -55,9 +55,15 @@ class KVCacheManager:
     def num_free_blocks(self) -> int:
         return self.pool.num_free_blocks
 
-    def usage(self) -> float:
-        """vLLM's `kv_cache_usage_perc`: evictable cached blocks count as free."""
-        return 1.0 - self.pool.num_free_blocks / self.pool.num_usable_blocks
+    def usage(self, num_blocks_taken: int = 0) -> float:
+        """vLLM's `kv_cache_usage_perc`: evictable cached blocks count as free; with `num_blocks_taken`, as it will
+        be once that many more blocks are allocated (`BlockPool.usage`)."""
+        return self.pool.usage(num_blocks_taken)
+
+    @property
+    def num_evicted_blocks(self) -> int:
+        """Cached blocks evicted to make room so far."""
+        return self.pool.num_evicted_blocks
 
     def cached_mask(self, block_hashes: Sequence[BlockHash]) -> list[bool]:
         """Whether each hash is cached. Changes no recency (peek is not touch)."""

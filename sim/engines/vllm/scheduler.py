@@ -10,7 +10,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from sim.engines.interface import StepOutcome, StepPlan
+from sim.engines.interface import EngineLoad, StepOutcome, StepPlan
 from sim.engines.vllm.behaviour import VllmBehaviour
 from sim.engines.vllm.kv_cache_manager import KVCacheManager
 from sim.engines.vllm.offload.connector import ConnectorStep, OffloadingConnector
@@ -79,6 +79,26 @@ class Scheduler:
 
     def add_request(self, state: RequestState) -> None:
         self.waiting.append(state)
+
+    def load(self) -> EngineLoad:
+        """vLLM's scheduler stats (`make_stats`): running requests, waiting ones (those holding KV blocks for a
+        load included) and the KV cache usage."""
+        return EngineLoad(num_running=len(self.running), num_waiting=len(self.waiting) + len(self.holding),
+                          kv_usage=self.kv.usage())
+
+    def describe_stall(self) -> str:
+        """Why `schedule()` scheduled nothing while requests wait (for the error the worker raises)."""
+        free = self.kv.num_free_blocks
+        if self.holding:
+            head = self.holding[0]
+            return (f"nothing schedulable with {len(self.holding)} requests holding KV blocks (CPU loads), "
+                    f"{len(self.waiting)} waiting and {len(self.running)} running; head request "
+                    f"{head.request.request_id} holds {len(head.block_ids)} blocks "
+                    f"({'loading' if head.loading else 'loaded'}, {head.num_computed_tokens} of {head.num_tokens} "
+                    f"tokens), {free} blocks free")
+        head = self.waiting[0]
+        return (f"nothing schedulable with {len(self.waiting)} waiting and {len(self.running)} running; head request "
+                f"{head.request.request_id} needs {head.num_tokens} tokens, {free} blocks free")
 
     def schedule(self, now_s: float = 0.0) -> StepPlan:
         plan = StepPlan()
