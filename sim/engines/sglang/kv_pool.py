@@ -15,12 +15,22 @@ frees what is still private; eviction frees tree pages.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+
 from sim.engines.sglang.radix_cache import RadixCache
 from sim.engines.sglang.request_state import SglangRequest
 
 
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def decode_pages(committed: int, num_steps: int, page_size: int) -> int:
+    """Pages a request whose KV holds `committed` tokens takes over its next `num_steps` decode allocations (a new
+    page whenever its committed length is a multiple of the page size)."""
+    if num_steps <= 0:
+        return 0
+    return (committed + num_steps - 1) // page_size - (committed - 1) // page_size
 
 
 class KvPool:
@@ -102,6 +112,27 @@ class KvPool:
                 self._take(r, 1)
             r.kv_allocated_len += 1
             r.kv_committed_len += 1
+
+    # ------------------------------------------------------------------ many decode steps at once (decode stretches)
+    def pages_for_decode_steps(self, reqs: Iterable[SglangRequest], num_steps: int) -> int:
+        """Pages `reqs` take over their next `num_steps` decode allocations, together."""
+        P = self.page_size
+        return sum(decode_pages(r.kv_committed_len, num_steps, P) for r in reqs)
+
+    def decode_batch_fits(self, reqs: Sequence[SglangRequest], num_batches: int) -> bool:
+        """Whether the `num_batches`-th decode batch of `reqs` formed from now still finds `len(reqs)` pages free
+        after the pages the batches before it took, so that its `alloc_for_decode` evicts nothing (it evicts
+        below that)."""
+        taken = self.pages_for_decode_steps(reqs, num_batches - 1)
+        return self.available_size() - self.page_size * taken >= len(reqs) * self.page_size
+
+    def alloc_for_decode_steps(self, req: SglangRequest, num_steps: int) -> None:
+        """`num_steps` decode allocations of `req` at once (`alloc_for_decode` repeated, with room checked by
+        `decode_batch_fits`: nothing is evicted): its committed and allocated lengths grow by `num_steps` and it
+        takes the pages those slots start."""
+        self._take(req, decode_pages(req.kv_committed_len, num_steps, self.page_size))
+        req.kv_committed_len += num_steps
+        req.kv_allocated_len += num_steps
 
     # ------------------------------------------------------------------ the tree takes KV over
     def checkpoint(self, req: SglangRequest, up_to: int) -> None:

@@ -24,6 +24,7 @@ batch the device runs next; `update_from_output(plan, now_s)` is the end of that
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sim.engines.interface import EngineLoad, PrefixCacheStats, StepOutcome, StepPlan
@@ -61,6 +62,13 @@ class NewTokenRatio:
 
     def decay_step(self) -> None:
         self.current = max(self.current - self.decay, self.min)
+
+    def decay_steps(self, num_steps: int) -> None:
+        """`num_steps` decode steps' decays."""
+        current, decay, floor = self.current, self.decay, self.min
+        for _ in range(num_steps):  # NOTE: repeated, not multiplied, to round as stepping does
+            current = max(current - decay, floor)
+        self.current = current
 
 
 class Batch:
@@ -222,6 +230,53 @@ class Scheduler:
     def _on_idle(self) -> None:
         if not self.running_batch.reqs and not self.waiting and self.chunked_req is None:
             self.ratio.current = self.ratio.init
+
+    # ------------------------------------------------------------------ decode stretches
+    def steady_decode_context(self) -> int | None:
+        """The KV tokens the next decode batch attends to, if the loop repeats decode batches of the running
+        batch's requests until something arrives: nothing arrived or waiting, no chunked prefill, no result
+        awaited, the last batch is the running batch, and under overlap exactly the decode batch of these
+        requests launched (without overlap, nothing launched). Else None. Whether a request finishes or must
+        leave the batch is the caller's to check (`SglangDecodeStretch.plan`)."""
+        if self.inbox or self.waiting or self.chunked_req is not None or self._awaiting is not None:
+            return None
+        running = self.running_batch
+        reqs = running.reqs
+        if not reqs or self.last_batch is not running:
+            return None
+        if self.limits.overlap:
+            # the batch the device runs next must already be the decode batch of exactly these requests
+            launched = self._launched
+            if len(launched) != 1 or launched[0] is not self._last_step:
+                return None
+            first = launched[0]
+            if first.mode != "decode" or first.reqs != tuple(reqs):
+                return None
+            return first.num_decode_context_tokens
+        if self._launched:
+            return None
+        return sum(r.kv_committed_len for r in reqs)
+
+    def run_decode_batches(self, reqs: Sequence[SglangRequest], num_batches: int) -> None:
+        """`num_batches` more decode batches of `reqs` formed and their results processed, at once (a decode
+        stretch; `steady_decode_context` held and the pool checked the room with `decode_batch_fits`): each
+        request takes the slots of `num_batches` decode steps and samples as many tokens, none its last, and
+        new_token_ratio decays once per batch."""
+        pool = self.pool
+        for r in reqs:
+            pool.alloc_for_decode_steps(r, num_batches)
+            r.num_output_tokens += num_batches
+        self.ratio.decay_steps(num_batches)
+
+    def resume_after_decode_batches(self, reqs: Sequence[SglangRequest]) -> None:
+        """The loop after a decode stretch of `reqs` (`run_decode_batches` applied): under overlap the batch formed
+        while the stretch's last one ran, the decode batch of `reqs`, is launched and is the last batch; without
+        overlap nothing is in flight."""
+        if self.limits.overlap:
+            step = SglangStep.decode(reqs)
+            self._launched.clear()
+            self._launched.append(step)
+            self._last_step = step
 
     # ------------------------------------------------------------------ get_next_batch_to_run
     def _get_next_batch_to_run(self) -> Batch | None:
