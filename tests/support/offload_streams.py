@@ -263,7 +263,7 @@ def replay_kvsim(stream: dict, vllm_version: str = ORACLE_VLLM_VERSION) -> dict:
             for st in s.holding:
                 if st.loading:
                     rec[st.request.request_id]["waiting_for_remote_kvs_steps"].append(k)
-            cstep = s.connector_step
+            cstep = s.take_connector_step()
             loads = [job_row(j, w) for j in cstep.load_jobs]
             stores = [job_row(j, w) for j in cstep.store_jobs]
             evicted = [{"for_request": ids[st.request.request_id], "chunks": [names[w][h] for h in hashes]}

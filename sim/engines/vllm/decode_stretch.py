@@ -42,7 +42,7 @@ class DecodeStretch(StretchTiming):
     def plan(cls, scheduler: Scheduler, time_model: StepTimeModel, *, speed: float, now_s: float,
              max_model_len: int) -> DecodeStretch | None:
         """A stretch for the scheduler's current state, or None when the next step is not a plain decode step."""
-        if scheduler.waiting or not scheduler.running:
+        if not scheduler.running or scheduler.blocks_decode_stretch:
             return None
         running = scheduler.running
         n = len(running)

@@ -56,8 +56,8 @@ class VllmEngine:
 
     def _schedule_with_transfers(self, now_s: float) -> StepPlan:
         plan = self.scheduler.schedule(now_s)
-        assert self.transfers is not None and self.scheduler.connector_step is not None
-        plan.stall_s = self.transfers.start_step(self.scheduler.connector_step, now_s)
+        assert self.transfers is not None
+        plan.stall_s = self.transfers.start_step(self.scheduler.take_connector_step(), now_s)
         if plan.is_empty:
             # NOTE: a step that computes nothing (only loads waiting, or copies in flight) still ends at once, as
             # vLLM's loop runs it: completions are taken and its stores start; the worker then sleeps until the
@@ -87,11 +87,7 @@ class VllmEngine:
         if transfers is None:
             outcome = self.scheduler.update_from_output(plan, now_s)
         else:
-            step = self.scheduler.connector_step
-            assert step is not None, "update_from_output without a schedule() before it"
-            done = transfers.end_step(step, now_s)
-            self.scheduler.connector_step = None
-            outcome = self.scheduler.update_from_output(plan, now_s, finished_jobs=done)
+            outcome = self.scheduler.update_from_output(plan, now_s, finished_jobs=transfers.end_step(now_s))
         # NOTE: vLLM's engine core takes the step's KV events after processing its output.
         self.cache.publish(now_s)
         return outcome
@@ -100,8 +96,6 @@ class VllmEngine:
         s = self.scheduler
         if s.waiting or not s.running:
             return None  # the common case, decided without a call: a step with work to admit or nothing running
-        if s.connector is not None and (s.holding or s.connector.blocks_decode_stretch):
-            return None  # a load to promote, a finish pass or a store to offer again: not plain decodes
         return DecodeStretch.plan(s, time_model, speed=speed, now_s=now_s, max_model_len=self.spec.max_model_len)
 
     def finish_stretch(self, stretch: DecodeStretch, num_steps: int, now_s: float) -> list[RequestState]:
@@ -115,7 +109,7 @@ class VllmEngine:
             # finishes, as `update_from_output` orders them).
             done = self.transfers.seen_by(stretch.start_s + stretch.elapsed_s(num_steps - 1))
             if done:
-                self.scheduler.connector.complete(done)
+                self.scheduler.complete_transfers(done)
         return finished
 
     def counters(self) -> EngineCounters:
@@ -126,7 +120,7 @@ class VllmEngine:
                               preemptions=self.scheduler.num_preemptions,
                               cpu_stored_blocks=0 if c is None else c.counters.num_stored_chunks,
                               cpu_loaded_blocks=0 if c is None else c.counters.num_loaded_chunks,
-                              cpu_evicted_blocks=0 if c is None else c.manager.counters().num_evicted_chunks)
+                              cpu_evicted_blocks=0 if c is None else c.num_evicted_chunks)
 
     def next_background_s(self) -> float | None:
         if self.transfers is None:

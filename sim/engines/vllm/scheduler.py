@@ -59,8 +59,8 @@ class Scheduler:
         """Requests whose async load is reported done (`finished_recving_kv_req_ids`), not yet promoted."""
         self._inflight_prefills: set[RequestState] = set()
         """Requests whose prefill (or load) is not done: their remaining blocks are reserved against async loads."""
-        self.connector_step: ConnectorStep | None = None
-        """The transfer jobs of the last `schedule()` (with a connector), for the worker side to run."""
+        self._connector_step: ConnectorStep | None = None
+        """The transfer jobs of the last `schedule()` (with a connector), until the worker side takes them."""
         self.num_preemptions = 0
 
     @property
@@ -76,6 +76,24 @@ class Scheduler:
     @property
     def num_requests(self) -> int:
         return len(self.waiting) + len(self.running) + len(self.holding)
+
+    @property
+    def blocks_decode_stretch(self) -> bool:
+        """The next step does more than decode the running requests, whatever they need: a request waits to be
+        admitted, or holds KV blocks for a load to promote, or the connector has a finish pass or a store offer to
+        retry (stores in flight alone do not count: their completions change nothing a decode step reads)."""
+        return bool(self.waiting or self.holding) or (self.connector is not None
+                                                     and self.connector.blocks_decode_stretch)
+
+    def take_connector_step(self) -> ConnectorStep:
+        """The transfer jobs the last `schedule()` created (vLLM's `kv_connector_metadata`), handed to the worker
+        side that runs them, once."""
+        step = self._connector_step
+        if step is None:
+            raise RuntimeError("no connector step to take: the scheduler has no connector, or no schedule() built "
+                               "one since it was last taken")
+        self._connector_step = None
+        return step
 
     def add_request(self, state: RequestState) -> None:
         self.waiting.append(state)
@@ -134,7 +152,7 @@ class Scheduler:
         if not plan.preempted:
             self._admit_waiting(plan, budget, now_s)
         if connector is not None:
-            self.connector_step = connector.build_step(scheduled.items(), plan.preempted)
+            self._connector_step = connector.build_step(scheduled.items(), plan.preempted)
             inflight = self._inflight_prefills
             for state, n in scheduled.items():
                 if state.num_computed_tokens + n >= state.num_tokens:
@@ -268,10 +286,15 @@ class Scheduler:
         then take the KV transfer jobs the worker reports done (`finished_jobs`, `S` 2581-2582)."""
         outcome = self._sample(plan, now_s)
         if self.connector is not None:
-            loaded = self.connector.complete(finished_jobs)
-            if loaded:
-                self._loaded.update(loaded)
+            self.complete_transfers(finished_jobs)
         return outcome
+
+    def complete_transfers(self, job_ids: Iterable[int]) -> None:
+        """The worker side reports KV transfer jobs done: the connector takes them, and requests whose load is done
+        are promoted by the next `schedule()`."""
+        loaded = self.connector.complete(job_ids)
+        if loaded:
+            self._loaded.update(loaded)
 
     def _sample(self, plan: StepPlan, now_s: float) -> StepOutcome:
         first_token: list[RequestState] = []

@@ -143,6 +143,11 @@ class OffloadingConnector:
         those, `has_finished_requests`, `S` 3157-3177), or store offers to retry: steps that are not plain decodes."""
         return bool(self._jobs) or self.blocks_decode_stretch
 
+    @property
+    def num_evicted_chunks(self) -> int:
+        """Chunks the CPU tier evicted to make room so far (its manager's count)."""
+        return self.manager.counters().num_evicted_chunks
+
     def job(self, job_id: int) -> TransferJob:
         return self._jobs[job_id]
 

@@ -31,6 +31,8 @@ class HostTransfers:
         self._done_s: dict[int, float] = {}
         """Submitted jobs -> completion time, in submission order."""
         self._flushed: set[int] = set()
+        self._step: ConnectorStep | None = None
+        """The step between `start_step` and `end_step`."""
         self._step_start_s = 0.0
 
     def _submit(self, job_id: int, start_s: float) -> None:
@@ -39,7 +41,9 @@ class HostTransfers:
                                                      num_bytes=job.num_bytes)
 
     def start_step(self, step: ConnectorStep, now_s: float) -> float:
-        """A step starts now; returns the seconds its forward pass waits for flushed jobs."""
+        """A step with the connector's `step` starts now; returns the seconds its forward pass waits for flushed
+        jobs."""
+        self._step = step
         self._step_start_s = now_s
         if not step.jobs_to_flush:
             return 0.0
@@ -49,9 +53,12 @@ class HostTransfers:
         self._flushed.update(step.jobs_to_flush)
         return max(0.0, max(self._done_s[j] for j in step.jobs_to_flush) - now_s)
 
-    def end_step(self, step: ConnectorStep, now_s: float) -> list[int]:
-        """The step ends now: hand its jobs to the link and return those reported done in it (in submission
-        order)."""
+    def end_step(self, now_s: float) -> list[int]:
+        """The step started last ends now: hand its jobs to the link and return those reported done in it (in
+        submission order)."""
+        step, self._step = self._step, None
+        if step is None:
+            raise RuntimeError("end_step without a start_step before it")
         done = self._take(self._step_start_s, self._flushed)
         self._flushed.clear()
         for job in step.load_jobs:
