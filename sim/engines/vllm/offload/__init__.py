@@ -1,7 +1,7 @@
 """vLLM's KV offloading tier (0.33.0, `vllm/v1/kv_offload` and the `OffloadingConnector`), as a host (CPU) KV tier
-of a vLLM worker (`engine.cpu_kv_bytes`): the CPU manager and its LRU or ARC policy (`cpu_manager`), the connector's
-scheduler side (`connector`: lookup, deferrals, load and store jobs, flushes) and its copies in simulated time
-(`transfers`).
+of a vLLM worker (`engine.cpu_kv_bytes`): the CPU manager (`cpu_manager`) and its LRU or ARC policy (`policies`),
+the connector's scheduler side (`connector`: lookup, deferrals, load and store jobs, flushes) and its copies in
+simulated time (`transfers`).
 
 Rules and source citations: docs/engines/vllm-0.33-offloading-rules.md; copy timing:
 sim/timing/host-link.md.

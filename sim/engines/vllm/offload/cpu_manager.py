@@ -1,4 +1,5 @@
-"""A pure-Python mirror of vLLM 0.33.0's scheduler-side CPU offloading manager with its LRU and ARC policies.
+"""A pure-Python mirror of vLLM 0.33.0's scheduler-side CPU offloading manager; its LRU and ARC policies are in
+`policies/`.
 
 Mirrors `vllm/v1/kv_offload/cpu/manager.py` (`CPUOffloadingManager`, cited `CM`),
 `vllm/v1/kv_offload/cpu/policies/lru.py` (`LRUCachePolicy`, cited `LRU`), `vllm/v1/kv_offload/cpu/policies/arc.py`
@@ -14,25 +15,28 @@ Differences from vLLM, all on purpose:
   finished context observed a new key, `CM` 175-177).
 * Counters are cumulative (kvsim's rule: record counters, derive rates later); vLLM's `get_stats` drains the
   allocation histogram and the skipped-stores counter per stats interval.
-* The LRU policy keeps vLLM's min-heap of ranks with lazy invalidation (`LRU` 66-99); an entry that cannot be
-  evicted now (pinned, write-pending or protected) goes back on the heap at its rank.
-* As in vLLM the policy is an object of its own (`_LruPolicy`, `_ArcPolicy`) that the manager tells of accesses,
-  misses, inserts, evictions, removals and finished requests. ARC keeps vLLM's four OrderedDicts (T1, T2, B1, B2)
-  and `target_t1_size` as they are; the manager's `_chunks` dict is the union of T1 and T2 (for lookups and
-  counts). `CM.touch` (policy `touch`, `ARC` 99-114)
-  is not mirrored: no scheduler code calls it in 0.33.0 (only the tiering manager, rules doc §4.4).
+* As in vLLM the policy is an object of its own, one class per file in `policies/` (`LruPolicy`, `ArcPolicy`),
+  that the manager tells of accesses, misses, inserts, evictions, removals and finished requests; under ARC the
+  manager's `_chunks` dict is the union of T1 and T2 (for lookups and counts). `CM.touch` (policy `touch`,
+  `ARC` 99-114) is not mirrored: no scheduler code calls it in 0.33.0 (only the tiering manager, rules doc §4.4).
 """
 
 from __future__ import annotations
 
 import enum
-import heapq
 from collections import OrderedDict
-from collections.abc import Hashable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
-ChunkHash = Hashable
-Rank = tuple[int, int]
+from sim.engines.vllm.offload.policies import (
+    CACHE_POLICIES,
+    ArcPolicy,
+    CachePolicy,
+    ChunkHash,
+    ChunkStatus,
+    LruPolicy,
+    RequestAccess,
+)
 
 
 class LookupResult(enum.Enum):
@@ -79,272 +83,6 @@ class CpuManagerCounters:
     """Gauge: slots with a store in flight (`cpu_cache_write_usage_perc * num_chunks`)."""
 
 
-@dataclass(slots=True)
-class _Chunk:
-    """A resident chunk. `ref_cnt` is -1 while its store is in flight, else the number of loads reading it
-    (vLLM `ChunkStatus`, policies/base.py 25-45)."""
-
-    chunk_id: int
-    ref_cnt: int = -1
-
-
-@dataclass(slots=True)
-class _RequestAccess:
-    """What one request has observed (vLLM `_RequestCacheAccess`, `CM` 35-46, plus the LRU `_RequestRank`)."""
-
-    generation: int
-    chunk_end_tokens: dict[ChunkHash, int] = field(default_factory=dict)
-    observed: list[ChunkHash] = field(default_factory=list)
-    """Chunks passed to prepare_load / prepare_store, in first-observation order."""
-    seen: set[ChunkHash] = field(default_factory=set)
-    inserted: set[ChunkHash] = field(default_factory=set)
-    reused: set[ChunkHash] = field(default_factory=set)
-    store_missed: set[ChunkHash] = field(default_factory=set)
-    request_rank: int | None = None
-    """Drawn from the global rank counter the first time the request touches the policy (`LRU` 51-61; LRU only)."""
-
-
-class _LruPolicy:
-    """`LRUCachePolicy` (`LRU` 26-233): a rank per resident chunk, the least evictable one evicted first (the
-    ordering rules are in `CpuOffloadingManager`'s docstring). `chunks` is the manager's resident-chunk dict."""
-
-    __slots__ = ("chunks", "ranks", "heap", "next_rank")
-
-    def __init__(self, chunks: dict[ChunkHash, _Chunk]) -> None:
-        self.chunks = chunks
-        self.ranks: dict[ChunkHash, Rank] = {}
-        self.heap: list[tuple[Rank, ChunkHash]] = []
-        """Every rank a chunk was given, least first; an entry whose rank is no longer the chunk's is stale
-        (vLLM's lazy-invalidation heap, `LRU` 66-99)."""
-        self.next_rank = 0
-
-    def _request_rank(self, access: _RequestAccess) -> int:
-        if access.request_rank is None:
-            self.next_rank += 1
-            access.request_rank = self.next_rank
-        return access.request_rank
-
-    def _set_rank(self, chunk_hash: ChunkHash, rank: Rank) -> None:
-        self.ranks[chunk_hash] = rank
-        heapq.heappush(self.heap, (rank, chunk_hash))
-        if len(self.heap) > 4 * len(self.ranks) + 64:
-            # NOTE: compaction: stale entries (re-ranked or evicted chunks) would otherwise pile up.
-            self.heap = [(r, h) for h, r in self.ranks.items()]
-            heapq.heapify(self.heap)
-
-    def on_access(self, access: _RequestAccess, new: list[ChunkHash]) -> None:
-        """A request's first observation of chunks (`LRU` on_request_access 133-153)."""
-        # NOTE: the request rank is drawn here even if none of the chunks is resident (`LRU` 138).
-        request_rank = self._request_rank(access)
-        for h in new:
-            end_token = access.chunk_end_tokens.get(h)
-            if end_token is None or h not in self.chunks:
-                continue
-            rank = (request_rank, -end_token)
-            if self.ranks[h] < rank:
-                self._set_rank(h, rank)
-
-    def on_store_misses(self, access: _RequestAccess, new: list[ChunkHash]) -> None:
-        """NOTE: LRU inherits on_store_miss -> touch, which re-ranks only resident chunks (`LRU` 129-131, 63-68),
-        and misses are never resident: a no-op."""
-
-    def insert(self, chunk_hash: ChunkHash, access: _RequestAccess) -> None:
-        end_token = access.chunk_end_tokens.get(chunk_hash)
-        if end_token is None:
-            self.next_rank += 1
-            self._set_rank(chunk_hash, (self.next_rank, 0))
-        else:
-            self._set_rank(chunk_hash, (self._request_rank(access), -end_token))
-
-    def evict(self, num: int, protected: set) -> list[ChunkHash]:
-        """The `num` evictable, unprotected chunks of least rank, in rank order (the caller checked there are
-        enough), forgotten here. Ranks are unique, so ties never compare hashes."""
-        heap, ranks, chunks = self.heap, self.ranks, self.chunks
-        victims: list[ChunkHash] = []
-        chosen: set[ChunkHash] = set()
-        kept: list[tuple[Rank, ChunkHash]] = []
-        while len(victims) < num:
-            rank, h = heapq.heappop(heap)
-            if ranks.get(h) != rank or h in chosen:
-                continue  # stale (re-ranked since, or gone), or a duplicate entry of one rank given twice
-            if chunks[h].ref_cnt != 0 or h in protected:
-                kept.append((rank, h))  # not evictable now, but may be later at this same rank
-                continue
-            victims.append(h)
-            chosen.add(h)
-        for entry in kept:
-            heapq.heappush(heap, entry)
-        for h in victims:
-            del ranks[h]
-        return victims
-
-    def remove(self, chunk_hash: ChunkHash) -> None:
-        del self.ranks[chunk_hash]
-
-    def on_request_finished(self, order: list[ChunkHash], access: _RequestAccess) -> None:
-        """Fresh ranks, tail first (`LRU` 155-164)."""
-        for h in reversed(order):
-            if h in self.chunks:  # evicted or failed stores draw no rank (`LRU` _assign_new_rank)
-                self.next_rank += 1
-                self._set_rank(h, (self.next_rank, 0))
-
-    def reset(self) -> None:
-        self.ranks.clear()
-        self.heap.clear()
-        self.next_rank = 0
-
-    def order(self) -> list[ChunkHash]:
-        return [h for _, h in sorted((r, h) for h, r in self.ranks.items())]
-
-    def check(self) -> None:
-        if self.chunks.keys() != self.ranks.keys():
-            raise AssertionError("ranks out of step with chunks")
-
-
-class _ArcPolicy:
-    """`ARCCachePolicy` (`ARC` 16-214; the ordering rules are in `CpuOffloadingManager`'s docstring). `chunks` is
-    the manager's resident-chunk dict: the union of T1 and T2, holding the same `_Chunk` objects."""
-
-    __slots__ = ("chunks", "num_chunks", "t1", "t2", "b1", "b2", "target_t1_size")
-
-    def __init__(self, chunks: dict[ChunkHash, _Chunk], num_chunks: int) -> None:
-        self.chunks = chunks
-        self.num_chunks = num_chunks
-        self.t1: OrderedDict[ChunkHash, _Chunk] = OrderedDict()
-        self.t2: OrderedDict[ChunkHash, _Chunk] = OrderedDict()
-        self.b1: OrderedDict[ChunkHash, None] = OrderedDict()
-        self.b2: OrderedDict[ChunkHash, None] = OrderedDict()
-        self.target_t1_size: float = 0.0
-
-    def on_access(self, access: _RequestAccess, new: list[ChunkHash]) -> None:
-        """ARC inherits the base no-op on_request_access (`PB` 96-107)."""
-
-    def on_store_misses(self, access: _RequestAccess, new: list[ChunkHash]) -> None:
-        """The request's misses not told before adapt the target to ghost hits, tail of the offer first
-        (`ARC` 92-96, `CM` 293-301)."""
-        for h in reversed([h for h in new if h not in access.store_missed]):
-            self._adapt_to_ghost_hit(h)
-
-    def _adapt_to_ghost_hit(self, chunk_hash: ChunkHash) -> None:
-        """`ARC._adapt_to_ghost_hit` (`ARC` 78-89), its expressions kept as they are (`max(1, ratio)` is the int 1
-        when the ratio is at most 1; the cap is the int num_chunks)."""
-        b1, b2 = self.b1, self.b2
-        if chunk_hash in b1:
-            delta = max(1, len(b2) / len(b1))
-            self.target_t1_size = min(self.target_t1_size + delta, self.num_chunks)
-            b1.move_to_end(chunk_hash)
-        elif chunk_hash in b2:
-            delta = max(1, len(b1) / len(b2))
-            self.target_t1_size = max(self.target_t1_size - delta, 0)
-            b2.move_to_end(chunk_hash)
-
-    def insert(self, chunk_hash: ChunkHash, access: _RequestAccess) -> None:
-        """`ARC.insert` (`ARC` 66-71): T1's MRU end, out of the ghost lists."""
-        self.t1[chunk_hash] = self.chunks[chunk_hash]
-        self.b1.pop(chunk_hash, None)
-        self.b2.pop(chunk_hash, None)
-
-    def evict(self, num: int, protected: set) -> list[ChunkHash]:
-        """`ARC.evict` (`ARC` 150-214): the `num` victims in selection order, moved to the ghost lists, which are then
-        trimmed to num_chunks. The caller checked that `num` evictable unprotected chunks exist; every one of them
-        is reachable (the T1 and T2 scans only skip chunks that are not candidates), so the selection never fails
-        here."""
-        t1, t2 = self.t1, self.t2
-        candidates: list[tuple[ChunkHash, bool]] = []  # (chunk, from T1)
-        virtual_t1_size = len(t1)
-        target = int(self.target_t1_size)
-        # Monotonic scans from each list's LRU end (`ARC` 162-165).
-        t1_iter = iter(t1.items())
-        t2_iter = iter(t2.items())
-
-        def next_candidate(entries) -> ChunkHash | None:
-            for h, chunk in entries:
-                if chunk.ref_cnt == 0 and h not in protected:
-                    return h
-            return None
-
-        for _ in range(num):
-            h = None
-            from_t1 = False
-            if virtual_t1_size >= target:
-                h = next_candidate(t1_iter)
-                if h is not None:
-                    from_t1 = True
-                    virtual_t1_size -= 1
-            if h is None:
-                h = next_candidate(t2_iter)
-            if h is None:
-                h = next_candidate(t1_iter)
-                if h is None:
-                    raise AssertionError("ARC eviction found fewer candidates than the evictable count promised")
-                from_t1 = True
-                virtual_t1_size -= 1
-            candidates.append((h, from_t1))
-
-        b1, b2 = self.b1, self.b2
-        victims = []
-        for h, from_t1 in candidates:
-            if from_t1:
-                del t1[h]
-                b1[h] = None
-            else:
-                del t2[h]
-                b2[h] = None
-            victims.append(h)
-        for ghost in (b1, b2):
-            for _ in range(len(ghost) - self.num_chunks):
-                ghost.popitem(last=False)
-        return victims
-
-    def remove(self, chunk_hash: ChunkHash) -> None:
-        """`ARC.remove` (`ARC` 74-76): a failed store leaves no ghost entry."""
-        if self.t1.pop(chunk_hash, None) is None:
-            self.t2.pop(chunk_hash, None)
-
-    def on_request_finished(self, order: list[ChunkHash], access: _RequestAccess) -> None:
-        """`ARC.on_request_finished` (`ARC` 117-139) with `CM` 443-448's classification: insertion-only = inserted
-        minus reused; `access.reused` never holds a chunk inserted before it was reused (`CM` 185-189)."""
-        t1, t2 = self.t1, self.t2
-        reused = access.reused
-        insertion_only = access.inserted - reused
-        for h in reversed(order):
-            if h in insertion_only:
-                # A store is not a frequency hit: keep the chunk's list, restore tail-to-head recency.
-                if h in t1:
-                    t1.move_to_end(h)
-                elif h in t2:
-                    t2.move_to_end(h)
-                continue
-            if h in reused:
-                if h in t1:
-                    t2[h] = t1.pop(h)  # NOTE: even if write-pending again (re-stored since it was reused)
-                elif h in t2:
-                    t2.move_to_end(h)
-
-    def reset(self) -> None:
-        """`ARC` 142-147."""
-        for lst in (self.t1, self.t2, self.b1, self.b2):
-            lst.clear()
-        self.target_t1_size = 0.0
-
-    def state(self) -> dict:
-        return {"t1": list(self.t1), "t2": list(self.t2), "b1": list(self.b1), "b2": list(self.b2),
-                "target_t1_size": float(self.target_t1_size)}
-
-    def check(self) -> None:
-        t1, t2, b1, b2 = self.t1, self.t2, self.b1, self.b2
-        if t1.keys() & t2.keys() or (t1.keys() | t2.keys()) != self.chunks.keys():
-            raise AssertionError("T1 and T2 must partition the resident chunks")
-        if any(self.chunks[h] is not c for lst in (t1, t2) for h, c in lst.items()):
-            raise AssertionError("T1/T2 hold a chunk object other than the resident one")
-        if b1.keys() & b2.keys() or (b1.keys() | b2.keys()) & self.chunks.keys():
-            raise AssertionError("ghost lists must be disjoint from each other and from the resident chunks")
-        if len(b1) > self.num_chunks or len(b2) > self.num_chunks:
-            raise AssertionError(f"ghost lists longer than {self.num_chunks}: {len(b1)}, {len(b2)}")
-        if not 0 <= self.target_t1_size <= self.num_chunks:
-            raise AssertionError(f"target_t1_size {self.target_t1_size} outside [0, {self.num_chunks}]")
-
-
 class CpuOffloadingManager:
     """The CPU tier's chunk pool and recency, as vLLM 0.33.0's `CPUOffloadingManager` + `LRUCachePolicy` (the
     default, `eviction_policy="lru"`) or + `ARCCachePolicy` (`eviction_policy="arc"`).
@@ -358,37 +96,9 @@ class CpuOffloadingManager:
       are not in the offer itself (`CM` 320-336).
     * Slots: never-used slot ids first in increasing order, then the free list, last freed first (`CM` 103-120).
 
-    Ordering (LRU, `LRU` 26-233). Every chunk has a rank; the evictable chunk with the smallest
-    `(rank, chunk_hash)` is evicted first. Ranks are drawn from one counter that only increases:
-    * `insert` (a store is granted): `(request_rank, -end_token)`, so within a request tails go before heads, and
-      a request that first touched the policy earlier goes before a later one. A chunk with no end token known
-      gets a fresh `(counter, 0)`.
-    * A request's first observation of a resident chunk raises it to `(request_rank, -end_token)` if that is
-      higher: a provisional rank while the request runs (`LRU` 133-153).
-    * `request_finished` commits: every chunk the request observed, head to tail by end token, gets fresh ranks
-      assigned tail first, so its head ends most recent (`LRU` 155-164).
-    NOTE: a running request's provisional rank can be older than a just-finished request's commit, so the
-    running request's chunks are evicted first (offloading/README.md, self-test 3).
-
-    Ordering (ARC, `ARC` 16-214; read it with `arc_state()`). Resident chunks are in exactly one of T1 (not
-    reused yet) and T2 (reused), each an ordered list, LRU end first; B1 / B2 are ghost lists of chunks evicted
-    from T1 / T2 (never resident, disjoint, each at most `num_chunks` long); `0 <= target_t1_size <= num_chunks`.
-    * `prepare_store`: the request's store misses not seen by it before, tail of the offer first, adapt the target
-      if they are ghosts: one in B1 raises it by `max(1, |B2|/|B1|)` (capped at num_chunks), one in B2 lowers it
-      by `max(1, |B1|/|B2|)` (floored at 0), and the ghost moves to its list's MRU end (`ARC` 78-96, `CM`
-      293-301). This happens before any eviction, even if the store then gets None. Granted chunks are appended
-      to T1 in offer order and dropped from the ghosts (`ARC` 66-71), after the eviction.
-    * Eviction, one victim at a time, scanning each list from its LRU end without restarting: T1's next
-      evictable unprotected chunk while `|T1| - (taken from T1 so far) >= int(target_t1_size)`, else T2's, falling
-      back to the other list; then the victims go to the MRU end of B1 / B2 in victim order and each ghost list
-      is trimmed from its LRU end to `num_chunks` (`ARC` 150-214).
-    * `request_finished`, over the observed chunks tail to head (the same order as LRU's commit): a chunk the
-      request only inserted moves to the MRU end of its list; a chunk it reused (loaded, or re-offered while
-      ready, and not inserted by it) moves from T1 to T2's MRU end, or to T2's MRU end (`ARC` 117-139).
-      Observing a chunk (prepare_load / prepare_store) changes nothing by itself (`PB` 96-107), and neither do
-      completions, pins or unpins (`PB` 154-160).
-    * A failed store drops its chunk from T1 or T2 without any ghost entry (`ARC` 74-76); `reset_cache` clears
-      all four lists and the target (`ARC` 142-147).
+    Ordering: the policy's (`policies.lru.LruPolicy`, `policies.arc.ArcPolicy`, registered in
+    `policies.CACHE_POLICIES`), which the manager tells of observations, store misses, inserts, evictions, failed
+    stores, finished requests and resets (`policies.base.CachePolicy`).
     """
 
     __slots__ = (
@@ -416,8 +126,9 @@ class CpuOffloadingManager:
                  max_tracker_size: int = 64_000) -> None:
         if num_chunks < 1:
             raise ValueError(f"num_chunks must be >= 1, got {num_chunks}")
-        if eviction_policy not in ("lru", "arc"):
-            raise ValueError(f"eviction_policy must be 'lru' or 'arc', got {eviction_policy!r}")
+        if eviction_policy not in CACHE_POLICIES:
+            raise ValueError(f"eviction_policy must be {' or '.join(map(repr, CACHE_POLICIES))}, "
+                             f"got {eviction_policy!r}")
         if store_threshold < 1 or max_tracker_size < 1:
             raise ValueError(f"store_threshold and max_tracker_size must be >= 1, got {store_threshold}, "
                              f"{max_tracker_size}")
@@ -427,11 +138,10 @@ class CpuOffloadingManager:
         self.max_tracker_size = max_tracker_size
         self._num_allocated_slots = 0
         self._free_slots: list[int] = []
-        self._chunks: dict[ChunkHash, _Chunk] = {}
-        self._policy: _LruPolicy | _ArcPolicy = (_ArcPolicy(self._chunks, num_chunks) if eviction_policy == "arc"
-                                                 else _LruPolicy(self._chunks))
+        self._chunks: dict[ChunkHash, ChunkStatus] = {}
+        self._policy: CachePolicy = CACHE_POLICIES[eviction_policy](self._chunks, num_chunks)
         self._generation = 0
-        self._requests: dict[str, _RequestAccess] = {}
+        self._requests: dict[str, RequestAccess] = {}
         # NOTE: offers are counted only with a threshold >= 2 (`CM` 94-96); least recently offered first.
         self._offer_counts: OrderedDict[ChunkHash, int] | None = OrderedDict() if store_threshold >= 2 else None
         self._num_evictable = 0
@@ -454,18 +164,18 @@ class CpuOffloadingManager:
     def set_chunk_end_token(self, request_id: str, chunk_hash: ChunkHash, end_token: int) -> None:
         self._access(request_id).chunk_end_tokens[chunk_hash] = end_token
 
-    def _access(self, request_id: str) -> _RequestAccess:
+    def _access(self, request_id: str) -> RequestAccess:
         access = self._requests.get(request_id)
         # NOTE: state from before a reset_cache is stale and starts over (`CM` 150-161, `LRU` 51-61); the
         # positions live on vLLM's ReqContext and survive.
         if access is None or access.generation != self._generation:
-            fresh = _RequestAccess(generation=self._generation)
+            fresh = RequestAccess(generation=self._generation)
             if access is not None:
                 fresh.chunk_end_tokens = access.chunk_end_tokens
             access = self._requests[request_id] = fresh
         return access
 
-    def _observe(self, access: _RequestAccess, chunk_hashes: Iterable[ChunkHash]) -> None:
+    def _observe(self, access: RequestAccess, chunk_hashes: Iterable[ChunkHash]) -> None:
         """A request's first observation of chunks (`CM` 163-189, then the policy's on_request_access)."""
         new = [h for h in chunk_hashes if h not in access.seen]
         if not new:
@@ -600,7 +310,7 @@ class CpuOffloadingManager:
             else:
                 slot = self._free_slots.pop()
             slots.append(slot)
-            self._chunks[h] = _Chunk(slot)
+            self._chunks[h] = ChunkStatus(slot)
             self._policy.insert(h, access)
         self._num_write_pending += len(new)
         access.inserted.update(new)
@@ -639,14 +349,14 @@ class CpuOffloadingManager:
         """Every resident chunk, pinned and write-pending ones included, first = evicted first once evictable.
         LRU only: ARC has no single order (which list it evicts from depends on the target); under ARC this
         raises ValueError, use `arc_state()`."""
-        if not isinstance(self._policy, _LruPolicy):
+        if not isinstance(self._policy, LruPolicy):
             raise ValueError("lru_order() is for eviction_policy 'lru'; this manager is 'arc': use arc_state()")
         return self._policy.order()
 
     def arc_state(self) -> dict:
         """ARC's lists as vLLM holds them, LRU end first: {"t1", "t2"} resident chunks (pinned and write-pending
         ones included), {"b1", "b2"} ghosts, and "target_t1_size" (as a float). ARC only (ValueError under LRU)."""
-        if not isinstance(self._policy, _ArcPolicy):
+        if not isinstance(self._policy, ArcPolicy):
             raise ValueError("arc_state() is for eviction_policy 'arc'; this manager is 'lru': use lru_order()")
         return self._policy.state()
 
