@@ -176,17 +176,20 @@ def build_stream(name: str) -> dict:
     return STREAMS[name]()
 
 
+def _removed_runs(event, page_size: int) -> list[list]:
+    """The runs of the node a `removed` event reports, from its pages (a token each for page size 1, else the
+    page's runs)."""
+    pages = event.block_hashes
+    runs = [(key, offset, 1) for key, offset in pages] if page_size == 1 else [run for page in pages for run in page]
+    return [list(run) for run in Tokens(runs).runs]
+
+
 def replay_kvsim(stream: dict) -> dict:
-    """kvsim's answers to `stream`, in the oracle's output format (minus `sglang_version`)."""
-    cache = RadixCache(page_size=stream["page_size"], eviction_policy=stream["eviction_policy"])
-    removed: list = []
-    delete_leaf = cache._delete_leaf
-
-    def recording_delete_leaf(node):
-        removed.append([list(run) for run in node.key.runs])
-        delete_leaf(node)
-
-    cache._delete_leaf = recording_delete_leaf
+    """kvsim's answers to `stream`, in the oracle's output format (minus `sglang_version`); the evicted nodes are
+    read from the tree's `removed` events, one per node in eviction order."""
+    P = stream["page_size"]
+    cache = RadixCache(page_size=P, eviction_policy=stream["eviction_policy"])
+    cache.enable_events()
     nodes, results = {}, []
     for i, op in enumerate(stream["ops"]):
         kind = op["op"]
@@ -202,8 +205,9 @@ def replay_kvsim(stream: dict) -> dict:
         elif kind == "unlock":
             out = {"delta": cache.dec_lock_ref(nodes[op["node"]])}
         else:
-            removed.clear()
-            out = {"evicted": cache.evict(op["num_tokens"]), "removed": list(removed)}
+            cache.take_events()  # the stores of the ops before
+            out = {"evicted": cache.evict(op["num_tokens"]),
+                   "removed": [_removed_runs(e, P) for e in cache.take_events() if e.kind == "removed"]}
         cache.check_invariants()
         out.update(evictable=cache.evictable_size(), protected=cache.protected_size())
         results.append(out)

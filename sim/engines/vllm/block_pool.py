@@ -93,6 +93,10 @@ class BlockPool:
     def num_cached_blocks(self) -> int:
         return len(self._cached) + sum(len(v) for v in self._duplicates.values())
 
+    def cached_hashes(self) -> set[BlockHash]:
+        """Every hash some block is cached under. A peek: changes nothing."""
+        return set(self._cached)
+
     def get_cached_block(self, block_hash: BlockHash) -> int | None:
         return self._cached.get(block_hash)
 

@@ -134,7 +134,7 @@ def test_manager_matches_naive_model(ops, num_blocks, unhashed_to_head):
             kv.free(state)
             naive.release(state.request.request_id)
         assert kv.pool.free_queue() == naive.free
-        assert {h: [b] for h, b in kv.pool._cached.items()}.keys() == naive.cached.keys()
+        assert kv.pool.cached_hashes() == naive.cached.keys()
         assert all(kv.pool.get_cached_block(h) == bs[0] for h, bs in naive.cached.items())
         kv.pool.check_invariants()
 
