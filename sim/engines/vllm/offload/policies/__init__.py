@@ -7,18 +7,11 @@ from sim.engines.vllm.offload.policies.arc import ArcPolicy
 from sim.engines.vllm.offload.policies.base import CachePolicy, ChunkHash, ChunkStatus, RequestAccess
 from sim.engines.vllm.offload.policies.lru import LruPolicy
 
-
-def _registry(*classes: type[CachePolicy]) -> dict[str, type[CachePolicy]]:
-    registry: dict[str, type[CachePolicy]] = {}
-    for cls in classes:
-        if not cls.name or cls.name in registry:
-            raise RuntimeError(f"CPU eviction policy {cls.name!r} is empty or registered twice")
-        registry[cls.name] = cls
-    return registry
-
-
-CACHE_POLICIES = _registry(LruPolicy, ArcPolicy)
+_CLASSES: tuple[type[CachePolicy], ...] = (LruPolicy, ArcPolicy)
+CACHE_POLICIES: dict[str, type[CachePolicy]] = {cls.name: cls for cls in _CLASSES}
 """`eviction_policy` (vLLM's `kv_connector_extra_config` `eviction_policy`; the scenario's
 `engine.cpu_eviction_policy`) -> the policy class."""
+if len(CACHE_POLICIES) != len(_CLASSES) or "" in CACHE_POLICIES:
+    raise RuntimeError(f"a CPU eviction policy name is empty or registered twice: {[c.name for c in _CLASSES]}")
 
 __all__ = ["CACHE_POLICIES", "ArcPolicy", "CachePolicy", "ChunkHash", "ChunkStatus", "LruPolicy", "RequestAccess"]
