@@ -36,7 +36,7 @@ class EventFeed:
 
     def publish(self, now_s: float) -> None:
         if not self._recorder.records_events:
-            return  # NOTE: the common case, nobody listens: decided without a call
+            return  # the common case: nobody listens, so nothing was queued
         events = self._recorder.take_events()
         if events:
             for listener in self._listeners:
