@@ -4,7 +4,6 @@ flat layout lists packages explicitly, so a new folder must be added there or `p
 from __future__ import annotations
 
 import tomllib
-from pathlib import Path
 
 from tests.support.paths import REPO
 

@@ -126,7 +126,6 @@ def test_schema_is_the_scenario_json_schema():
 # ---- run CSV + sidecar, Mooncake traces, measured CSV, CLI options ----------------------------------------------
 
 import json as _json
-from pathlib import Path as _Path
 
 from tests.support.paths import FIXTURES
 
@@ -330,7 +329,6 @@ OUT_CASES = [
 
 @pytest.mark.parametrize("args, expected", OUT_CASES, ids=[" ".join(c[0][:1] + c[0][-2:]) for c in OUT_CASES])
 def test_an_unwritable_out_is_refused_before_any_work(tmp_path, args, expected):
-    from pathlib import Path
 
     fixtures = FIXTURES
     subst = {"TRACE": str(fixtures / "traces" / "conversation_head400.jsonl"),

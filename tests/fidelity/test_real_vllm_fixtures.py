@@ -13,7 +13,6 @@ Tolerances:
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 

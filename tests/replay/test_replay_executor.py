@@ -4,7 +4,6 @@ cluster as in forked processes: its parts are tasks, merged in the order of the 
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 
 import pytest
 

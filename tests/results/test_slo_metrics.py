@@ -6,7 +6,6 @@ from __future__ import annotations
 import csv
 import math
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner

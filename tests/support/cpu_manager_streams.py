@@ -19,7 +19,8 @@ from __future__ import annotations
 import random
 
 from sim.engines.vllm.offload import CpuOffloadingManager, LookupResult
-from tests.support.oracle_support import GOLDEN, REPO, Oracle
+from tests.support.oracle_support import Oracle
+from tests.support.paths import GOLDEN, REPO
 
 ORACLE = Oracle(script=REPO / "benchmarks" / "oracles" / "vllm" / "offloading" / "manager_oracle.py",
                 env_var="KVSIM_VLLM_PYTHON", golden_dir=GOLDEN / "cpu_manager", version_key="vllm_version",

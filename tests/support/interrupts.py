@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from tests.support.oracle_support import REPO
+from tests.support.paths import REPO
 
 
 def interrupt_once_journaled(cmd: Sequence[str], journal: Path, *, lines: int, signum: int,

@@ -28,7 +28,8 @@ from sim.engines.vllm.request_state import RequestState
 from sim.engines.vllm.scheduler import Scheduler, SchedulerLimits
 from sim.workloads.request import Request
 from tests.support.oracle_streams import ORACLE_VLLM_VERSION, _EventRecorder, chained_block_hashes, token_ids
-from tests.support.oracle_support import GOLDEN, REPO, Oracle
+from tests.support.oracle_support import Oracle
+from tests.support.paths import GOLDEN, REPO
 
 ORACLE = Oracle(script=REPO / "benchmarks" / "oracles" / "vllm" / "offload_oracle.py", env_var="KVSIM_VLLM_PYTHON",
                 golden_dir=GOLDEN / "vllm_offload", version_key="vllm_version",

@@ -27,7 +27,8 @@ from sim.engines.vllm.kv_cache_manager import KVCacheManager
 from sim.engines.vllm.request_state import RequestState
 from sim.engines.vllm.scheduler import Scheduler, SchedulerLimits
 from sim.workloads.request import Request
-from tests.support.oracle_support import GOLDEN, REPO, Oracle
+from tests.support.oracle_support import Oracle
+from tests.support.paths import GOLDEN, REPO
 
 ORACLE = Oracle(script=REPO / "benchmarks" / "oracles" / "vllm" / "oracle.py", env_var="KVSIM_VLLM_PYTHON",
                 golden_dir=GOLDEN / "vllm_oracle", version_key="vllm_version",

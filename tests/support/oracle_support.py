@@ -16,8 +16,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.support.paths import GOLDEN, REPO
-
 
 def stream_digest(stream: dict) -> str:
     """A short digest of a stream: a golden file answers exactly the stream with this digest."""

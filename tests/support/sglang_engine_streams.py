@@ -24,7 +24,8 @@ from sim.engines.sglang.request_state import SglangRequest
 from sim.engines.sglang.scheduler import Scheduler, SchedulerLimits
 from sim.engines.sglang.tokens import Tokens
 from sim.workloads.request import Request
-from tests.support.oracle_support import GOLDEN, REPO, Oracle
+from tests.support.oracle_support import Oracle
+from tests.support.paths import GOLDEN, REPO
 
 ORACLE = Oracle(script=REPO / "benchmarks" / "oracles" / "sglang" / "engine_oracle.py", env_var="KVSIM_SGLANG_PYTHON",
                 golden_dir=GOLDEN / "sglang_engine", version_key="sglang_version",

@@ -19,7 +19,8 @@ import random
 
 from sim.engines.sglang.radix_cache import RadixCache
 from sim.engines.sglang.tokens import Tokens
-from tests.support.oracle_support import GOLDEN, REPO, Oracle
+from tests.support.oracle_support import Oracle
+from tests.support.paths import GOLDEN, REPO
 
 ORACLE = Oracle(script=REPO / "benchmarks" / "oracles" / "sglang" / "tree_oracle.py", env_var="KVSIM_SGLANG_PYTHON",
                 golden_dir=GOLDEN / "sglang_tree", version_key="sglang_version",

@@ -8,7 +8,6 @@ bytes per token. Property: the decode fast-forward's arithmetic series is the st
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner

@@ -4,7 +4,6 @@ scheduler is tests/engines/sglang/test_sglang_engine_oracle.py.)"""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 import simpy

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import csv
 import math
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
