@@ -1,6 +1,6 @@
 """How long the reference sweep takes: `python benchmarks/speed/sweep_speed.py [--repeats R] [--jobs J]`.
 
-Times the grid of the core issue (prefixes 2,7,12,24 x workers 3,6 x concurrency 4,8,16 x R repeats) on the
+Times the reference grid, the README's first command (prefixes 2,7,12,24 x workers 3,6 x concurrency 4,8,16 x R repeats) on the
 built-in scenario, in one process and in parallel, and prints wall seconds, runs/s and the parallel speed-up
 (a ratio measured in one run: the machine is shared and noisy, absolute seconds are indicative only).
 """

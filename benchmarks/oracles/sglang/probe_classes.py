@@ -5,7 +5,7 @@ Run with the side venv (nothing is installed into it):
 
     .venv-sglang/bin/python benchmarks/oracles/sglang/probe_classes.py      # from the repository root
 
-What it shows (see docs/engines/sglang-0.5.23-semantics.md §10):
+What it shows (see docs/engines/sglang-0.5.23-semantics.md §11; its output is probe_output.txt beside it):
   1. a ServerArgs published through runtime_context is all the global state needed;
   2. ReqToTokenPool, TokenToKVPoolAllocator / PagedTokenToKVPoolAllocator (kvcache=None),
      UnifiedRadixCache (the server's default tree; Rust and Python tree cores),

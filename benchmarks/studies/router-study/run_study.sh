@@ -2,7 +2,7 @@
 # The router study (docs/studies/router-study.md): every router on the built-in workload and on the two Mooncake
 # traces, each on the same request streams, then where each router fails. Writes one folder per part beside this
 # script (compare.csv, summary.csv, compare.png, compare_hit_rate.png), tune-kv-aware/ and failure_modes.{csv,md};
-# benchmarks/studies/router-study/tables.py prints the tables of docs/studies/host-tier-study.md from them.
+# benchmarks/studies/router-study/tables.py prints the tables of docs/studies/router-study.md from them.
 # About 15 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
@@ -10,7 +10,7 @@ KVSIM=${KVSIM:-.venv/bin/kvsim}
 OUT=benchmarks/studies/router-study
 TRACES=${TRACES:-../shared/data/traces}
 
-# The issue's point: 6 workers, N = 24, C = 8, 5 repeats.
+# The goal point: 6 workers, N = 24, C = 8, 5 repeats.
 $KVSIM compare --prefixes 24 --workers 6 --concurrency 8 --repeats 5 --slo ttft_ms=150,tpot_ms=20 --out $OUT/goal
 # The grid: N = 2, 7, 12, 24; W = 3, 6; C = 8, 16; 3 repeats.
 $KVSIM compare --prefixes 2,7,12,24 --workers 3,6 --concurrency 8,16 --repeats 3 --slo ttft_ms=150,tpot_ms=20 \

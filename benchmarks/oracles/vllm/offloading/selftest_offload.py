@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Self-test of offload_oracle.py against behaviours in docs/engines/vllm-0.33-offloading-rules.md
-(benchmarks/vllm-oracle/offloading/).
+"""Self-test of offload_oracle.py (in benchmarks/oracles/vllm/) against behaviours written down in
+docs/engines/vllm-0.33-offloading-rules.md.
 
 Any Python 3 (no vLLM import here); the oracle runs as a subprocess under $KVSIM_VLLM_PYTHON, else
 <repo>/.venv-vllm-oracle/bin/python.
