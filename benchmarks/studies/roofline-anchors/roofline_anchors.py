@@ -3,9 +3,10 @@
 1. the reference run (scenarios/reference/service-baseline.md): Qwen3-0.6B on the built-in cluster (4 workers
    time-sharing the 24 GB-class GPU, one worker on each 8 GB laptop GPU, on the hardware profiles the built-in
    scenario assumes for them), 6 workers, C = 4: TTFT of hits ~40 ms (p50 37-42), of misses ~105-113 ms (p50);
-2. the vLLM prefix-caching article (../shared/data/reference/vllm-prefix-caching-article.md, a weak anchor):
-   Qwen2.5-72B on 4 x A100-80G (TP 4), 32 concurrent requests sharing a system prompt (4,096 tokens in the
-   article's worked example; the table's length is not stated), max_tokens 2,048 at temperature 0.7:
+2. a published engineering article on vLLM prefix caching (2026; a weak anchor, its workload under-specified; the
+   figures it reports are quoted here, the script reads no file): Qwen2.5-72B-Instruct on 4 x A100-80G (TP 4,
+   gpu_memory_utilization 0.90, block_size 16), 32 concurrent requests for 5 minutes sharing a system prompt (4,096
+   tokens in the article's worked example; the table's length is not stated), max_tokens 2,048 at temperature 0.7:
    TTFT p50 2.1 s off / 0.9 s on, output 2,450 / 3,820 tokens/s.
 
     python benchmarks/studies/roofline-anchors/roofline_anchors.py            # ~1 min
