@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Self-test of oracle.py against behaviours documented in vllm-oracle.md.
+"""Self-test of oracle.py against behaviours documented in README.md beside it ("What vLLM does") and in
+docs/engines/vllm-rules.md.
 
 Runs with any Python 3 (no vLLM import here); oracle.py is run as a subprocess
 under the oracle venv's interpreter: $KVSIM_VLLM_PYTHON, else

@@ -56,7 +56,7 @@ def che_characteristic_time(popularity: Sequence[float] | np.ndarray, capacity_o
 
 
 def che_hit_rate(popularity: Sequence[float] | np.ndarray, capacity_objects: float) -> float:
-    """Che's LRU hit ratio H = sum_i p_i (1 - exp(-p_i T_C)) (peers-and-anchors section 8).
+    """Che's LRU hit ratio H = sum_i p_i (1 - exp(-p_i T_C)) (docs/commands/plan.md, "The analytic models").
 
     Assumptions as `che_characteristic_time`; accurate to a few 1e-3 once the cache holds more than a few dozen
     objects, poor when it holds only a handful (then use `block_lru_hit_rates(method="exact")`).
