@@ -51,7 +51,7 @@ class RouterBase:
     summary: ClassVar[str] = ""
     Options: ClassVar[type[RouterOptions]] = RouterOptions
     search_space: ClassVar[tuple[Knob, ...]] = ()
-    """The options `kvsim tune` searches by default (`sim.studies.search_space`): the numeric knobs that trade
+    """The options `kvsim tune` searches by default (knobs of `sim.routing.knobs`): the numeric knobs that trade
     cache affinity against load, with ranges a user would try. Empty: nothing worth tuning (defaults only)."""
     needs_cache_state: ClassVar[bool] = False
     """True if `route` peeks into the workers' caches (so it cannot drive real servers without KV events)."""

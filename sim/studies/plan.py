@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sim.config import GIB
 from sim.studies import analytic
 from sim.routing.spec import router_overrides, split_router_spec
 from sim.runner import run
@@ -32,6 +31,7 @@ from sim.workloads.spec import length_mean
 from sim.results.stats import t_interval
 from sim.results.summary import summarize
 from sim.studies.executor import Executor, using
+from sim.studies.search_space import cluster_overrides
 from sim.studies.tune import Objective, RunStore, TuneResult, tune
 
 VARY_UNITS = {"workers": "workers", "kv-gib": "GiB", "cpu-kv-gib": "GiB"}
@@ -147,7 +147,9 @@ def configure(base: Scenario, spec: PlanSpec, router: str, value: float) -> Scen
         "cluster.workers": workers,
     }
     if spec.vary == "kv-gib":
-        overrides["engine.kv_cache_bytes"] = int(value * GIB)
+        # NOTE: through the engine's own capacity rule, as tune's kv-gib knob: a block-count or KV-slot override in
+        # the scenario is replaced, not silently kept.
+        overrides.update(cluster_overrides(base.engine, {"kv-gib": value}))
     if spec.vary == "cpu-kv-gib":
         base = with_cpu_kv_gib(base, value)
     return base.with_overrides(**overrides)

@@ -85,7 +85,7 @@ def test_zipf_popularity():
 
 
 # ---------------------------------------------------------------------------------------------- Che
-def test_che_reproduces_the_peers_and_anchors_table():
+def test_che_reproduces_the_published_zipf_lru_table():
     # docs/commands/plan.md, che_hit_rate: Zipf over 100,000 objects, LRU of 100 / 1,000 / 10,000 objects (within 1e-3).
     table = {0.8: (0.0678, 0.2043, 0.4687), 1.0: (0.2898, 0.5062, 0.7373)}
     for exponent, expected in table.items():

@@ -55,6 +55,19 @@ def test_che_block_model_tracks_zipf_simulation_within_three_points(baseline, ex
     assert abs(model.request_hit_rate - simulated) <= 0.03
 
 
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_a_kv_gib_candidate_sets_the_capacity_even_over_a_block_count_override(baseline, engine):
+    # A scenario that fixes its capacity by count (vLLM num_gpu_blocks_override, SGLang max_total_tokens): each
+    # kv-gib candidate replaces it through the engine's own rule, as tune's kv-gib knob does, so 2 GiB is 2 GiB.
+    base = baseline.with_engine(engine)
+    base = base.with_overrides(**base.engine.capacity_overrides(tokens=4000))
+    spec = PlanSpec(vary="kv-gib", grid=(2.0,), target=PlanTarget(hit_rate=0.5), horizon_requests=100)
+    scenario = configure(base, spec, "random", 2.0)
+    assert scenario.engine.kv_cache_bytes == 2 * 2**30
+    assert scenario.capacity_tokens == configure(baseline.with_engine(engine), spec, "random", 2.0).capacity_tokens
+    assert scenario.capacity_tokens > base.capacity_tokens
+
+
 @pytest.mark.slow
 def test_uniform_steady_state_screen_within_two_points(baseline):
     spec = PlanSpec(vary="kv-gib", grid=(2.0,), target=PlanTarget(hit_rate=0.5), horizon_requests=1000)
