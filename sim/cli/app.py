@@ -355,6 +355,18 @@ def checked_out_file(path: str | None, option: str = "--out") -> Path | None:
     return file
 
 
+def hit_rates_legend(request: str = "request hit rate", token: str = "token hit rate") -> str:
+    """What the two hit rates count, for the legend of every table that shows both (under the names its columns or
+    rows give them): a request that finds one shared block of a long prompt counts fully in the first and little in
+    the second."""
+    return f"{request}: share of requests with any cached prefix token; {token}: cached / prompt tokens"
+
+
+def capacity_text(capacity_requests: float) -> str:
+    """C of the formula min(1, C/N), named with its unit (concurrency is never C)."""
+    return f"C = {capacity_requests:.2f} prompts per worker (KV tokens per worker / prompt tokens)"
+
+
 def fmt(value: object, spec: str = ".3f") -> str:
     if isinstance(value, float):
         return "-" if math.isnan(value) else format(value, spec)

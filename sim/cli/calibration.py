@@ -155,7 +155,7 @@ def calibrate(ctx, scenario_path, measured_path, run_paths, ttft_source, fit_par
         table.add_column(col, justify="left" if col in ("point", "metric", "used") else "right")
     for r in result.residuals:
         w, n, c = r.target.point
-        where = f"{w} workers, N={n}, C={c}"
+        where = f"{w} workers, N={n}, concurrency {c}"
         table.add_row(where if r.target.case == f"{w}/{n}/{c}" else f"{r.target.case} ({where})", r.target.metric, f"{r.target.measured:.1f}",
                       f"{r.predicted:.1f}", f"{100 * r.error:+.1f} %",
                       "fit" if r.used_in_fit else "reported" if r.target.metric in report_only else "held out")

@@ -299,7 +299,7 @@ def show_choice(base: Scenario, choice, *, objective, budget: int, repeats: int,
     column = objective.metric.column
     what = ", ".join(c.text() for c in first.constraints) or "no constraints"
     table = Table(title=f"{base.name} on {base.engine.kind}, {base.cluster.workers} workers, N={base.workload.prefixes}, "
-                        f"C={base.workload.concurrency}: which router for {objective.text()} with {what}")
+                        f"concurrency={base.workload.concurrency}: which router for {objective.text()} with {what}")
     for col in ("router", "best setting", *named, "meets", f"default's {column}", "runs"):
         table.add_column(col, justify="left" if col in ("router", "best setting", "meets") else "right")
     rows = []
@@ -333,7 +333,7 @@ def show_choice(base: Scenario, choice, *, objective, budget: int, repeats: int,
             "plan.csv": csv_bytes(rows, columns),
             "plan.png": choose_router_figure(choice, title=(
                 f"{base.name}: which router for {objective.text()} with {what}\n{base.cluster.workers} workers, "
-                f"N={base.workload.prefixes}, C={base.workload.concurrency}; each tuned with {budget // repeats} "
+                f"N={base.workload.prefixes}, concurrency={base.workload.concurrency}; each tuned with {budget // repeats} "
                 f"trials x {repeats} runs")),
         }
         write_output_set(out, files, runs=sum(len(r.trials) * r.repeats for r in choice.results), command=command)

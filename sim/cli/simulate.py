@@ -12,9 +12,9 @@ from rich.table import Table
 
 from sim.studies.analytic import formula_hit_rate
 from sim.cli.app import (
-    CPU_KV_DETAIL, CPU_KV_HELP, ENGINE_HELP, SLO_HELP, checked_out_dir, console, engine_list, executor_options, fmt, gib_list,
-    hardware_options, int_list, load_or_exit, main, on_cpu_kv, on_engine, on_hardware, one_engine,
-    positional_or_option, reference_measurements, router_list, scenario_option, slo_option, with_slo,
+    CPU_KV_DETAIL, CPU_KV_HELP, ENGINE_HELP, SLO_HELP, capacity_text, checked_out_dir, console, engine_list,
+    executor_options, fmt, gib_list, hardware_options, hit_rates_legend, int_list, load_or_exit, main, on_cpu_kv,
+    on_engine, on_hardware, one_engine, positional_or_option, reference_measurements, router_list, scenario_option, slo_option, with_slo,
 )
 from sim.results.figures import engine_figure, hit_rate_figure, ttft_cdf_figure
 from sim.results.output_set import write_output_set
@@ -94,7 +94,7 @@ def sweep(ctx, scenario_path, prefixes, workers, concurrency, routers, engines, 
 
     capacity = base.kv_capacity_requests
     aggregated = aggregate(rows)
-    table = Table(title=f"{base.name}: request hit rate (mean of {repeats} run{'s' * (repeats > 1)}), C = {capacity:.2f}")
+    table = Table(title=f"{base.name}: request hit rate (mean of {repeats} run{'s' * (repeats > 1)})")
     with_goodput = base.slo.to_slo().is_set  # NOTE: without an SLO every request meets it: nothing to show
     # NOTE: the host-tier columns only when a tier is swept or set: a GPU-only table stays as it was.
     tiers = bool(cpu_kv_gib) or any(float(r.get("cpu_kv_gib", 0)) > 0 for r in rows)
@@ -129,6 +129,10 @@ def sweep(ctx, scenario_path, prefixes, workers, concurrency, routers, engines, 
             *((fmt(row["goodput_fraction"]),) if with_goodput else ()),
         )
     console.print(table)
+    console.print(f"conc: concurrency (requests in flight); "
+                  f"{hit_rates_legend('hit rate' + ' (± sd over repeats)' * (repeats > 1), 'token hit')}; "
+                  f"full hit: share of requests whose whole shared prefix was cached; formula: min(1, C/N), "
+                  f"{capacity_text(capacity)}", highlight=False)
     if errors:
         rmse = math.sqrt(sum(e * e for e in errors) / len(errors))
         console.print(f"request hit rate vs measured over {len(errors)} points: RMSE {100 * rmse:.2f} pp, "
@@ -211,7 +215,7 @@ def run_command(scenario_file, scenario_path, prefixes, workers, concurrency, ro
     timing = (f", {scenario.model.name} on {tm.hardware}" + (f"x{tm.tensor_parallel}" if tm.tensor_parallel > 1 else "")
               if tm.kind == "roofline" and not scenario.cluster.deployments else "")
     table = Table(title=f"{scenario.name}{timing}: {result.num_workers} workers, N={scenario.workload.prefixes}, "
-                        f"C={scenario.workload.concurrency}, router={scenario.router.name}, "
+                        f"concurrency={scenario.workload.concurrency}, router={scenario.router.name}, "
                         f"engine={scenario.engine.kind} {scenario.engine.version}"
                         + (f", host KV {host_gib:g} GiB/worker" if host_gib else "")
                         + f", seed={scenario.seed}")
@@ -221,6 +225,8 @@ def run_command(scenario_file, scenario_path, prefixes, workers, concurrency, ro
         table.add_row(key, fmt(row[key], ".4g"))
     table.add_row("formula min(1, C/N)", f"{formula_hit_rate(scenario.kv_capacity_requests, scenario.workload.prefixes):.3f}")
     console.print(table)
+    console.print(f"{hit_rates_legend('request_hit_rate', 'token_hit_rate')}; in the formula min(1, C/N), "
+                  f"{capacity_text(scenario.kv_capacity_requests)}", highlight=False)
     workers_table = Table(title="per worker (measured phase)")
     tier = host_gib > 0
     # NOTE: a worker's prefix-cache counters are the GPU's (vLLM's prefix_cache_*); CPU hits are counted apart.

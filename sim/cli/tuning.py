@@ -193,7 +193,7 @@ def tune(ctx, scenario_path, prefixes, workers, concurrency, engine, router, spa
             "tune.csv": csv_bytes(rows, columns),
             "tune.png": tune_figure(result, title=(
                 f"{base.name}: tuning {result.router}, {base.cluster.workers} workers, N={base.workload.prefixes}, "
-                f"C={base.workload.concurrency}\n{what}; {len(result.trials)} trials x {result.repeats} runs "
+                f"concurrency={base.workload.concurrency}\n{what}; {len(result.trials)} trials x {result.repeats} runs "
                 f"(means, 95 % intervals on the front)")),
             "best.yaml": best_yaml(result, result.answer),
         }
@@ -205,7 +205,7 @@ def show_result(result, base: Scenario, *, top: int, wall_s: float) -> None:
     named = result.named_columns
     knobs = [k.key for k in result.space]
     table = Table(title=f"{base.name}: tuning {result.router} on {base.engine.kind}, {base.cluster.workers} workers, "
-                        f"N={base.workload.prefixes}, C={base.workload.concurrency}: "
+                        f"N={base.workload.prefixes}, concurrency={base.workload.concurrency}: "
                         f"{result.objective.text()}" + "".join(f", {c.text()}" for c in result.constraints)
                         + f" (mean ± 95 % over {result.repeats} runs)")
     for col in ("trial", *knobs, *named, "feasible", "front", ""):

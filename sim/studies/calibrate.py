@@ -67,7 +67,8 @@ BOUNDS = {
 @dataclass(frozen=True, slots=True)
 class Target:
     case: str
-    """What to simulate: 'W/N/C' (a reference point, with the base scenario's workload) or a run CSV's name."""
+    """What to simulate: 'workers/prefixes/concurrency' (a reference point, e.g. '6/7/4', with the base scenario's
+    workload) or a run CSV's name."""
     point: Point
     metric: str
     measured: float
@@ -77,8 +78,8 @@ class Target:
     @property
     def label(self) -> str:
         w, n, c = self.point
-        return f"{self.case} W={w} N={n} C={c} {self.metric}" if self.case != _point_case(self.point) else \
-            f"W={w} N={n} C={c} {self.metric}"
+        return f"{self.case} W={w} N={n} concurrency={c} {self.metric}" if self.case != _point_case(self.point) else \
+            f"W={w} N={n} concurrency={c} {self.metric}"
 
 
 def _point_case(point: Point) -> str:

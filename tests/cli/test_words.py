@@ -1,0 +1,49 @@
+"""What the output's words mean: one symbol per quantity, and both hit rates explained wherever both are shown.
+
+C is the KV capacity in prompts per worker (the formula min(1, C/N), 3.95 for the reference worker); concurrency is
+written `concurrency` (`conc` in a narrow header, explained under the table), never C.
+"""
+
+from __future__ import annotations
+
+import re
+
+from click.testing import CliRunner
+
+from sim.cli import main
+from tests.support.paths import REPO
+
+C_IN_A_FORMAT = re.compile(r"\bC ?= ?\{([^}]*)\}")
+CONCURRENCY_AS_C = re.compile(r"\bC ?= ?\d")
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def test_every_title_or_label_the_code_formats_as_c_is_a_capacity():
+    found = []
+    for path in sorted((REPO / "sim").rglob("*.py")):
+        for m in C_IN_A_FORMAT.finditer(path.read_text(encoding="utf-8")):
+            if "capacity" not in m.group(1):
+                found.append(f"{path.relative_to(REPO)}: {m.group(0)}")
+    assert not found, "C is the KV capacity in prompts per worker; write concurrency as `concurrency`:\n" + "\n".join(found)
+
+
+def test_run_names_concurrency_and_says_what_c_and_each_hit_rate_are():
+    res = invoke("run", "--prefixes", "7", "--workers", "3", "--concurrency", "4")
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.output.split())
+    assert "concurrency=4" in text and not CONCURRENCY_AS_C.search(text.replace("C = 3.95", ""))
+    assert "C = 3.95 prompts per worker" in text
+    assert "request_hit_rate: share of requests with any cached prefix token" in text
+    assert "token_hit_rate: cached / prompt tokens" in text
+
+
+def test_the_sweep_explains_its_narrow_headers_and_its_c():
+    res = invoke("sweep", "--prefixes", "2", "--workers", "3", "--concurrency", "4", "--jobs", "1")
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.output.split())
+    assert "conc: concurrency (requests in flight)" in text
+    assert "hit rate: share of requests with any cached prefix token; token hit: cached / prompt tokens" in text
+    assert "formula: min(1, C/N), C = 3.95 prompts per worker" in text
