@@ -10,8 +10,8 @@ import click
 from rich.table import Table
 
 from sim.cli.app import (
-    ENGINE_HELP, NEEDS_A_RECORDING, SLO_HELP, checked_out_dir, console, executor_options, fmt, int_list, load_or_exit,
-    main, on_engine, one_engine, router_list, router_names, scenario_option, slo_option, with_slo,
+    ENGINE_HELP, NEEDS_A_RECORDING, SHARED_FIRST_BLOCK, SLO_HELP, checked_out_dir, console, executor_options, fmt,
+    hit_rates_legend, int_list, load_or_exit, main, on_engine, one_engine, router_list, router_names, scenario_option, slo_option, with_slo,
 )
 from sim.cli.replaying import trace_base, trace_overrides
 from sim.results.output_set import write_output_set
@@ -213,4 +213,6 @@ def _print_tables(aggregated: list[dict], *, what: str, capacity: float | None, 
         console.print(table)
     primary = "prefix reuse" if capacity is None else "hit rate"
     console.print(f"★ on the Pareto frontier: no other router has both a higher {primary} and a lower TTFT p99 "
-                  "(at least as good in both, better in one); max share: the busiest worker's share of the requests")
+                  "(at least as good in both, better in one); max share: the busiest worker's share of the requests; "
+                  + (f"{hit_rates_legend('request hit', 'prefix reuse')}; {SHARED_FIRST_BLOCK}" if trace else
+                     hit_rates_legend("hit rate", "token hit")), highlight=False)

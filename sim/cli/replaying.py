@@ -10,8 +10,8 @@ import click
 from rich.table import Table
 
 from sim.cli.app import (
-    CPU_KV_HELP, ENGINE_HELP, SLO_HELP, UsageExit, checked_out_dir, console, err_console, executor_options, fmt,
-    load_or_exit, main, on_cpu_kv, on_engine, one_engine, open_executor_or_exit, positional_or_option, progress_bar,
+    CPU_KV_HELP, ENGINE_HELP, SHARED_FIRST_BLOCK, SLO_HELP, UsageExit, checked_out_dir, console, err_console,
+    executor_options, fmt, hit_rates_legend, load_or_exit, main, on_cpu_kv, on_engine, one_engine, open_executor_or_exit, positional_or_option, progress_bar,
     router_list, scenario_option, slo_option, with_slo,
 )
 from sim.results.figures import replay_figure
@@ -175,6 +175,8 @@ def replay(trace_file, trace_path, workers, kv_tokens, kv_blocks, kv_bytes, rout
     for key, value in row.items():
         table.add_row(key, fmt(value, ".4g") if isinstance(value, float) else str(value))
     console.print(table)
+    console.print(f"{hit_rates_legend('request_hit_rate', 'prefix_reuse = token_hit_rate')}; {SHARED_FIRST_BLOCK}",
+                  highlight=False)
     load = Table(title="per worker")
     for col in ("worker", "requests", "share of prompt tokens", "token hit rate", "preemptions"):
         load.add_column(col, justify="right")

@@ -6,12 +6,13 @@ written `concurrency` (`conc` in a narrow header, explained under the table), ne
 
 from __future__ import annotations
 
+import csv
 import re
 
 from click.testing import CliRunner
 
 from sim.cli import main
-from tests.support.paths import REPO
+from tests.support.paths import REPO, TRACES
 
 C_IN_A_FORMAT = re.compile(r"\bC ?= ?\{([^}]*)\}")
 CONCURRENCY_AS_C = re.compile(r"\bC ?= ?\d")
@@ -47,3 +48,17 @@ def test_the_sweep_explains_its_narrow_headers_and_its_c():
     assert "conc: concurrency (requests in flight)" in text
     assert "hit rate: share of requests with any cached prefix token; token hit: cached / prompt tokens" in text
     assert "formula: min(1, C/N), C = 3.95 prompts per worker" in text
+
+
+def test_replay_explains_a_request_hit_rate_near_1_beside_a_low_reuse(tmp_path):
+    """The conversation trace's 400 first requests on 2 workers: every request starts with block 0, so only the
+    first request each worker serves misses: request hit rate 1 - 2/400, with a reuse of a few percent."""
+    res = invoke("replay", str(TRACES / "conversation_head400.jsonl"), "--workers", "2", "--kv-tokens", "300000",
+                 "--jobs", "1", "--out", str(tmp_path))
+    assert res.exit_code == 0, res.output
+    row = next(csv.DictReader((tmp_path / "summary.csv").open()))
+    assert float(row["request_hit_rate"]) == 1 - 2 / 400 and float(row["prefix_reuse"]) < 0.1
+    text = " ".join(res.output.split())
+    assert "request_hit_rate: share of requests with any cached prefix token" in text
+    assert "prefix_reuse = token_hit_rate: cached / prompt tokens" in text
+    assert "starts with block 0" in text and "only the first request each worker serves misses" in text
