@@ -62,3 +62,17 @@ def test_replay_explains_a_request_hit_rate_near_1_beside_a_low_reuse(tmp_path):
     assert "request_hit_rate: share of requests with any cached prefix token" in text
     assert "prefix_reuse = token_hit_rate: cached / prompt tokens" in text
     assert "starts with block 0" in text and "only the first request each worker serves misses" in text
+
+
+def test_the_vllm_version_default_says_why_it_is_not_the_release_the_oracle_checks():
+    """The default is the reference experiment's release, 0.31.0; kvsim is checked against 0.33.0: the field says
+    both, and that the two follow the same rules (which the behaviour table holds)."""
+    from sim.engines.vllm.behaviour import DEFAULT_VLLM_VERSION, VllmBehaviour
+    from sim.engines.vllm.spec import VllmEngineSpec
+
+    field = VllmEngineSpec.model_fields["vllm_version"]
+    assert field.default == DEFAULT_VLLM_VERSION == "0.31.0"
+    assert "the release the reference experiment ran" in field.description and "0.33.0" in field.description
+    assert VllmBehaviour.for_version(DEFAULT_VLLM_VERSION) == VllmBehaviour.for_version("0.33.0")
+    res = invoke("engines")
+    assert "0.31.0, is the release the reference experiment ran" in " ".join(res.output.split())

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DEFAULT_VLLM_VERSION = "0.31.0"
+"""The release the reference experiment ran; its rules are 0.33.0's (the release the oracle checks)."""
 OLDEST_VLLM_VERSION = (0, 10, 0)
 NEWEST_VLLM_VERSION = (0, 33, 0)
 """The releases whose rules kvsim knows (docs/engines/vllm-rules.md §1); a version outside them is refused."""

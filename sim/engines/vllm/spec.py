@@ -15,7 +15,12 @@ class VllmEngineSpec(ConfigModel):
     """vLLM v1 with prefix caching (`sim/engines/vllm/`); defaults are `vllm serve`'s for GPUs under 70 GiB."""
 
     kind: Literal["vllm"] = Field("vllm", description="Engine: vLLM v1 (block prefix cache, step scheduler).")
-    vllm_version: str = Field(DEFAULT_VLLM_VERSION, description="vLLM release whose cache/scheduler rules apply (0.10.0 to 0.33.0).")
+    vllm_version: str = Field(
+        DEFAULT_VLLM_VERSION,
+        description="vLLM release whose cache and scheduler rules apply: 0.10.0 to 0.33.x (what changed between them: "
+                    "docs/engines/vllm-rules.md section 1; 0.27.0 and later follow the same rules). The default, "
+                    "0.31.0, is the release the reference experiment ran (the built-in scenario's measurements); "
+                    "kvsim is checked block for block against 0.33.0's own scheduler, whose rules 0.31.0 shares.")
     block_size: int = Field(16, ge=1, description="KV block size in tokens (also the block size of the prompt hashes routers read).")
     kv_cache_bytes: int = Field(gt=0, description="KV cache bytes per worker (vLLM --kv-cache-memory-bytes).")
     num_gpu_blocks_override: int | None = Field(None, ge=2, description="Use this block count (null block included) instead of the bytes.")
