@@ -6,7 +6,7 @@ One module per group of commands; importing them registers their commands on `ma
 from __future__ import annotations
 
 from sim.cli import (  # noqa: F401 - registers the commands
-    calibration, comparing, planning, real_servers, replaying, scenarios, simulate, tuning,
+    calibration, comparing, planning, real_servers, replaying, scenarios, simulate, traces, tuning,
 )
 from sim.cli.app import main
 
