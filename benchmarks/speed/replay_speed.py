@@ -2,6 +2,9 @@
 
     python benchmarks/speed/replay_speed.py [--traces DIR] [--mocker-python .venv-dynamo/bin/python] [--jobs N] [--quick]
 
+The Mooncake traces are read from --traces DIR, else $TRACES, else traces/ at the repository root, where `kvsim traces
+fetch` (run from the root) puts them.
+
 Every measurement runs in a fresh subprocess, so each prints its own wall time and peak RSS (the largest of the
 process and the processes it split into). kvsim runs each case in one process (`jobs 1`) and, when the router
 ignores the cluster's state (round-robin), split by worker over `--jobs` processes (`sim.replay`). The mocker
@@ -92,8 +95,9 @@ def _json_run(cmd: list[str]) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--traces", type=Path, default=REPO.parent / "shared" / "data" / "traces",
-                        help="folder with conversation_trace.jsonl and synthetic_trace.jsonl")
+    parser.add_argument("--traces", type=Path, default=Path(os.environ.get("TRACES", REPO / "traces")),
+                        help="folder with conversation_trace.jsonl and synthetic_trace.jsonl (default: $TRACES, else "
+                             "traces/ at the repository root: `kvsim traces fetch` puts them there)")
     parser.add_argument("--mocker-python", type=Path, default=REPO / ".venv-dynamo" / "bin" / "python",
                         help="python of a venv with ai-dynamo-runtime==1.6.1")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
@@ -123,7 +127,8 @@ def main() -> None:
     for trace, workers, tokens, router, mocker_router, engine in cases:
         path = args.traces / f"{trace}_trace.jsonl"
         if not path.exists():
-            raise SystemExit(f"--traces: {path} not found")
+            raise SystemExit(f"--traces: {path} not found; `kvsim traces fetch --out {args.traces}` downloads the "
+                             "Mooncake traces there")
         mocker = "   (no mocker venv: see benchmarks/oracles/dynamo-mocker/README.md)"
         m_rps = None
         if have_mocker:

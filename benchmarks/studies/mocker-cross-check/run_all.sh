@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Runs the four reference configurations twice each through the mocker runner (benchmarks/oracles/dynamo-mocker/);
 # appends JSON lines to benchmarks/studies/mocker-cross-check/results.jsonl and prints a summary table. The Mooncake
-# traces are read from $TRACES (default ../shared/data/traces, relative to the repository root, so that the
-# results and commands.txt record relative paths).
+# traces are read from $TRACES (default traces, relative to the repository root, where `kvsim traces fetch` puts them,
+# so that the results and commands.txt record relative paths).
 # Before each run, waits (up to 5 min) until no other process uses >30% CPU.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 PY=.venv-dynamo/bin/python
 RUN=benchmarks/oracles/dynamo-mocker/run_mocker.py
-T=${TRACES:-../shared/data/traces}
+T=${TRACES:-traces}
+for f in conversation_trace.jsonl synthetic_trace.jsonl; do
+  [ -f "$T/$f" ] || { echo "$T/$f not found: run \`.venv/bin/kvsim traces fetch --out $T\` or set TRACES=DIR" >&2; exit 1; }
+done
 OUT=benchmarks/studies/mocker-cross-check/results.jsonl
 CMDS=benchmarks/studies/mocker-cross-check/commands.txt
 : > "$CMDS"

@@ -8,11 +8,14 @@ set -euo pipefail
 cd "$(dirname "$0")/../../.."
 KVSIM=${KVSIM:-.venv/bin/kvsim}
 OUT=benchmarks/studies/router-study
-TRACES=${TRACES:-../shared/data/traces}
+TRACES=${TRACES:-traces}   # the Mooncake traces; `kvsim traces fetch` puts them in traces/ at the repository root
+for trace in conversation synthetic; do
+  [ -f "$TRACES/${trace}_trace.jsonl" ] || { echo "$TRACES/${trace}_trace.jsonl not found: run \`$KVSIM traces fetch --out $TRACES\` or set TRACES=DIR" >&2; exit 1; }
+done
 
-# The goal point: 6 workers, N = 24, C = 8, 5 repeats.
+# The goal point: 6 workers, N = 24, concurrency 8, 5 repeats.
 $KVSIM compare --prefixes 24 --workers 6 --concurrency 8 --repeats 5 --slo ttft_ms=150,tpot_ms=20 --out $OUT/goal
-# The grid: N = 2, 7, 12, 24; W = 3, 6; C = 8, 16; 3 repeats.
+# The grid: N = 2, 7, 12, 24; W = 3, 6; concurrency 8, 16; 3 repeats.
 $KVSIM compare --prefixes 2,7,12,24 --workers 3,6 --concurrency 8,16 --repeats 3 --slo ttft_ms=150,tpot_ms=20 \
     --out $OUT/builtin
 rm -f $OUT/builtin/*.png   # 16 panels each, ~1 MB: the notebook draws the grid from compare.csv instead
