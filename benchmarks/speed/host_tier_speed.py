@@ -1,7 +1,7 @@
 """What a host (CPU) KV tier costs the simulator: `python benchmarks/speed/host_tier_speed.py`.
 
-The built-in workload at the study's point (6 workers, N = 24, C = 8, random routing) without a tier and with 4 and
-16 GiB of host KV per worker, best of 3 runs each, in one process; printed as seconds and as the ratio to the run
+The built-in workload at the study's point (6 workers, N = 24, concurrency 8, random routing) without a tier and with
+4 and 16 GiB of host KV per worker, best of 3 runs each, in one process; printed as seconds and as the ratio to the run
 without a tier (the tier adds copy jobs, empty polling steps and fewer decode fast-forwards).
 """
 

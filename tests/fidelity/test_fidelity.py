@@ -3,7 +3,7 @@
 Tolerances, as the core issue states them:
 * N=2: exactly the first-visit misses (each (worker, prefix) pair not covered by a warm-up misses once):
   10 of 200 at 6 workers, 4 of 200 at 3;
-* token hit rate 0.814 +- 0.005 at N=2, 6 workers, C=4;
+* token hit rate 0.814 +- 0.005 at N=2, 6 workers, concurrency 4;
 * request hit rate, mean of 20 repeats per point, over the 16 measured points: RMSE <= 2 pp, max error <= 5 pp.
   (The measurement itself is a median of 3 runs of 200-480 requests: about +-2.5 pp of noise per point.)
 The naive-LRU ablation (blocks freed head first) must fail the same bound: the test can tell the models apart.
@@ -91,7 +91,7 @@ def test_naive_head_first_lru_misses_the_measurements(baseline):
     naive = scenario.with_overrides(**{"engine.free_order": "head-first"})
     sim = _mean_hit_rates(naive, meas, repeats=5)
     rmse, _ = _rmse_and_max(sim, meas)
-    print(f"naive head-first LRU: RMSE {100 * rmse:.2f} pp, N=7 6 workers C=8: {sim[(6, 7, 8)]:.3f}")
+    print(f"naive head-first LRU: RMSE {100 * rmse:.2f} pp, N=7 6 workers concurrency 8: {sim[(6, 7, 8)]:.3f}")
     assert rmse > 0.05
     assert sim[(6, 7, 8)] < 0.47
 

@@ -11,13 +11,13 @@ server`). The same 18 runs measured before the client was protected from starvat
 same way: they are the measurement's repeatability.
 
 The shortfalls:
-* the long prompts at N = 2, C = 4: the simulated closed loop keeps its 4 clients in lockstep (identical hits,
+* the long prompts at N = 2, concurrency 4: the simulated closed loop keeps its 4 clients in lockstep (identical hits,
   identical service: all 4 arrive in one step and prefill together, 36.9 ms), where the real clients drifted apart
   (sends 50-80 ms apart) and prefilled alone (13.6 ms). In the first measurement of the same run they had not
   drifted: 30.3 ms;
-* the long prompts at N = 7 and 12, C = 4: 72.3 and 83.7 ms measured against 50.0 and 78.2 the first time: the
+* the long prompts at N = 7 and 12, concurrency 4: 72.3 and 83.7 ms measured against 50.0 and 78.2 the first time: the
   measurement repeats to within 45 % here, the prediction (44.1, 58.6 ms) lies within 30 % of the first;
-* in the first (starved) measurement at C = 8, the client stalled now and then for 0.5-1.3 s (the server's own
+* in the first (starved) measurement at concurrency 8, the client stalled now and then for 0.5-1.3 s (the server's own
   timestamps put those first tokens at 4-11 ms): fewer than 8 requests were in the engine, so kvsim's 8 preempt
   more (TTFT +79 % at N = 2) and its throughput is over-predicted where the stalls cut it (+41-45 % at N = 2, 7).
 """
@@ -69,7 +69,7 @@ def test_the_fixture_sets_are_complete(which):
 
 @pytest.mark.parametrize("path", [p for s in SETS for p in SHORT[s] + LONG[s]], ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_the_measurement_agrees_with_the_servers_counters(path):
-    assert_counters_agree(path)  # preemptions happen here at C >= 8, as vLLM's counters say
+    assert_counters_agree(path)  # preemptions happen here at concurrency >= 8, as vLLM's counters say
 
 
 def test_the_scenario_was_fitted_on_concurrency_1_and_4_only(fitted):

@@ -165,7 +165,7 @@ def test_claims_match_live_homes_and_choices_respect_the_load_bound(ops, load_fa
 
 @pytest.mark.slow
 def test_on_the_builtin_workload_it_reaches_the_issue_goal():
-    # Built-in scenario, 6 workers, N = 24, C = 8, 5 repeats on the same streams: kvsim's policy hits >= 0.84 of
+    # Built-in scenario, 6 workers, N = 24, concurrency 8, 5 repeats on the same streams: kvsim's policy hits >= 0.84 of
     # requests (0.85 of the bound min(1, 6 x 3.95 / 24)) with a TTFT p99 no worse than Dynamo's defaults.
     base, _ = load_scenario(None)
     hits, p99 = {}, {}

@@ -21,7 +21,7 @@ from sim.studies.search_space import check_space, parse_space, round_significant
 from sim.studies.sweep import run_sweep, sweep_points
 from sim.studies.tune import Constraint, Metric, Objective, parse_pareto, tune
 
-# The workload where Dynamo's default cost loses most: 6 workers, N = 24, C = 8 (docs/concepts/hit-rate.md).
+# The workload where Dynamo's default cost loses most: 6 workers, N = 24, concurrency 8 (docs/concepts/hit-rate.md).
 HARD = {"workload.prefixes": 24, "cluster.workers": 6, "workload.concurrency": 8}
 
 

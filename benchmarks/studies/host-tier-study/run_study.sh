@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The host-tier study (docs/studies/host-tier-study.md): on the built-in workload (6 workers, N = 24, C = 8),
+# The host-tier study (docs/studies/host-tier-study.md): on the built-in workload (6 workers, N = 24, concurrency 8),
 # the hit rate and TTFT against host (CPU) KV per worker (vLLM --kv-offloading-size: 0, 4, 16, 64 GiB) under random
 # routing, beside KV-aware routing (Dynamo's kv-aware, and kvsim's policy) with and without it; the all-fit
 # reference (GPU KV for every prefix on every worker); and `kvsim plan capacity` for the host KV that buys KV-aware's

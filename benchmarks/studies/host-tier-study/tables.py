@@ -83,7 +83,7 @@ def figure(path: Path) -> None:
     left.legend(fontsize=8, loc="lower right")
     right.set_ylabel("TTFT ms (p99 solid, p50 dotted)")
     right.set_yscale("log")
-    fig.suptitle("6 workers, N = 24, C = 8: host KV vs routing (5 runs per point, 95 % CI)", fontsize=11)
+    fig.suptitle("6 workers, N = 24, concurrency 8: host KV vs routing (5 runs per point, 95 % CI)", fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

@@ -2,7 +2,7 @@
 
 1. the reference run (scenarios/reference/service-baseline.md): Qwen3-0.6B on the built-in cluster (4 workers
    time-sharing the 24 GB-class GPU, one worker on each 8 GB laptop GPU, on the hardware profiles the built-in
-   scenario assumes for them), 6 workers, C = 4: TTFT of hits ~40 ms (p50 37-42), of misses ~105-113 ms (p50);
+   scenario assumes for them), 6 workers, concurrency 4: TTFT of hits ~40 ms (p50 37-42), of misses ~105-113 ms (p50);
 2. a published engineering article on vLLM prefix caching (2026; a weak anchor, its workload under-specified; the
    figures it reports are quoted here, the script reads no file): Qwen2.5-72B-Instruct on 4 x A100-80G (TP 4,
    gpu_memory_utilization 0.90, block_size 16), 32 concurrent requests for 5 minutes sharing a system prompt (4,096
@@ -36,8 +36,8 @@ def reference_point() -> None:
             dev["speed"] = dev["sharing_efficiency"] = 1.0
     scenario = validate_scenario(data, source="uncalibrated roofline")
     hardware = sorted({scenario.device_time_model(d).hardware for d in scenario.all_devices()[:-1]})
-    measured = {"hit": (36, 42), "miss": (104, 113)}  # p50 over N = 2..24 at C = 4 (service-baseline.csv)
-    print(f"1. reference, 6 workers, C=4, uncalibrated roofline on {', '.join(hardware)}, 3 seeds:")
+    measured = {"hit": (36, 42), "miss": (104, 113)}  # p50 over N = 2..24 at concurrency 4 (service-baseline.csv)
+    print(f"1. reference, 6 workers, concurrency 4, uncalibrated roofline on {', '.join(hardware)}, 3 seeds:")
     for n in (2, 7, 12, 24):
         hit, miss = [], []
         for seed in range(3):
@@ -64,7 +64,8 @@ def article_point() -> None:
         "workload.min_requests": 400, "workload.requests_per_prefix": 0, "workload.discard_first": 32,
         "cluster.request_overhead_s": 0.0,
     }
-    print("2. article: Qwen2.5-72B, 4 x A100-80G (TP 4), C=32, 4,096-token system prompt, 50-250-token user turns,")
+    print("2. article: Qwen2.5-72B, 4 x A100-80G (TP 4), concurrency 32, 4,096-token system prompt, 50-250-token "
+          "user turns,")
     print("   outputs lognormal mean 500 (sd 400, 16..2,048 tokens), 400 requests, uncalibrated roofline:")
     for label, prefixes, warmup, published in (("on", 1, 1, (0.9, 3820)), ("off", 100000, 0, (2.1, 2450))):
         # NOTE: prefix caching off = every request its own prefix (no reuse), as vLLM without --enable-prefix-caching

@@ -1,10 +1,10 @@
-"""Where each router fails: the built-in workload (6 workers, N = 24, C = 8) made hard in one way at a time.
+"""Where each router fails: the built-in workload (6 workers, N = 24, concurrency 8) made hard in one way at a time.
 
 * `uniform`: the built-in workload as it is (every prefix equally popular);
 * `skew`: Zipf popularity (exponent 1.0: the hottest prefix gets 27 % of the requests);
 * `hot-prefix`: one prefix takes half the requests, the other 23 share the rest;
 * `open-loop`: Poisson arrivals at 13 requests/s instead of a closed loop of 8 (random routing serves ~11.8/s at
-  C = 8, KV-aware routing ~14): bursts queue on whichever worker the router favours.
+  concurrency 8, KV-aware routing ~14): bursts queue on whichever worker the router favours.
 
 Goodput counts requests with TTFT <= 150 ms and TPOT <= 20 ms. Every router sees the same request streams (repeat r uses seed r). Writes `failure_modes.csv` (one row per run, the
 summary columns plus `mode`) beside this file and prints a Markdown table of means over repeats.
