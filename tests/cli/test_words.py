@@ -31,6 +31,20 @@ def test_every_title_or_label_the_code_formats_as_c_is_a_capacity():
     assert not found, "C is the KV capacity in prompts per worker; write concurrency as `concurrency`:\n" + "\n".join(found)
 
 
+C_AS_A_WHOLE_NUMBER = re.compile(r"\bC ?= ?\d+\b(?![.,]\d)")
+LRU_SIZES = "C = 100 / 1,000 / 10,000"  # docs/commands/plan.md: Che's check, C the LRU's size in objects
+
+
+def test_the_docs_never_write_concurrency_as_c():
+    """A whole-number C in the README, the docs, the notebooks or the benchmarks' READMEs is a concurrency (C = 8)
+    beside the formula's C = 3.95 prompts per worker."""
+    files = [REPO / "README.md", *(REPO / "docs").rglob("*.md"), *(REPO / "notebooks").glob("*.ipynb"),
+             *(REPO / "benchmarks").rglob("*.md"), *(REPO / "tests" / "fixtures").rglob("README.md")]
+    found = [f"{path.relative_to(REPO)}: {m.group(0)}" for path in files
+             for m in C_AS_A_WHOLE_NUMBER.finditer(path.read_text(encoding="utf-8").replace(LRU_SIZES, ""))]
+    assert not found, "write concurrency as `concurrency` (C is the prompts per worker):\n" + "\n".join(found)
+
+
 def test_run_names_concurrency_and_says_what_c_and_each_hit_rate_are():
     res = invoke("run", "--prefixes", "7", "--workers", "3", "--concurrency", "4")
     assert res.exit_code == 0, res.output
