@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 import os
+import re
+from collections.abc import Callable, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Union
@@ -14,7 +16,7 @@ from typing import Annotated, Any, Union
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from sim.config import GIB, ConfigModel
+from sim.config import GIB, ConfigModel, Loc, Problem, suggestion, validation_problems
 from sim.engines.registry import ENGINES
 from sim.results.records import Slo
 from sim.routing.spec import RouterSpec
@@ -146,16 +148,6 @@ class SloSpec(ConfigModel):
     tpot_ms: float | None = _objective_ms("Time per output token after the first ((last - first token) / (outputs - 1))")
     e2e_ms: float | None = _objective_ms("Time from send to the last token")
 
-    @model_validator(mode="before")
-    @classmethod
-    def _known_keys(cls, data: Any) -> Any:
-        # NOTE: pydantic's "Extra inputs are not permitted" would not say which keys an SLO has.
-        if isinstance(data, dict):
-            unknown = sorted(set(map(str, data)) - set(cls.model_fields))
-            if unknown:
-                raise ValueError(f"unknown key(s) {', '.join(unknown)}; allowed: {', '.join(cls.model_fields)}")
-        return data
-
     def to_slo(self) -> Slo:
         """The value object that runs and replays count against."""
         return Slo(ttft_ms=self.ttft_ms, tpot_ms=self.tpot_ms, e2e_ms=self.e2e_ms)
@@ -227,14 +219,15 @@ class Scenario(ConfigModel):
 
     @model_validator(mode="after")
     def _engine_options(self) -> Scenario:
+        # NOTE: a message starts with the location of its first culprit: the error names the file's line of it.
         for kind, options in self.engine_options.items():
             if kind not in ENGINES:
-                raise ValueError(f"engine_options: unknown engine {kind!r}; allowed: {', '.join(sorted(ENGINES))}")
-            fields = ENGINES[kind].Spec.model_fields
-            unknown = sorted(set(options) - set(fields) | ({"kind"} & set(options)))
+                raise ValueError(f"engine_options.{kind}: unknown engine; {suggestion(kind, sorted(ENGINES))}")
+            fields = [f for f in ENGINES[kind].Spec.model_fields if f != "kind"]
+            unknown = [option for option in options if option not in fields]
             if unknown:
-                raise ValueError(f"engine_options.{kind}: unknown option(s) {', '.join(unknown)}; allowed: "
-                                 f"{', '.join(f for f in fields if f != 'kind')}")
+                raise ValueError("; ".join(f"engine_options.{kind}.{option}: unknown option; "
+                                           f"{suggestion(option, fields)}" for option in unknown))
         return self
 
     def device_time_model(self, device: DeviceSpec) -> TimeModelSpec:
@@ -403,27 +396,62 @@ class Scenario(ConfigModel):
         return validate_scenario(data, source=f"scenario {self.name!r} with {overrides}")
 
 
-def _format_error(err: ValidationError) -> str:
-    first = err.errors()[0]
-    parts = list(first["loc"])
-    if len(parts) >= 2 and parts[0] == "engine" and parts[1] in ENGINES:
-        del parts[1]  # the engine union's tag: `engine.vllm.block_size` is the file's `engine.block_size`
-    parts = [p for i, p in enumerate(parts)  # the time model's tag likewise: `time_model.roofline.hardware`
-             if not (i and parts[i - 1] == "time_model" and p in ("linear", "roofline"))]
-    loc = ".".join(str(p) for p in parts) or "(top level)"
-    msg = first["msg"].removeprefix("Value error, ")
-    if first["type"] == "union_tag_invalid":
-        loc, msg = "engine.kind", f"unknown engine {first['input'].get('kind')!r}; allowed: {', '.join(sorted(ENGINES))}"
-    extra = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
-    return f"{loc}: {msg}{extra}"
+Marks = dict[Loc, yaml.Mark]
+"""Where each key (and list item) of a YAML file starts, by its location (`("engine", "block_size")`)."""
+
+_LEADING_PATH = re.compile(r"[A-Za-z_][\w-]*(?:\.[\w-]+)*")
 
 
-def validate_scenario(data: Any, *, source: str, base_dir: Path | None = None) -> Scenario:
-    """`data` as a Scenario; a relative `model.config` path is taken from `base_dir` (the scenario file's)."""
+def scenario_problems(err: ValidationError) -> list[Problem]:
+    """Every problem of a scenario that failed validation, located as the file writes it (`validation_problems`)."""
+    kinds = [str(e["input"].get("kind")) for e in err.errors()
+             if e["type"] == "union_tag_invalid" and tuple(e["loc"]) == ("engine",)]
+    return [Problem(("engine", "kind"), f"unknown engine {kinds[0]!r}; {suggestion(kinds[0], sorted(ENGINES))}")
+            if kinds and problem.loc == ("engine",) else problem for problem in validation_problems(err, Scenario)]
+
+
+def _where(problem: Problem, marks: Marks) -> yaml.Mark | None:
+    """The mark of the deepest key of `problem.loc` that the file has (a missing key: its section's). A problem of
+    the whole scenario whose message starts with a location (`engine_options.sglang: ...`) is placed there."""
+    loc = problem.loc
+    if not loc:
+        head = _LEADING_PATH.match(problem.message)
+        loc = tuple(int(p) if p.isdigit() else p for p in head.group().split(".")) if head else ()
+    return next((marks[loc[:n]] for n in range(len(loc), 0, -1) if loc[:n] in marks), None)
+
+
+def format_problems(source: str, problems: Sequence[Problem], marks: Marks | None = None) -> str:
+    """The error text for `problems` of the input `source` (a file, or what a scenario was made from): one problem
+    on one line, `FILE:LINE:COLUMN: where: why` when `marks` place it; several as a line naming `source` and how
+    many, then each on its own indented line, in the file's order."""
+    placed = [(_where(p, marks or {}), p) for p in problems]
+    if len(placed) == 1:
+        mark, problem = placed[0]
+        return f"{_at(source, mark)}: {problem.text()}"
+    placed.sort(key=lambda mp: (mp[0] is None, (mp[0].line, mp[0].column) if mp[0] else (0, 0)))
+    lines = [f"{source}: {len(placed)} problems"]
+    lines += [f"  {_at(source, mark) + ': ' if mark else ''}{problem.text()}" for mark, problem in placed]
+    return "\n".join(lines)
+
+
+def _at(source: str, mark: yaml.Mark | None) -> str:
+    return source if mark is None else f"{source}:{mark.line + 1}:{mark.column + 1}"
+
+
+def validate_scenario(data: Any, *, source: str, base_dir: Path | None = None, marks: Marks | None = None,
+                      checks: Sequence[Callable[[Any], list[Problem]]] = ()) -> Scenario:
+    """`data` as a Scenario; a relative `model.config` path is taken from `base_dir` (the scenario file's). A
+    ScenarioError lists every problem (`format_problems`), with the line of each when `marks` (the file's) are
+    given, those of `checks` included: each is given `data` and returns what the model cannot see (a router's
+    options: the router registry is above this layer) or nothing."""
+    problems = [p for check in checks for p in check(data)]
     try:
-        return Scenario.model_validate(data, context={"base_dir": base_dir})
+        scenario = Scenario.model_validate(data, context={"base_dir": base_dir})
     except ValidationError as err:
-        raise ScenarioError(f"{source}: {_format_error(err)}") from None
+        problems = scenario_problems(err) + problems
+    if problems:
+        raise ScenarioError(format_problems(source, problems, marks))
+    return scenario
 
 
 def scenarios_dir() -> Path:
@@ -460,7 +488,7 @@ def scenario_file_path(ref: str, base_dir: Path) -> Path:
     return base_dir / Path(ref).expanduser()
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
+class _ScenarioLoader(yaml.SafeLoader):
     """PyYAML's safe loader, refusing a mapping that gives one key twice (PyYAML keeps the last silently)."""
 
     def construct_mapping(self, node, deep=False):
@@ -473,19 +501,47 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def load_scenario(path: str | Path | None = None) -> tuple[Scenario, Path]:
-    """Load a scenario file (the built-in one when `path` is None); returns it with its resolved path."""
+def read_yaml(text: str) -> tuple[Any, Marks]:
+    """A scenario file's text as data (`_ScenarioLoader`) and the marks of its keys; yaml.YAMLError if not YAML."""
+    loader = _ScenarioLoader(text)
+    try:
+        node = loader.get_single_node()
+        data = None if node is None else loader.construct_document(node)
+    finally:
+        loader.dispose()
+    marks: Marks = {}
+    _mark_keys(node, (), marks, set())
+    return data, marks
+
+
+def _mark_keys(node: yaml.Node | None, loc: Loc, marks: Marks, entered: set[int]) -> None:
+    if node is None or id(node) in entered:  # an alias may refer back to a node it is inside
+        return
+    entered = entered | {id(node)}
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            if isinstance(key_node, yaml.ScalarNode):
+                marks.setdefault((*loc, key_node.value), key_node.start_mark)
+                _mark_keys(value_node, (*loc, key_node.value), marks, entered)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            marks.setdefault((*loc, i), item.start_mark)
+            _mark_keys(item, (*loc, i), marks, entered)
+
+
+def load_scenario(path: str | Path | None = None, *,
+                  checks: Sequence[Callable[[Any], list[Problem]]] = ()) -> tuple[Scenario, Path]:
+    """Load a scenario file (the built-in one when `path` is None); returns it with its resolved path. A
+    ScenarioError names the file and every problem, each with its line; `checks` as `validate_scenario`'s."""
     file = builtin_scenario_path() if path is None else Path(path)
     if not file.is_file():
         raise ScenarioError(f"scenario file {str(file)!r} does not exist")
     try:
-        data = yaml.load(file.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
+        data, marks = read_yaml(file.read_text(encoding="utf-8"))
     except UnicodeDecodeError as err:
         raise ScenarioError(f"{file}: not a UTF-8 text file (byte {err.start}: {err.reason})") from None
     except yaml.MarkedYAMLError as err:
-        mark = err.problem_mark
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        raise ScenarioError(f"{file}: not valid YAML: {err.problem}{where}") from None
+        raise ScenarioError(f"{_at(str(file), err.problem_mark)}: not valid YAML: {err.problem}") from None
     except yaml.YAMLError as err:
         raise ScenarioError(f"{file}: not valid YAML ({' '.join(str(err).split())})") from None
     if not isinstance(data, dict):
@@ -494,7 +550,8 @@ def load_scenario(path: str | Path | None = None) -> tuple[Scenario, Path]:
     if isinstance(model, dict) and isinstance(model.get("config"), str) and model["config"].startswith(SHIPPED):
         # NOTE: the model spec reads its config relative to the scenario's folder; a shipped one is resolved here
         data = {**data, "model": {**model, "config": str(scenario_file_path(model["config"], file.parent))}}
-    return validate_scenario(data, source=str(file), base_dir=file.resolve().parent), file.resolve()
+    scenario = validate_scenario(data, source=str(file), base_dir=file.resolve().parent, marks=marks, checks=checks)
+    return scenario, file.resolve()
 
 
 def with_cpu_kv_gib(scenario: Scenario, gib: float) -> Scenario:

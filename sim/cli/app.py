@@ -17,7 +17,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from sim.config import key_values
+from sim.config import key_values, suggestion
 from sim.studies.reference import Measurement, load_reference, reference_path
 from sim.scenario import Scenario, ScenarioError, SloSpec, load_scenario
 
@@ -122,7 +122,7 @@ def slo_option(ctx: click.Context, param: click.Parameter, value: str | None) ->
         raise click.BadParameter(str(err)) from None
     for key, text in items.items():
         if key not in SloSpec.model_fields:
-            raise click.BadParameter(f"unknown key {key!r}; allowed: {allowed}")
+            raise click.BadParameter(f"unknown key {key!r}; {suggestion(key, SloSpec.model_fields)}")
         if not text:
             raise click.BadParameter(f"{key}: give a value in ms, as {key}=200")
     if not items:

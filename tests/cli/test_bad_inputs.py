@@ -25,7 +25,7 @@ def _replace(old: str, new: str):
 
 # (case, how the built-in scenario's text is changed, what the error must say)
 SCENARIO_CASES = [
-    ("duplicate key", lambda t: t + "\nseed: 1\n", "duplicate key 'seed' at line"),
+    ("duplicate key", lambda t: t + "\nseed: 1\n", "not valid YAML: duplicate key 'seed'"),
     ("duplicate nested key", _replace("  block_size: 16\n", "  block_size: 16\n  block_size: 32\n"),
      "duplicate key 'block_size'"),
     ("infinite step time", _replace("  step_overhead_s: 0.002001847719406711", "  step_overhead_s: .inf"),
