@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from sim.config import ProblemsError, validation_problems
 from sim.routing.interface import ClusterView, PrefixState, PrefixStateSpec, StateMode
 from sim.routing.knobs import Knob
 from sim.workloads.request import Request
@@ -79,15 +80,13 @@ class RouterBase:
 
     @classmethod
     def parse_options(cls, options: dict[str, Any]) -> RouterOptions:
-        """`options` as this router's `Options`, or a one-line ValueError naming the field and the allowed options
-        (what the CLI checks a `NAME:key=value` spec with, before any run)."""
+        """`options` as this router's `Options`, or a ProblemsError (a ValueError, on one line) with every problem,
+        each naming its option; an unknown one with the nearest option of the router, or its options (what the CLI
+        checks a `NAME:key=value` spec with, before any run)."""
         try:
             return cls.Options.model_validate(options)
         except ValidationError as err:
-            first = err.errors()[0]
-            field = ".".join(str(p) for p in first["loc"])
-            allowed = ", ".join(cls.Options.model_fields) or "none"
-            raise ValueError(f"{field}: {first['msg']} (options of {cls.name}: {allowed})") from None
+            raise ProblemsError(validation_problems(err, cls.Options, noun=f"option of {cls.name}")) from None
 
     # ------------------------------------------------------------------ what the router sees
     def prefix_state_spec(self) -> PrefixStateSpec | None:

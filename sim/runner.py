@@ -5,14 +5,18 @@ Pure: nothing is printed or written here.
 
 from __future__ import annotations
 
+from typing import Any
+
 import simpy
 
 from policies import ROUTERS
+from sim.config import Problem, ProblemsError, suggestion
 from sim.cluster.arrivals import closed_loop, one_at_a_time, poisson
 from sim.cluster.cluster import Cluster
 from sim.results.records import RequestRecord, RunResult
 from sim.routing.interface import Router
 from sim.routing.replicas import ReplicatedRouter
+from sim.routing.spec import RouterSpec
 from sim.scenario import Scenario, ScenarioError
 from sim.workloads.shared_prefix import RequestStream, rng_for, shared_prefix_stream
 
@@ -22,8 +26,30 @@ def router_class(name: str):
     must read a router's options without importing `policies`; a ScenarioError names the allowed routers."""
     factory = ROUTERS.get(name)
     if factory is None:
-        raise ScenarioError(f"router.name: unknown router {name!r}; allowed: {', '.join(sorted(ROUTERS))}")
+        raise ScenarioError(f"router.name: {unknown_router(name)}")
     return factory
+
+
+def unknown_router(name: str) -> str:
+    """`unknown router 'NAME'`, with the nearest registered name (or all of them)."""
+    return f"unknown router {name!r}; {suggestion(name, sorted(ROUTERS))}"
+
+
+def router_problems(data: Any) -> list[Problem]:
+    """What is wrong with the `router:` section of a scenario file's `data` that only the router registry can see:
+    an unknown name, or each option its router does not take (a check for `load_scenario`, which sits below the
+    registry). Nothing when the section itself is malformed: the scenario's own validation says so."""
+    try:
+        spec = RouterSpec.model_validate(data.get("router", {}) if isinstance(data, dict) else {})
+    except ValueError:  # pydantic's ValidationError too
+        return []
+    if spec.name not in ROUTERS:
+        return [Problem(("router", "name"), unknown_router(spec.name))]
+    try:
+        ROUTERS[spec.name].parse_options(dict(spec.options))
+    except ProblemsError as err:
+        return [Problem(("router", "options", *p.loc), p.message) for p in err.problems]
+    return []
 
 
 def build_router(scenario: Scenario) -> Router:

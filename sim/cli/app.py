@@ -80,7 +80,7 @@ def router_list(ctx: click.Context, param: click.Parameter, value: str | None) -
     for label in labels:
         name, options = split_router_spec(label)
         if name not in ROUTERS:
-            raise click.BadParameter(f"unknown router {name}; allowed: {', '.join(router_names())}")
+            raise click.BadParameter(f"unknown router {name}; {suggestion(name, router_names())}")
         if name in NEEDS_A_RECORDING:
             raise click.BadParameter(f"{name} replays a recorded run's choices (kvsim validate); it cannot route a "
                                      f"workload of its own; allowed: "
@@ -241,8 +241,12 @@ def positional_or_option(positional, option, argument: str, option_name: str):
 
 
 def load_or_exit(path: str | None) -> tuple[Scenario, Path]:
+    """The scenario file at `path` (the built-in one for None), its router's name and options checked too, or the
+    error naming the file and every problem with its line."""
+    from sim.runner import router_problems
+
     try:
-        return load_scenario(path)
+        return load_scenario(path, checks=(router_problems,))
     except ScenarioError as err:
         raise click.ClickException(str(err)) from None
 

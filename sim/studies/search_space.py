@@ -19,7 +19,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from sim.config import GIB, key_value, key_values
+from sim.config import GIB, ProblemsError, key_value, key_values, nearest
 from sim.routing.knobs import SYNTAX, ChoiceKnob, FloatKnob, IntKnob, Knob, SearchSpace
 from sim.routing.spec import format_value, option_value
 
@@ -100,16 +100,16 @@ def check_space(space: Sequence[Knob], *, router: str, option_names: Sequence[st
                 raise ValueError("kv-gib: give GiB per worker > 0, e.g. kv-gib=0.5:8 or kv-gib=1|2|4")
             continue
         if knob.key not in option_names:
-            raise ValueError(f"{knob.key}: not an option of {router} (options: {', '.join(option_names)}; "
-                             f"cluster knobs: {', '.join(CLUSTER_KNOBS)})")
+            near = nearest(knob.key, [*option_names, *CLUSTER_KNOBS])
+            raise ValueError(f"{knob.key}: not an option of {router}{f'; did you mean {near}?' if near else ''} "
+                             f"(options: {', '.join(option_names)}; cluster knobs: {', '.join(CLUSTER_KNOBS)})")
         if knob.key in fixed_options:
             raise ValueError(f"{knob.key}: fixed in the router spec and searched in the space; give it in one place")
         for value in knob.extremes:
             try:
                 parse_options({**fixed_options, knob.key: value})
-            except ValueError as err:
-                # parse_options says "key: why (options of NAME: ...)"; the key is known to be an option here.
-                why = str(err).removeprefix(f"{knob.key}: ").split(" (options of ")[0]
+            except ProblemsError as err:  # the key is known to be an option here: say only why
+                why = "; ".join(p.message if p.loc == (knob.key,) else p.text() for p in err.problems)
                 shown = f"{value:g}" if isinstance(value, float) else format_value(value)
                 raise ValueError(f"{knob.key}={shown} is not allowed for {router}: {why}") from None
 

@@ -89,7 +89,11 @@ ROUTER_CASES = [
     ("kvsim:load_factor=.inf", "load_factor"),
     ("prefix-hash:load_factor=0.5", "load_factor"),
     ("kvsim:processing_s=-1", "processing_s"),
-    ("kvsim:bogus=1", "bogus"),
+    ("kvsim:bogus=1", "kvsim:bogus=1: bogus: unknown option of kvsim; allowed: replicas, processing_s, state"),
+    ("kvsim:load_factr=1", "kvsim:load_factr=1: load_factr: unknown option of kvsim; did you mean load_factor?"),
+    ("kvsim:load_factr=1,processing_s=-1", "processing_s: Input should be greater than or equal to 0; load_factr: "
+                                          "unknown option of kvsim; did you mean load_factor?"),
+    ("kv-awre", "unknown router kv-awre; did you mean kv-aware?"),
 ]
 
 

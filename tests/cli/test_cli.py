@@ -64,9 +64,9 @@ def test_run_writes_one_row_and_the_requests(tmp_path):
     (["run", "--workers", "0"], "--workers"),
     (["sweep", "--prefixes", "2", "--router", "kv-aware:state=eventz"],
      "kv-aware:state=eventz: state: Input should be 'exact', 'events' or 'approximate'"),
-    (["sweep", "--prefixes", "2", "--router", "kv-aware:bogus=1,random"], "bogus: Extra inputs are not permitted"),
+    (["sweep", "--prefixes", "2", "--router", "kv-aware:bogus=1,random"], "bogus: unknown option of kv-aware; allowed: "),
     (["sweep", "--prefixes", "2", "--router", "kv-aware:"], "nothing after ':'"),
-    (["run", "--router", "p2c:temperature=1"], "options of p2c:"),
+    (["run", "--router", "p2c:temperature=1"], "temperature: unknown option of p2c; allowed: "),
     (["sweep", "--prefixes", "2", "--router", "kv-aware:state=events,event_lag_s=-1"], "event_lag_s"),
 ])
 def test_bad_input_is_one_clear_line_and_a_nonzero_exit(args, message):

@@ -121,6 +121,30 @@ def test_a_length_distribution_is_judged_as_one(tmp_path):
     ]
 
 
+@pytest.mark.parametrize("router, expected", [
+    ("router:\n  name: kv-awre", "16:3: router.name: unknown router 'kv-awre'; did you mean kv-aware?"),
+    ("router:\n  name: kv-aware\n  options:\n    temprature: 2",
+     "18:5: router.options.temprature: unknown option of kv-aware; did you mean temperature?"),
+    ("router:\n  name: p2c\n  options: {event_loss: 0.5}",
+     "17:13: router.options.event_loss: unknown option of p2c; allowed: replicas, processing_s, scrape_interval_s"),
+    ("router:\n  name: kv-aware\n  options:\n    state: eventz",
+     "18:5: router.options.state: Input should be 'exact', 'events' or 'approximate'"),
+    ('router: "kv-aware:bogus=1"', "15:1: router.options.bogus: unknown option of kv-aware; allowed: replicas, "),
+])
+def test_router_errors_from_a_file_name_the_file_and_line(tmp_path, router, expected):
+    f, lines = error_lines(tmp_path, edit(("router:\n  name: random", router)))
+    assert len(lines) == 1 and lines[0].startswith(f"Error: {f}:{expected}"), lines
+
+
+def test_router_problems_are_listed_with_the_others(tmp_path):
+    f, lines = error_lines(tmp_path, edit(("  name: random", "  name: kv-awre"), ("  concurrency:", "  concurency:")))
+    assert lines == [
+        f"Error: {f}: 2 problems",
+        f"  {f}:14:3: workload.concurency: unknown key; did you mean concurrency?",
+        f"  {f}:16:3: router.name: unknown router 'kv-awre'; did you mean kv-aware?",
+    ]
+
+
 def test_an_engine_option_for_another_engine_is_placed_at_its_line(tmp_path):
     f, lines = error_lines(tmp_path, edit(add="engine_options:\n  sglang:\n    chunked_prefil_size: 2048\n"))
     assert lines == [f"Error: {f}:21:5: engine_options.sglang.chunked_prefil_size: unknown option; did you mean "
@@ -151,3 +175,12 @@ def test_a_scenario_not_from_a_file_says_what_it_was_made_from_and_every_problem
         "  workload.concurrency: Input should be greater than or equal to 1",
         "  cluster.workers: Input should be greater than or equal to 1",
     ]
+
+
+def test_the_api_checks_routers_only_when_asked(tmp_path):
+    from sim.runner import router_problems
+
+    (tmp_path / "s.yaml").write_text(edit(("  name: random", "  name: kv-awre")))
+    assert load_scenario(tmp_path / "s.yaml")[0].router.name == "kv-awre"  # sim.scenario cannot see the routers
+    with pytest.raises(ScenarioError, match=re.escape(":16:3: router.name: unknown router 'kv-awre'")):
+        load_scenario(tmp_path / "s.yaml", checks=(router_problems,))

@@ -78,14 +78,16 @@ def _check(router, space, fixed=None):
 
 
 @pytest.mark.parametrize("router, space, fixed, names", [
-    ("kv-aware", "prefill_load_scal=0:16", None, "prefill_load_scal: not an option of kv-aware (options: replicas"),
+    ("kv-aware", "prefill_load_scal=0:16", None, "prefill_load_scal: not an option of kv-aware; did you mean prefill_load_scale? (options: replicas"),
     ("kv-aware", "overlap_score_credit=0:2", None, "overlap_score_credit=2 is not allowed for kv-aware"),
     ("kv-aware", "temperature=0:1", {"temperature": 0.1}, "temperature: fixed in the router spec and searched"),
     ("kv-aware", "workers=0..4", None, "workers: give whole numbers >= 1"),
     ("kv-aware", "workers=1:4", None, "workers: give whole numbers >= 1"),
     ("kv-aware", "kv-gib=0:4", None, "kv-gib: give GiB per worker > 0"),
     ("sglang-cache-aware", "min_load_tie=first|fewest", None, "min_load_tie=fewest is not allowed"),
-    ("random", "temperature=0:1", None, "temperature: not an option of random"),
+    ("random", "temperature=0:1", None, "temperature: not an option of random (options: replicas, processing_s;"),
+    ("random", "worker=2..4", None, "worker: not an option of random; did you mean workers? (options: replicas"),
+    ("kv-aware", "kv_gib=1:4", None, "kv_gib: not an option of kv-aware; did you mean kv-gib? (options: replicas"),
 ])
 def test_space_keys_must_be_options_the_router_accepts(router, space, fixed, names):
     with pytest.raises(ValueError, match=None) as err:
