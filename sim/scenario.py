@@ -489,7 +489,13 @@ def scenario_file_path(ref: str, base_dir: Path) -> Path:
 
 
 class _ScenarioLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, refusing a mapping that gives one key twice (PyYAML keeps the last silently)."""
+    """PyYAML's safe loader, refusing a mapping that gives one key twice (PyYAML keeps the last silently), and
+    reading the floats of YAML 1.2 that YAML 1.1 reads as text (`50.4e9`, `1e-3`: no dot, or no exponent sign) as
+    numbers.
+
+    NOTE: PyYAML implements YAML 1.1, whose floats need a dot and a signed exponent (`50.4e+9`); YAML 1.2, which
+    most other tools read, does not. Only floats are taken from 1.2: `yes`/`no` stay booleans. Files that ship with
+    kvsim write floats the 1.1 way, so that any YAML tool reads them as numbers (tests/scenario/test_schema.py)."""
 
     def construct_mapping(self, node, deep=False):
         seen: set = set()
@@ -499,6 +505,11 @@ class _ScenarioLoader(yaml.SafeLoader):
                 raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
+
+
+_ScenarioLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)[eE][-+]?[0-9]+$"),
+    list("-+.0123456789"))
 
 
 def read_yaml(text: str) -> tuple[Any, Marks]:
