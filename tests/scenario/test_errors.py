@@ -6,6 +6,7 @@ misspelt. Router names and options in the file are checked at load, with their l
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -184,3 +185,23 @@ def test_the_api_checks_routers_only_when_asked(tmp_path):
     assert load_scenario(tmp_path / "s.yaml")[0].router.name == "kv-awre"  # sim.scenario cannot see the routers
     with pytest.raises(ScenarioError, match=re.escape(":16:3: router.name: unknown router 'kv-awre'")):
         load_scenario(tmp_path / "s.yaml", checks=(router_problems,))
+
+
+def test_the_errors_docs_scenarios_md_shows_are_what_kvsim_prints(tmp_path, monkeypatch):
+    from tests.support.paths import REPO
+
+    doc = (REPO / "docs" / "scenarios.md").read_text()
+    shown = re.findall(r"```\n(Error: my\.yaml.*?)\n```", doc, re.S)
+    exported = CliRunner().invoke(main, ["scenarios", "export", "service-baseline"]).output
+    monkeypatch.chdir(tmp_path)
+    printed = []
+    for changes in ((("  kv_cache_bytes:", "  kv_cach_bytes:"), ("  concurrency: 8", "  concurency: 8")),
+                    (("router:\n  name: random", "router:\n  name: kv-aware\n  options:\n    temprature: 2"),)):
+        text = exported
+        for old, new in changes:
+            assert old in text, old
+            text = text.replace(old, new, 1)
+        Path("my.yaml").write_text(text)
+        res = CliRunner().invoke(main, ["run", "my.yaml"])
+        printed.append(res.output[res.output.index("Error:"):].rstrip("\n"))
+    assert shown == printed
