@@ -5,6 +5,7 @@ way at a time, and router options."""
 from __future__ import annotations
 
 import os
+import re
 import stat
 
 import pytest
@@ -75,6 +76,8 @@ def test_a_bad_scenario_file_is_one_line_error(tmp_path, case, mutate, expected)
     path.write_text(mutate(BASE))
     result = CliRunner().invoke(main, ["run", str(path)])
     _one_line_error(result, expected)
+    error = result.output.strip().splitlines()[-1]
+    assert re.match(rf"Error: {re.escape(str(path))}(:\d+:\d+)?: ", error), error  # the file, and its line
 
 
 def test_a_binary_scenario_file_is_one_line_error(tmp_path):
