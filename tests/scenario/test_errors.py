@@ -61,109 +61,86 @@ def test_the_small_scenario_is_valid(tmp_path):
     assert load_scenario(tmp_path / "s.yaml")[0].name == "small"
 
 
-def test_a_misspelt_required_key_is_named_with_its_line_and_as_the_missing_one(tmp_path):
-    f, lines = error_lines(tmp_path, edit(("  kv_cache_bytes:", "  kv_cach_bytes:")))
-    assert lines == [
-        f"Error: {f}: 2 problems",
-        f"  {f}:4:1: engine.kv_cache_bytes: Field required; probably given misspelt, as kv_cach_bytes",
-        f"  {f}:6:3: engine.kv_cach_bytes: unknown key; probably the required kv_cache_bytes, misspelt",
-    ]
+# (case, the edit of SMALL, the lines of the error with F for the file): every problem, in the file's order
+SEVERAL_CASES = [
+    ("a misspelt required key is called the missing one", [("  kv_cache_bytes:", "  kv_cach_bytes:")], [
+        "Error: F: 2 problems",
+        "  F:4:1: engine.kv_cache_bytes: Field required; probably given misspelt, as kv_cach_bytes",
+        "  F:6:3: engine.kv_cach_bytes: unknown key; probably the required kv_cache_bytes, misspelt"]),
+    ("three sections", [("  workers: 2", "  workers: 0"), ("  concurrency:", "  concurency:"),
+                        ("  min_requests:", "  min_request:")], [
+        "Error: F: 3 problems",
+        "  F:12:3: workload.min_request: unknown key; did you mean min_requests?",
+        "  F:14:3: workload.concurency: unknown key; did you mean concurrency?",
+        "  F:18:3: cluster.workers: Input should be greater than or equal to 1"]),
+    ("a length distribution is judged as one", [("  tail_tokens: 32", "  tail_tokens: {kind: uniform, lw: 8, high: 64}")], [
+        "Error: F: 2 problems",
+        "  F:10:3: workload.tail_tokens.low: Field required; probably given misspelt, as lw",
+        "  F:10:32: workload.tail_tokens.lw: unknown key; probably the required low, misspelt"]),
+    ("the router's among the others", [("  name: random", "  name: kv-awre"), ("  concurrency:", "  concurency:")], [
+        "Error: F: 2 problems",
+        "  F:14:3: workload.concurency: unknown key; did you mean concurrency?",
+        "  F:16:3: router.name: unknown router 'kv-awre'; did you mean kv-aware?"]),
+]
 
 
-def test_every_problem_is_shown_in_the_order_of_the_file(tmp_path):
-    f, lines = error_lines(tmp_path, edit(("  workers: 2", "  workers: 0"), ("  concurrency:", "  concurency:"),
-                                          ("  min_requests:", "  min_request:")))
-    assert lines == [
-        f"Error: {f}: 3 problems",
-        f"  {f}:12:3: workload.min_request: unknown key; did you mean min_requests?",
-        f"  {f}:14:3: workload.concurency: unknown key; did you mean concurrency?",
-        f"  {f}:18:3: cluster.workers: Input should be greater than or equal to 1",
-    ]
+@pytest.mark.parametrize("case, changes, expected", SEVERAL_CASES, ids=[c[0] for c in SEVERAL_CASES])
+def test_several_problems_are_a_summary_line_then_one_line_each(tmp_path, case, changes, expected):
+    f, lines = error_lines(tmp_path, edit(*changes))
+    assert lines == [line.replace("F", f, 1) if line.startswith("Error: F") else line.replace("  F:", f"  {f}:", 1)
+                     for line in expected]
 
 
-@pytest.mark.parametrize("engine, key, nearest", [("vllm", "block_sise", "block_size"),
-                                                  ("vllm", "max_num_seq", "max_num_seqs"),
-                                                  ("sglang", "page_sise", "page_size"),
-                                                  ("sglang", "chunked_prefil_size", "chunked_prefill_size")])
-def test_an_unknown_engine_key_suggests_the_selected_engines_field(tmp_path, engine, key, nearest):
-    f, lines = error_lines(tmp_path, edit(("  kind: vllm", f"  kind: {engine}\n  {key}: 16")))
-    assert lines == [f"Error: {f}:6:3: engine.{key}: unknown key; did you mean {nearest}?"]
+_ROUTER = "router:\n  name: random"
+
+# (case, the edit of SMALL: (old, new) pairs and text to add, the one line after "Error: FILE"; "..." ends a prefix)
+ONE_LINE_CASES = [
+    ("vllm's own key", [("  kind: vllm", "  kind: vllm\n  block_sise: 16")], "",
+     ":6:3: engine.block_sise: unknown key; did you mean block_size?"),
+    ("vllm's own key, plural", [("  kind: vllm", "  kind: vllm\n  max_num_seq: 16")], "",
+     ":6:3: engine.max_num_seq: unknown key; did you mean max_num_seqs?"),
+    ("sglang's own key", [("  kind: vllm", "  kind: sglang\n  page_sise: 16")], "",
+     ":6:3: engine.page_sise: unknown key; did you mean page_size?"),
+    ("sglang's own key, long", [("  kind: vllm", "  kind: sglang\n  chunked_prefil_size: 16")], "",
+     ":6:3: engine.chunked_prefil_size: unknown key; did you mean chunked_prefill_size?"),
+    ("no near field", [], "  colour: blue\n",
+     ":19:3: cluster.colour: unknown key; allowed: workers, deployments, default_device, router_hop_s, "
+     "request_overhead_s, response_overhead_s, reuse_breakdown"),
+    ("unknown engine", [("  kind: vllm", "  kind: vlm")], "", ":5:3: engine.kind: unknown engine 'vlm'; did you mean vllm?"),
+    ("a list item", [], "  deployments:\n    - workers: 2\n      devices:\n        - {name: a, workers: 1}\n"
+                        "        - {name: b, workers: 1, speed: 0}\n",
+     ":23:33: cluster.deployments.0.devices.1.speed: Input should be greater than 0"),
+    ("a length of the wrong type is one problem", [("  tail_tokens: 32", "  tail_tokens: many")], "",
+     ":10:3: workload.tail_tokens: Input should be a valid integer, unable to parse string as an integer; or Input "
+     "should be a valid dictionary or instance of LengthSpec"),
+    ("another engine's option", [], "engine_options:\n  sglang:\n    chunked_prefil_size: 2048\n",
+     ":21:5: engine_options.sglang.chunked_prefil_size: unknown option; did you mean chunked_prefill_size?"),
+    ("the whole scenario, no key", [("  kv_cache_bytes: 1073741824", "  kv_cache_bytes: 1000000000000000000")], "",
+     ": too big to simulate: ..."),
+    ("duplicate key", [], "name: again\n", ":19:1: not valid YAML: duplicate key 'name'"),
+    ("YAML syntax", [], "seed: [1, 2\n", ":20:1: not valid YAML: expected ',' or ']', but got '<stream end>'"),
+    # the router's name and options, checked as the file is read
+    ("unknown router", [(_ROUTER, "router:\n  name: kv-awre")], "",
+     ":16:3: router.name: unknown router 'kv-awre'; did you mean kv-aware?"),
+    ("misspelt router option", [(_ROUTER, "router:\n  name: kv-aware\n  options:\n    temprature: 2")], "",
+     ":18:5: router.options.temprature: unknown option of kv-aware; did you mean temperature?"),
+    ("another router's option", [(_ROUTER, "router:\n  name: p2c\n  options: {event_loss: 0.5}")], "",
+     ":17:13: router.options.event_loss: unknown option of p2c; allowed: replicas, processing_s, scrape_interval_s, ..."),
+    ("bad router option value", [(_ROUTER, "router:\n  name: kv-aware\n  options:\n    state: eventz")], "",
+     ":18:5: router.options.state: Input should be 'exact', 'events' or 'approximate'"),
+    ("router spec text", [(_ROUTER, 'router: "kv-aware:bogus=1"')], "",
+     ":15:1: router.options.bogus: unknown option of kv-aware; allowed: replicas, processing_s, ..."),
+]
 
 
-def test_an_unknown_key_with_no_near_field_lists_the_sections_fields(tmp_path):
-    f, lines = error_lines(tmp_path, edit(add="  colour: blue\n"))
-    assert lines == [f"Error: {f}:19:3: cluster.colour: unknown key; allowed: workers, deployments, default_device, "
-                     f"router_hop_s, request_overhead_s, response_overhead_s, reuse_breakdown"]
-
-
-def test_an_unknown_engine_kind_suggests_the_nearest(tmp_path):
-    f, lines = error_lines(tmp_path, edit(("  kind: vllm", "  kind: vlm")))
-    assert lines == [f"Error: {f}:5:3: engine.kind: unknown engine 'vlm'; did you mean vllm?"]
-
-
-def test_a_value_in_a_list_is_placed_at_its_item(tmp_path):
-    f, lines = error_lines(tmp_path, edit(add="  deployments:\n    - workers: 2\n      devices:\n"
-                                              "        - {name: a, workers: 1}\n        - {name: b, workers: 1, speed: 0}\n"))
-    assert lines == [f"Error: {f}:23:33: cluster.deployments.0.devices.1.speed: Input should be greater than 0"]
-
-
-def test_a_value_of_the_wrong_type_for_a_length_is_one_problem(tmp_path):
-    f, lines = error_lines(tmp_path, edit(("  tail_tokens: 32", "  tail_tokens: many")))
-    assert lines == [f"Error: {f}:10:3: workload.tail_tokens: Input should be a valid integer, unable to parse "
-                     f"string as an integer; or Input should be a valid dictionary or instance of LengthSpec"]
-
-
-def test_a_length_distribution_is_judged_as_one(tmp_path):
-    f, lines = error_lines(tmp_path, edit(("  tail_tokens: 32", "  tail_tokens: {kind: uniform, lw: 8, high: 64}")))
-    assert lines == [
-        f"Error: {f}: 2 problems",
-        f"  {f}:10:3: workload.tail_tokens.low: Field required; probably given misspelt, as lw",
-        f"  {f}:10:32: workload.tail_tokens.lw: unknown key; probably the required low, misspelt",
-    ]
-
-
-@pytest.mark.parametrize("router, expected", [
-    ("router:\n  name: kv-awre", "16:3: router.name: unknown router 'kv-awre'; did you mean kv-aware?"),
-    ("router:\n  name: kv-aware\n  options:\n    temprature: 2",
-     "18:5: router.options.temprature: unknown option of kv-aware; did you mean temperature?"),
-    ("router:\n  name: p2c\n  options: {event_loss: 0.5}",
-     "17:13: router.options.event_loss: unknown option of p2c; allowed: replicas, processing_s, scrape_interval_s"),
-    ("router:\n  name: kv-aware\n  options:\n    state: eventz",
-     "18:5: router.options.state: Input should be 'exact', 'events' or 'approximate'"),
-    ('router: "kv-aware:bogus=1"', "15:1: router.options.bogus: unknown option of kv-aware; allowed: replicas, "),
-])
-def test_router_errors_from_a_file_name_the_file_and_line(tmp_path, router, expected):
-    f, lines = error_lines(tmp_path, edit(("router:\n  name: random", router)))
-    assert len(lines) == 1 and lines[0].startswith(f"Error: {f}:{expected}"), lines
-
-
-def test_router_problems_are_listed_with_the_others(tmp_path):
-    f, lines = error_lines(tmp_path, edit(("  name: random", "  name: kv-awre"), ("  concurrency:", "  concurency:")))
-    assert lines == [
-        f"Error: {f}: 2 problems",
-        f"  {f}:14:3: workload.concurency: unknown key; did you mean concurrency?",
-        f"  {f}:16:3: router.name: unknown router 'kv-awre'; did you mean kv-aware?",
-    ]
-
-
-def test_an_engine_option_for_another_engine_is_placed_at_its_line(tmp_path):
-    f, lines = error_lines(tmp_path, edit(add="engine_options:\n  sglang:\n    chunked_prefil_size: 2048\n"))
-    assert lines == [f"Error: {f}:21:5: engine_options.sglang.chunked_prefil_size: unknown option; did you mean "
-                     f"chunked_prefill_size?"]
-
-
-def test_a_problem_of_the_whole_scenario_names_the_file_and_no_key(tmp_path):
-    f, lines = error_lines(tmp_path, edit(("  kv_cache_bytes: 1073741824", "  kv_cache_bytes: 1000000000000000000")))
-    assert len(lines) == 1 and lines[0].startswith(f"Error: {f}: too big to simulate: "), lines
-
-
-@pytest.mark.parametrize("add, expected", [
-    ("name: again\n", ":19:1: not valid YAML: duplicate key 'name'"),
-    ("seed: [1, 2\n", r":20:1: not valid YAML: expected ',' or ']', but got '<stream end>'"),
-])
-def test_a_yaml_error_names_the_line(tmp_path, add, expected):
-    f, lines = error_lines(tmp_path, edit(add=add))
-    assert lines == [f"Error: {f}{expected}"]
+@pytest.mark.parametrize("case, changes, add, expected", ONE_LINE_CASES, ids=[c[0] for c in ONE_LINE_CASES])
+def test_one_problem_is_one_line_naming_the_file_line_and_column(tmp_path, case, changes, add, expected):
+    f, lines = error_lines(tmp_path, edit(*changes, add=add))
+    assert len(lines) == 1, lines
+    if expected.endswith("..."):
+        assert lines[0].startswith(f"Error: {f}{expected[:-3]}"), lines[0]
+    else:
+        assert lines[0] == f"Error: {f}{expected}"
 
 
 def test_a_scenario_not_from_a_file_says_what_it_was_made_from_and_every_problem(tmp_path):
