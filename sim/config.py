@@ -74,8 +74,9 @@ def dotted(loc: Loc) -> str:
 
 
 def nearest(name: str, allowed: Iterable[str]) -> str | None:
-    """The allowed name closest to a misspelt `name` (difflib's ratio >= 0.6), or None."""
-    close = difflib.get_close_matches(name, list(allowed), n=1, cutoff=0.6)
+    """The allowed name closest to a misspelt `name` (difflib's ratio >= 0.7: its default 0.6 takes `trtllm` for
+    `vllm`), or None."""
+    close = difflib.get_close_matches(name, list(allowed), n=1, cutoff=0.7)
     return close[0] if close else None
 
 

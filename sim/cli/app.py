@@ -45,11 +45,13 @@ def int_list(ctx: click.Context, param: click.Parameter, value: str | None) -> l
 
 
 def _registered_names(value: str, what: str, allowed: list[str]) -> list[str]:
-    """The comma-separated names of `value`, each one of `allowed`, or a one-line error naming the unknown ones."""
+    """The comma-separated names of `value`, each one of `allowed`, or a one-line error naming the unknown ones (one:
+    with the nearest allowed name)."""
     names = [v.strip() for v in value.split(",") if v.strip()]
     unknown = [n for n in names if n not in allowed]
     if unknown or not names:
-        raise click.BadParameter(f"unknown {what} {', '.join(unknown) or repr(value)}; allowed: {', '.join(allowed)}")
+        hint = suggestion(unknown[0], allowed) if len(unknown) == 1 else f"allowed: {', '.join(allowed)}"
+        raise click.BadParameter(f"unknown {what} {', '.join(unknown) or repr(value)}; {hint}")
     return names
 
 

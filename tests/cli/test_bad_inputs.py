@@ -282,6 +282,8 @@ OPTION_CASES = [
     (["sweep", "--workers", "1000000000", "--prefixes", "2"], 1, "too big to simulate"),
     (["run", "--prefixes", "2", "--concurrency", "1000000000"], 1, "workload.concurrency=1000000000 needs about"),
     (["run", "--prefixes", "2", "--slo", "ttft_ms=nan"], 2, "ttft_ms=nan: Input should be a finite number"),
+    (["run", "--prefixes", "2", "--engine", "sglng"], 2, "unknown engine sglng; did you mean sglang?"),
+    (["sweep", "--prefixes", "2", "--engine", "vllm,trtllm"], 2, "unknown engine trtllm; allowed: sglang, vllm"),
 ]
 
 
