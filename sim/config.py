@@ -1,5 +1,7 @@
 """The base of every configuration model (scenario sections, engine specs): unknown keys are errors, values frozen,
-and no infinite or NaN number gets in (it would reach the event loop: an infinite step time never ends)."""
+and no infinite or NaN number gets in (it would reach the event loop: an infinite step time never ends). The one
+grammar of `k=v` lists, and how a model's validation errors are told (`validation_problems`: every problem, where it
+is, the nearest valid name), for scenario files and router options alike."""
 
 from __future__ import annotations
 
