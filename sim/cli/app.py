@@ -4,7 +4,6 @@ formatting, the executor options, progress bars and the output directory check."
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,12 +16,11 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from sim.cli.render import console  # noqa: F401 - what every command prints through (prose, tables, rows)
 from sim.config import key_values, suggestion
 from sim.studies.reference import Measurement, load_reference, reference_path
 from sim.scenario import Scenario, ScenarioError, SloSpec, load_scenario
 
-# NOTE: piped output (CI logs, files) gets a wide table instead of rich's 80-column default.
-console = Console() if sys.stdout.isatty() else Console(width=200)
 err_console = Console(stderr=True)
 
 

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import click
 import yaml
-from rich.table import Table
 
 from sim.cli.app import (
     checked_out_file, console, executor_options, load_or_exit, main, open_executor_or_exit, progress_bar,
     scenario_option,
 )
+from sim.cli.render import Table, format_option
 from sim.cli.study_runs import journaled_search, resume_command
 from sim.config import key_value
 from sim.scenario import SHIPPED
@@ -70,6 +70,7 @@ def _holdout(ctx: click.Context, param: click.Parameter, value: str | None):
 @click.option("--resume", is_flag=True, default=False,
               help="Continue the calibration journaled in <out>.runs.jsonl: the fit replays, taking its finished "
                    "simulations from the journal (same scenario, measurements and fit options needed).")
+@format_option("the residuals (the rows --report writes)")
 @click.pass_context
 def calibrate(ctx, scenario_path, measured_path, run_paths, ttft_source, fit_params, metric_names, holdout, repeats,
               starts, refine,
@@ -152,7 +153,8 @@ def calibrate(ctx, scenario_path, measured_path, run_paths, ttft_source, fit_par
 
     table = Table(title=f"{base.name}: measured vs predicted after {result.evaluations} evaluations")
     for col in ("point", "metric", "measured", "predicted", "error", "used"):
-        table.add_column(col, justify="left" if col in ("point", "metric", "used") else "right")
+        table.add_column(col, justify="left" if col in ("point", "metric", "used") else "right",
+                         key=col in ("point", "metric"))
     for r in result.residuals:
         w, n, c = r.target.point
         where = f"{w} workers, N={n}, concurrency {c}"
@@ -190,9 +192,11 @@ def calibrate(ctx, scenario_path, measured_path, run_paths, ttft_source, fit_par
     if not fitted.slo.to_slo().is_set:
         del data["slo"]  # an unset SLO is the default: no block of nulls in the written file
     write_atomic(out, (header + yaml.safe_dump(data, sort_keys=False)).encode())
+    rows = [{"point": r.target.case, "metric": r.target.metric,
+             "measured": r.target.measured, "predicted": r.predicted, "error": r.error,
+             "used_in_fit": r.used_in_fit} for r in result.residuals]
+    columns = ["point", "metric", "measured", "predicted", "error", "used_in_fit"]
+    console.data(rows, columns)
     if report_path:
-        rows = [{"point": r.target.case, "metric": r.target.metric,
-                 "measured": r.target.measured, "predicted": r.predicted, "error": r.error,
-                 "used_in_fit": r.used_in_fit} for r in result.residuals]
-        write_atomic(Path(report_path), csv_bytes(rows, list(rows[0])))
+        write_atomic(Path(report_path), csv_bytes(rows, columns))
     console.print(f"wrote {out}" + (f" and {report_path}" if report_path else ""))

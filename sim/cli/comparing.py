@@ -7,12 +7,12 @@ import math
 from pathlib import Path
 
 import click
-from rich.table import Table
 
 from sim.cli.app import (
     ENGINE_HELP, NEEDS_A_RECORDING, SHARED_FIRST_BLOCK, SLO_HELP, checked_out_dir, console, executor_options, fmt,
     hit_rates_legend, int_list, load_or_exit, main, on_engine, one_engine, router_list, router_names, scenario_option, slo_option, with_slo,
 )
+from sim.cli.render import Table, format_option
 from sim.cli.replaying import trace_base, trace_overrides
 from sim.results.output_set import write_output_set
 from sim.results.report import SUMMARY_COLUMNS, csv_bytes
@@ -67,6 +67,7 @@ def _pm(agg: dict, metric: str, spec: str) -> str:
                    "DIR/manifest.json listing them; every finished run is journaled in DIR/runs.jsonl.")
 @click.option("--resume", is_flag=True, default=False,
               help="Continue the comparison journaled in --out DIR/runs.jsonl: skip its finished runs.")
+@format_option("the rows of compare.csv (a row per router and point)")
 @click.pass_context
 def compare(ctx, scenario_path, prefixes, workers, concurrency, routers, engine, repeats, seed, jobs, executor_kind,
             dask_scheduler, trace_path, kv_tokens, limit, speed, trace_block_size, slo, out_dir, resume) -> None:
@@ -120,6 +121,7 @@ def compare(ctx, scenario_path, prefixes, workers, concurrency, routers, engine,
 
     aggregated = aggregate_routers(rows, capacity_requests=capacity)
     _print_tables(aggregated, what=what, capacity=capacity, repeats=repeats)
+    console.data(aggregated, compare_columns(aggregated))
     if out is not None:
         extra = [k for k in dict.fromkeys(k for r in rows for k in r) if k not in SUMMARY_COLUMNS]
         intervals = f"mean ± 95% CI over {repeats} runs" if repeats > 1 else "1 run: no interval"
@@ -199,7 +201,8 @@ def _print_tables(aggregated: list[dict], *, what: str, capacity: float | None, 
         cols = ["front", "router", "prefix reuse" if trace else "hit rate", "request hit" if trace else "token hit", "of bound", "TTFT p50 ms",
                 "TTFT p99 ms", "req/s", "max share", *(c[1] for c in optional)]
         for col in cols:
-            table.add_column(col, justify="left" if col in ("router", "front") else "right")
+            named = col in ("router", "front")
+            table.add_column(col, justify="left" if named else "right", key=named)
         for agg in block:
             table.add_row(
                 "★" if agg["on_front"] else "", str(agg["router"]),

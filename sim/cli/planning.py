@@ -8,13 +8,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import click
-from rich.table import Table
 
 from sim.cli.app import (
     CPU_KV_HELP, ENGINE_HELP, SLO_HELP, UsageExit, checked_out_dir, console, executor_options, finite_float, hardware_options,
     load_or_exit, main, on_cpu_kv, on_engine, on_hardware, one_engine, open_executor_or_exit, progress_bar,
     router_list, scenario_option, slo_option, with_slo,
 )
+from sim.cli.render import Table, format_option
 from sim.cli.study_runs import journaled_search, resume_command
 from sim.cli.tuning import CONSTRAINT_HELP, paste_text, parse_constraints, parse_objective, value_text
 from sim.results.figures import plan_figure
@@ -132,6 +132,7 @@ def _plan_base(scenario_path, prefixes, zipf, workers, concurrency, cpu_kv_gib, 
 @_cluster_options
 @click.option("--slo", callback=slo_option, default=None, help=SLO_HELP)
 @_out_options("DIR/plan.csv (a row per router) and DIR/plan.png, then DIR/manifest.json listing them", "search")
+@format_option("the rows of plan.csv (a row per router)")
 @click.pass_context
 def plan_router(ctx, scenario_path, prefixes, zipf, concurrency, routers, target_hit_rate, target_ttft_p99_ms,
                 constraints, objective, budget, seed, workers, cpu_kv_gib, engine, model, gpu, repeats, jobs,
@@ -181,6 +182,7 @@ def plan_router(ctx, scenario_path, prefixes, zipf, concurrency, routers, target
               help="Measured requests per simulated run, after a discarded transient that lets every reachable "
                    "(worker, prefix) pair be visited (steady state).")
 @_out_options("DIR/plan.csv (a row per router) and DIR/plan.png", "bisection")
+@format_option("the rows of plan.csv (a row per router)")
 @click.pass_context
 def plan_capacity(ctx, scenario_path, prefixes, zipf, concurrency, vary, target_hit_rate, target_ttft_p99_ms, low,
                   high, step, routers, workers, cpu_kv_gib, engine, model, gpu, repeats, jobs, executor_kind,
@@ -233,7 +235,7 @@ def plan_capacity(ctx, scenario_path, prefixes, zipf, concurrency, vary, target_
                         f"cheapest {vary} for {what}")
     for col in ("router", "answer", "simulated hit rate", "simulated TTFT p99 ms", "analytic answer",
                 "simulated below answer", "runs"):
-        table.add_column(col, justify="left" if col == "router" else "right")
+        table.add_column(col, justify="left" if col == "router" else "right", key=col == "router")
     rows = []
     for p in plans:
         at = p.at_answer
@@ -259,11 +261,12 @@ def plan_capacity(ctx, scenario_path, prefixes, zipf, concurrency, vary, target_
     console.print(table)
     console.print(f"steady state: {horizon} measured requests per run after a discarded transient, {repeats} runs per "
                   f"candidate; intervals are 95 % over runs")
+    columns = ["router", "vary", "answer", "unit", "predicted", "target", "analytic_answer", "metric",
+               "predicted_ci95"] + (["predicted_ttft_p99_ms", "target_ttft_p99_ms"]
+                                    if target_hit_rate is not None and target_ttft_p99_ms is not None else [])
+    console.data(rows, columns)
     if out_dir:
         out = Path(out_dir)
-        columns = ["router", "vary", "answer", "unit", "predicted", "target", "analytic_answer", "metric",
-                   "predicted_ci95"] + (["predicted_ttft_p99_ms", "target_ttft_p99_ms"]
-                                        if target_hit_rate is not None and target_ttft_p99_ms is not None else [])
         write_atomic(out / "plan.csv", csv_bytes(rows, columns))
         write_atomic(out / "plan.png", plan_figure(plans, target_hit_rate=target_hit_rate,
                                                    target_ttft_p99_ms=target_ttft_p99_ms, unit=unit,
@@ -301,7 +304,8 @@ def show_choice(base: Scenario, choice, *, objective, budget: int, repeats: int,
     table = Table(title=f"{base.name} on {base.engine.kind}, {base.cluster.workers} workers, N={base.workload.prefixes}, "
                         f"concurrency={base.workload.concurrency}: which router for {objective.text()} with {what}")
     for col in ("router", "best setting", *named, "meets", f"default's {column}", "runs"):
-        table.add_column(col, justify="left" if col in ("router", "best setting", "meets") else "right")
+        table.add_column(col, justify="left" if col in ("router", "best setting", "meets") else "right",
+                         key=col == "router", prose=col == "best setting")
     rows = []
     for i, result in enumerate(choice.results):
         t = result.answer
@@ -326,9 +330,10 @@ def show_choice(base: Scenario, choice, *, objective, budget: int, repeats: int,
         console.print(f"answer: {answer.answer.router}, {column} {value_text(answer.answer, column)} "
                       f"(its default: {value_text(answer.baseline, column)})", highlight=False)
     console.print(f"paste: {paste_text(answer, answer.answer)}", highlight=False)
+    columns = ["router", "vary", "answer", "unit", "predicted", "target", "analytic_answer", "metric",
+               "predicted_ci95", "feasible", "trials", *(f"mean_{c}" for c in named), f"default_{column}"]
+    console.data(rows, columns)
     if out is not None:
-        columns = ["router", "vary", "answer", "unit", "predicted", "target", "analytic_answer", "metric",
-                   "predicted_ci95", "feasible", "trials", *(f"mean_{c}" for c in named), f"default_{column}"]
         files = {
             "plan.csv": csv_bytes(rows, columns),
             "plan.png": choose_router_figure(choice, title=(

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from sim.cli.app import (
     UsageExit, checked_out_file, console, err_console, fmt, load_or_exit, main, positional_or_option, router_names,
     scenario_option,
 )
+from sim.cli.render import Table, format_option
 from sim.results.report import csv_bytes, write_atomic
 from sim.results.stats import ratio
 from sim.scenario import ScenarioError
@@ -131,6 +131,7 @@ def _tolerances(ctx: click.Context, param: click.Parameter, values: tuple[str, .
                    "request_hit_rate=0.03,ttft_p50_ms=25%; repeatable. Exit 1 if a figure is outside.")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
               help="Write one row per (run, metric): run, metric, measured, predicted, error.")
+@format_option("the rows --out writes (a row per run and metric)")
 def validate(run_files, run_paths, scenario_path, routing, ttft_source, tolerances, out_path) -> None:
     """Simulate measured runs and compare kvsim's prediction with them.
 
@@ -162,7 +163,8 @@ def validate(run_files, run_paths, scenario_path, routing, ttft_source, toleranc
             raise click.ClickException(str(err)) from None
     table = Table(title=f"measured vs kvsim ({routing} routing, {ttft_source} TTFT, base scenario {base.name})")
     for col in ("run", "metric", "measured", "predicted", "error", "relative", "check"):
-        table.add_column(col, justify="left" if col in ("run", "metric", "check") else "right")
+        table.add_column(col, justify="left" if col in ("run", "metric", "check") else "right",
+                         key=col in ("run", "metric"))
     failed = []
     for c in comparisons:
         bad = [t for t in tolerances if t.violated_by(c)]
@@ -173,10 +175,12 @@ def validate(run_files, run_paths, scenario_path, routing, ttft_source, toleranc
         table.add_row(c.run, c.metric, fmt(c.measured, spec), fmt(c.predicted, spec), fmt(c.error, "+" + spec),
                       fmt(100 * c.relative_error, "+.1f") + " %", check)
     console.print(table)
+    rows = [{"run": c.run, "metric": c.metric, "measured": c.measured, "predicted": c.predicted,
+             "error": c.error} for c in comparisons]
+    columns = ["run", "metric", "measured", "predicted", "error"]
+    console.data(rows, columns)
     if out_path:
-        rows = [{"run": c.run, "metric": c.metric, "measured": c.measured, "predicted": c.predicted,
-                 "error": c.error} for c in comparisons]
-        write_atomic(Path(out_path), csv_bytes(rows, ["run", "metric", "measured", "predicted", "error"]))
+        write_atomic(Path(out_path), csv_bytes(rows, columns))
         console.print(f"wrote {out_path}")
     if failed:
         worst = failed[0]

@@ -7,13 +7,13 @@ import functools
 from pathlib import Path
 
 import click
-from rich.table import Table
 
 from sim.cli.app import (
     CPU_KV_HELP, ENGINE_HELP, SHARED_FIRST_BLOCK, SLO_HELP, UsageExit, checked_out_dir, console, err_console,
     executor_options, fmt, hit_rates_legend, load_or_exit, main, on_cpu_kv, on_engine, one_engine, open_executor_or_exit, positional_or_option, progress_bar,
     router_list, scenario_option, slo_option, with_slo,
 )
+from sim.cli.render import Table, format_option
 from sim.results.figures import replay_figure
 from sim.results.report import csv_bytes, write_atomic
 from sim.scenario import Scenario, ScenarioError
@@ -103,6 +103,7 @@ def trace_overrides(base: Scenario, *, block_size: int | None, kv_tokens: int | 
 @click.option("--slo", callback=slo_option, default=None, help=SLO_HELP)
 @click.option("--cpu-kv-gib", "cpu_kv_gib", type=click.FloatRange(min=0), default=None, help=CPU_KV_HELP)
 @executor_options
+@format_option("the row of summary.csv")
 def replay(trace_file, trace_path, workers, kv_tokens, kv_blocks, kv_bytes, router, engine, scenario_path, block_size,
            trace_block_size, speed, limit, bin_s, out_dir, jobs, reuse_breakdown, slo, cpu_kv_gib, executor_kind,
            dask_scheduler) -> None:
@@ -170,8 +171,8 @@ def replay(trace_file, trace_path, workers, kv_tokens, kv_blocks, kv_bytes, rout
     }
     table = Table(title=f"replay of {Path(trace).name}: {workers} workers x {scenario.capacity_tokens:,} KV tokens "
                         f"(blocks of {B}), {scenario.router.name}, {scenario.engine.kind}")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
+    table.add_column("metric", justify="left", key=True)
+    table.add_column("value")
     for key, value in row.items():
         table.add_row(key, fmt(value, ".4g") if isinstance(value, float) else str(value))
     console.print(table)
@@ -179,7 +180,7 @@ def replay(trace_file, trace_path, workers, kv_tokens, kv_blocks, kv_bytes, rout
                   highlight=False)
     load = Table(title="per worker")
     for col in ("worker", "requests", "share of prompt tokens", "token hit rate", "preemptions"):
-        load.add_column(col, justify="right")
+        load.add_column(col, key=col == "worker")
     worker_rows = []
     for w, n, tokens in zip(result.workers, st.requests_per_worker, st.prompt_tokens_per_worker):
         worker_rows.append({"worker": w.worker, "requests": n, "prompt_tokens": tokens,
@@ -188,6 +189,7 @@ def replay(trace_file, trace_path, workers, kv_tokens, kv_blocks, kv_bytes, rout
                      fmt(worker_rows[-1]["token_hit_rate"]), str(w.engine.preemptions))
     console.print(load)
     console.print(f"{st.requests} requests in {wall_s:.2f} s wall = {st.requests / wall_s:.0f} requests/s")
+    console.data([row], list(row))
     if out_dir:
         out = Path(out_dir)
         write_atomic(out / "summary.csv", csv_bytes([row], list(row)))

@@ -1,4 +1,5 @@
-"""`kvsim sweep`, `kvsim run` and `kvsim routers`: simulate points of a scenario and list the routers."""
+"""`kvsim sweep` and `kvsim run` simulate points of a scenario; `kvsim routers`, `engines`, `hardware` and `schema` list
+what a scenario can name."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ from dataclasses import asdict
 from pathlib import Path
 
 import click
-from rich.table import Table
 
 from sim.studies.analytic import formula_hit_rate
 from sim.cli.app import (
@@ -16,13 +16,15 @@ from sim.cli.app import (
     executor_options, fmt, gib_list, hardware_options, hit_rates_legend, int_list, load_or_exit, main, on_cpu_kv,
     on_engine, on_hardware, one_engine, positional_or_option, reference_measurements, router_list, scenario_option, slo_option, with_slo,
 )
+from sim.cli import render
+from sim.cli.render import Table, format_option
 from sim.results.figures import engine_figure, hit_rate_figure, ttft_cdf_figure
 from sim.results.output_set import write_output_set
 from sim.results.report import SUMMARY_COLUMNS, aggregate, csv_bytes, write_atomic
 from sim.scenario import ScenarioError
 from sim.scenario import cpu_kv_gib as cpu_kv_gib_of
 from sim.studies.reference import measured
-from sim.routing.spec import router_label, router_overrides
+from sim.routing.spec import format_value, router_label, router_overrides
 
 
 @main.command()
@@ -51,6 +53,7 @@ from sim.routing.spec import router_label, router_overrides
 @click.option("--resume", is_flag=True, default=False,
               help="Continue the sweep journaled in --out DIR/runs.jsonl: skip its finished runs (same scenario "
                    "needed). Without it the journal starts afresh.")
+@format_option("the rows of summary.csv (a row per run)")
 @click.pass_context
 def sweep(ctx, scenario_path, prefixes, workers, concurrency, routers, engines, cpu_kv_gib, repeats, seed, jobs,
           executor_kind, dask_scheduler, slo, model, gpu, out_dir, resume) -> None:
@@ -99,10 +102,11 @@ def sweep(ctx, scenario_path, prefixes, workers, concurrency, routers, engines, 
     # NOTE: the host-tier columns only when a tier is swept or set: a GPU-only table stays as it was.
     tiers = bool(cpu_kv_gib) or any(float(r.get("cpu_kv_gib", 0)) > 0 for r in rows)
     tier_cols = ("CPU GiB", "GPU hit", "CPU hit", "TTFT GPU-hit p50", "TTFT CPU-hit p50", "TTFT miss p50") if tiers else ()
-    for col in ("workers", "N", "conc", "router", "engine", *tier_cols[:1], "hit rate", "formula", "measured",
+    keys = ("workers", "N", "conc", "router", "engine", *tier_cols[:1])
+    for col in (*keys, "hit rate", "formula", "measured",
                 "sim-meas", "full hit", "token hit", "TTFT p50 ms", "TTFT p99 ms", "req/s", *tier_cols[1:],
                 *(("SLO met",) if with_goodput else ())):
-        table.add_column(col, justify="left" if col in ("router", "engine") else "right")
+        table.add_column(col, justify="left" if col in ("router", "engine") else "right", key=col in keys)
     errors = []
     for row in aggregated:
         key = (row["workers"], row["prefixes"], row["concurrency"])
@@ -133,6 +137,7 @@ def sweep(ctx, scenario_path, prefixes, workers, concurrency, routers, engines, 
                   f"{hit_rates_legend('hit rate' + ' (± sd over repeats)' * (repeats > 1), 'token hit')}; "
                   f"full hit: share of requests whose whole shared prefix was cached; formula: min(1, C/N), "
                   f"{capacity_text(capacity)}", highlight=False)
+    console.data(rows, SUMMARY_COLUMNS)
     if errors:
         rmse = math.sqrt(sum(e * e for e in errors) / len(errors))
         console.print(f"request hit rate vs measured over {len(errors)} points: RMSE {100 * rmse:.2f} pp, "
@@ -178,6 +183,7 @@ def sweep(ctx, scenario_path, prefixes, workers, concurrency, routers, engines, 
 @hardware_options
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Write DIR/summary.csv (one row) and DIR/requests.csv (a row per request, warm-ups flagged).")
+@format_option("the row of summary.csv")
 def run_command(scenario_file, scenario_path, prefixes, workers, concurrency, router, engine, cpu_kv_gib, seed, slo,
                 model, gpu, out_dir) -> None:
     """Run one point of a scenario and print its summary.
@@ -219,8 +225,8 @@ def run_command(scenario_file, scenario_path, prefixes, workers, concurrency, ro
                         f"engine={scenario.engine.kind} {scenario.engine.version}"
                         + (f", host KV {host_gib:g} GiB/worker" if host_gib else "")
                         + f", seed={scenario.seed}")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
+    table.add_column("metric", justify="left", key=True)
+    table.add_column("value")
     for key in SUMMARY_COLUMNS[SUMMARY_COLUMNS.index("requests"):]:
         table.add_row(key, fmt(row[key], ".4g"))
     table.add_row("formula min(1, C/N)", f"{formula_hit_rate(scenario.kv_capacity_requests, scenario.workload.prefixes):.3f}")
@@ -233,7 +239,7 @@ def run_command(scenario_file, scenario_path, prefixes, workers, concurrency, ro
     for col in ("worker", "device", "requests", "GPU token hit rate" if tier else "token hit rate", "evicted blocks",
                 "preemptions", "steps",
                 *(("CPU stored", "CPU loaded", "CPU evicted") if tier else ())):
-        workers_table.add_column(col, justify="right")
+        workers_table.add_column(col, key=col == "worker")
     for w, n in zip(result.workers, summary.requests_per_worker):
         e = w.engine
         workers_table.add_row(str(w.worker), w.device, str(n), fmt(w.token_hit_rate),
@@ -241,6 +247,7 @@ def run_command(scenario_file, scenario_path, prefixes, workers, concurrency, ro
                               *((str(e.cpu_stored_blocks), str(e.cpu_loaded_blocks), str(e.cpu_evicted_blocks))
                                 if tier else ()))
     console.print(workers_table)
+    console.data([row], SUMMARY_COLUMNS)
     if out_dir:
         out = Path(out_dir)
         write_atomic(out / "summary.csv", csv_bytes([row], SUMMARY_COLUMNS))
@@ -252,6 +259,30 @@ def run_command(scenario_file, scenario_path, prefixes, workers, concurrency, ro
         console.print(f"wrote {out / 'summary.csv'} and {out / 'requests.csv'} ({len(records)} requests)")
 
 
+def _default_text(info) -> str:
+    """What a config field defaults to, as the listings print it."""
+    from pydantic import BaseModel
+
+    if info.is_required():
+        return "required"
+    value = info.get_default(call_default_factory=True)
+    if isinstance(value, BaseModel):
+        return "a section: its fields below"
+    return f"default {format_value(value)}"
+
+
+def _show_options(fields: dict, *, indent: int = 4, prefix: str = "") -> None:
+    """A config model's fields, one entry each (`name (default): description`, continuation lines indented); a field
+    that is a section of its own is followed by its fields as `name.field`."""
+    from pydantic import BaseModel
+
+    for name, info in fields.items():
+        render.entry(f"{prefix}{name}", info.description or "", detail=f"({_default_text(info)})", indent=indent)
+        default = None if info.is_required() else info.get_default(call_default_factory=True)
+        if isinstance(default, BaseModel):
+            _show_options(type(default).model_fields, indent=indent, prefix=f"{prefix}{name}.")
+
+
 @main.command()
 def engines() -> None:
     """List the engines and their options (the `engine:` section of a scenario)."""
@@ -259,10 +290,8 @@ def engines() -> None:
 
     for kind in sorted(ENGINES):
         spec = ENGINES[kind].Spec
-        console.print(f"[bold]{kind}[/bold]: {spec.__doc__.strip().splitlines()[0]}")
-        for field, info in spec.model_fields.items():
-            default = "required" if info.is_required() else f"default {info.default!r}"
-            console.print(f"    {field} ({default}): {info.description}")
+        render.entry(kind, spec.__doc__.strip().splitlines()[0])
+        _show_options(spec.model_fields)
 
 
 @main.command()
@@ -273,28 +302,33 @@ def hardware() -> None:
     from sim.timing.architecture import load_architecture, shipped_models
     from sim.timing.hardware import hardware_profiles
 
-    table = Table(title="hardware profiles (dense bf16 peaks; links per direction, the host link = PCIe to pinned "
-                        "CPU memory; sources in sim/timing/hardware.yaml)")
-    for col in ("name", "aliases", "TFLOP/s", "memory GB/s", "memory GB", "TP link GB/s", "host link GB/s", "what"):
-        table.add_column(col, justify="right" if "/s" in col or "GB" in col else "left")
-    for p in hardware_profiles().values():
-        table.add_row(p.name, ", ".join(p.aliases), f"{p.peak_flops / 1e12:.1f}", f"{p.memory_bandwidth / 1e9:,.0f}",
+    profiles = hardware_profiles().values()
+    render.entry("hardware profiles (--gpu NAME[xTP])", "dense bf16 peaks; links per direction, the host link = PCIe "
+                 "to pinned CPU memory; sources in sim/timing/hardware.yaml")
+    table = Table()
+    for col in ("name", "TFLOP/s", "memory GB/s", "memory GB", "TP link GB/s", "host link GB/s"):
+        table.add_column(col, justify="left" if col == "name" else "right", key=col == "name")
+    for p in profiles:
+        table.add_row(p.name, f"{p.peak_flops / 1e12:.1f}", f"{p.memory_bandwidth / 1e9:,.0f}",
                       f"{p.memory_bytes / 1e9:.0f}", f"{p.interconnect_bandwidth / 1e9:.0f}",
-                      f"{p.host_bandwidth / 1e9:.4g}", p.description)
+                      f"{p.host_bandwidth / 1e9:.4g}")
     console.print(table)
+    console.print()
+    for p in profiles:
+        render.entry(p.name, p.description + (f"; also --gpu {', '.join(p.aliases)}" if p.aliases else ""))
+    console.print()
     models = Table(title="shipped models (--model NAME, or a config.json path)")
     for col in ("name", "layers", "hidden", "heads / KV heads", "parameters", "KV bytes/token"):
-        models.add_column(col, justify="left" if col == "name" else "right")
+        models.add_column(col, justify="left" if col == "name" else "right", key=col == "name")
     for name in shipped_models():
         _, a = load_architecture(name)
         models.add_row(name, str(a.num_hidden_layers), str(a.hidden_size),
                        f"{a.num_attention_heads} / {a.num_key_value_heads}", f"{a.num_params / 1e9:.2f} B",
                        f"{a.kv_bytes_per_token:,}")
     console.print(models)
-    console.print("roofline time model options (`time_model: {kind: roofline, ...}`):")
-    for field, info in RooflineTimeModelSpec.model_fields.items():
-        default = "required" if info.is_required() else f"default {info.default!r}"
-        console.print(f"    {field} ({default}): {info.description}", highlight=False)
+    console.print()
+    render.entry("roofline time model options (`time_model: {kind: roofline, ...}`)")
+    _show_options(RooflineTimeModelSpec.model_fields)
 
 
 @main.command()
@@ -309,23 +343,39 @@ def schema() -> None:
 
 
 @main.command()
-def routers() -> None:
-    """List the routers and their options (give them as --router NAME:key=value,key=value)."""
+@click.argument("names", nargs=-1, metavar="[NAME]...")
+def routers(names: tuple[str, ...]) -> None:
+    """List the routers: each one's summary, options with their defaults (as --router NAME:key=value,...) and what
+    `kvsim tune` searches; with NAME..., what each option of those routers means."""
     from policies import ROUTERS
     from policies.base import RouterOptions
     from sim.studies.search_space import space_text
 
-    def show(fields: dict) -> None:
-        for field, info in fields.items():
-            default = "required" if info.is_required() else f"default {info.default!r}"
-            console.print(f"    {field} ({default}): {info.description}", highlight=False)
-
+    unknown = [n for n in names if n not in ROUTERS]
+    if unknown:
+        raise click.BadParameter(f"unknown router {', '.join(unknown)}; allowed: {', '.join(sorted(ROUTERS))}",
+                                 param_hint="NAME")
     common = RouterOptions.model_fields
-    console.print("[bold]every router[/bold] also takes:")
-    show(common)
-    for name in sorted(ROUTERS):
+
+    def own(name: str) -> dict:
+        return {k: v for k, v in ROUTERS[name].Options.model_fields.items() if k not in common}
+
+    def defaults(fields: dict) -> str:
+        return ", ".join(f"{k}={_default_text(v).removeprefix('default ')}" for k, v in fields.items())
+
+    if names:
+        render.entry("every router also takes")
+        _show_options(common)
+    else:
+        render.entry("every router also takes", defaults(common))
+    for name in names or sorted(ROUTERS):
         cls = ROUTERS[name]
-        console.print(f"[bold]{name}[/bold]: {cls.summary}")
-        show({k: v for k, v in cls.Options.model_fields.items() if k not in common})
+        render.entry(name, cls.summary)
+        if names:
+            _show_options(own(name))
+        elif own(name):
+            render.entry("options", defaults(own(name)), indent=4)
         if cls.search_space:
-            console.print(f"    kvsim tune searches by default: {space_text(cls.search_space)}", highlight=False)
+            render.entry("kvsim tune searches by default", space_text(cls.search_space), indent=4)
+    if not names:
+        console.print("`kvsim routers NAME...` says what each option of those routers means.", highlight=False)

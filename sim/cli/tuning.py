@@ -7,12 +7,12 @@ import time
 
 import click
 import yaml
-from rich.table import Table
 
 from sim.cli.app import (
     ENGINE_HELP, SLO_HELP, checked_out_dir, console, executor_options, fmt, load_or_exit, main, on_engine, one_engine,
     open_executor_or_exit, progress_bar, router_list, scenario_option, slo_option, with_slo,
 )
+from sim.cli.render import Table, format_option
 from sim.cli.study_runs import journaled_search, resume_command
 from sim.results.output_set import write_output_set
 from sim.results.report import csv_bytes
@@ -159,6 +159,7 @@ def best_yaml(result, trial) -> bytes:
 @click.option("--resume", is_flag=True, default=False,
               help="Continue the tune journaled in --out DIR/runs.jsonl: the search replays, taking its finished "
                    "simulations from the journal (same scenario and search options needed).")
+@format_option("the rows of tune.csv (a row per trial)")
 @click.pass_context
 def tune(ctx, scenario_path, prefixes, workers, concurrency, engine, router, space_option, objective, constraints,
          pareto, budget, repeats, seed, jobs, executor_kind, dask_scheduler, batch, sampler, top, slo, out_dir,
@@ -186,8 +187,9 @@ def tune(ctx, scenario_path, prefixes, workers, concurrency, engine, router, spa
                           batch_trials=batch, sampler=sampler, executor=executor, store=journal)
     wall_s = time.perf_counter() - started
     show_result(result, base, top=top, wall_s=wall_s)
+    rows, columns = result.rows()
+    console.data(rows, columns)
     if out is not None:
-        rows, columns = result.rows()
         what = result.objective.text() + "".join(f", {c.text()}" for c in result.constraints)
         files = {
             "tune.csv": csv_bytes(rows, columns),
@@ -209,7 +211,7 @@ def show_result(result, base: Scenario, *, top: int, wall_s: float) -> None:
                         f"{result.objective.text()}" + "".join(f", {c.text()}" for c in result.constraints)
                         + f" (mean ± 95 % over {result.repeats} runs)")
     for col in ("trial", *knobs, *named, "feasible", "front", ""):
-        table.add_column(col, justify="left" if col in ("", "feasible", "front") else "right")
+        table.add_column(col, justify="left" if col in ("", "feasible", "front") else "right", key=col == "trial")
     shown, seen = [], set()
     for t in result.ranked():
         key = (t.router, tuple(sorted((k, str(v)) for k, v in t.params.items())))

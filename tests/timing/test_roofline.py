@@ -157,8 +157,8 @@ def test_the_hardware_listing_shows_each_profiles_host_link():
     result = CliRunner().invoke(main, ["hardware"], env={"COLUMNS": "250"})
     assert result.exit_code == 0, result.output
     assert "host link GB/s" in result.output
-    row = next(line for line in result.output.splitlines() if line.startswith("│ h100-sxm "))
-    assert [cell.strip() for cell in row.split("│")][6:8] == ["450", "63"]  # the TP link, then the host link
+    row = next(line for line in result.output.splitlines() if line.startswith("h100-sxm "))
+    assert row.split()[4:6] == ["450", "63"]  # the TP link, then the host link
 
 
 def test_an_unknown_gpu_lists_the_profiles():
