@@ -143,7 +143,9 @@ def test_every_hardware_number_cites_a_source():
 
 @pytest.mark.parametrize(("text", "expected"), [
     ("H100x1", ("h100-sxm", 1)), ("h100", ("h100-sxm", 1)), ("A100-80GBx4", ("a100-80gb", 4)),
-    ("rtx-4090x2", ("rtx-4090", 2)), ("L40S", ("l40s", 1)), ("laptop-8gb", ("rtx-4060-laptop", 1)),
+    ("rtx-4090x2", ("rtx-4090", 2)), ("L40S", ("l40s", 1)),
+    # the built-in scenario's device classes: its 24 GB-class GPU is an RTX 3090, its laptops RTX 4070 Laptop GPUs
+    ("gpu-24gb", ("rtx-3090", 1)), ("laptop-8gb", ("rtx-4070-laptop", 1)),
 ])
 def test_gpu_names_and_aliases(text, expected):
     assert parse_gpu(text) == expected
