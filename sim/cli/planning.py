@@ -329,7 +329,8 @@ def show_choice(base: Scenario, choice, *, objective, budget: int, repeats: int,
     else:
         console.print(f"answer: {answer.answer.router}, {column} {value_text(answer.answer, column)} "
                       f"(its default: {value_text(answer.baseline, column)})", highlight=False)
-    console.print(f"paste: {paste_text(answer, answer.answer)}", highlight=False)
+    console.print(f"paste: {paste_text(answer, answer.answer)}", highlight=False,
+                  soft_wrap=True)  # NOTE: one line, to copy whole, however narrow the terminal
     columns = ["router", "vary", "answer", "unit", "predicted", "target", "analytic_answer", "metric",
                "predicted_ci95", "feasible", "trials", *(f"mean_{c}" for c in named), f"default_{column}"]
     console.data(rows, columns)

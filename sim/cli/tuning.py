@@ -243,4 +243,5 @@ def show_result(result, base: Scenario, *, top: int, wall_s: float) -> None:
         console.print(f"default (trial 0): {before}", highlight=False)
         versus = "" if math.isnan(gain) else f"; {column} {gain:+.4g} vs the default"
         console.print(f"best (trial {answer.number}): {summary}{versus}", highlight=False)
-    console.print(f"paste: {paste_text(result, answer)}", highlight=False)
+    console.print(f"paste: {paste_text(result, answer)}", highlight=False,
+                  soft_wrap=True)  # NOTE: one line, to copy whole, however narrow the terminal
