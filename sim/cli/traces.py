@@ -9,7 +9,8 @@ from pathlib import Path
 
 import click
 
-from sim.cli.app import checked_out_dir, main
+from sim.cli import render
+from sim.cli.app import checked_out_dir, console, main
 from sim.results.report import write_atomic
 from sim.workloads.public_traces import DEFAULT_TRACES_DIR, MOONCAKE_COMMIT, MOONCAKE_TRACES, MOONCAKE_TRACES_URL
 
@@ -51,12 +52,12 @@ def traces(ctx: click.Context) -> None:
         return
     for t in MOONCAKE_TRACES:
         here = Path(DEFAULT_TRACES_DIR) / t.file_name
-        click.echo(f"{t.file_name}: {t.num_requests:,} requests, {t.num_bytes:,} bytes; {t.what}"
-                   f"{f'; in {here}' if here.is_file() else ''}")
-        click.echo(f"    {MOONCAKE_TRACES_URL}/{t.file_name}")
+        render.entry(t.file_name, f"{t.num_requests:,} requests, {t.num_bytes:,} bytes; {t.what}"
+                     f"{f'; in {here}' if here.is_file() else ''}")
+        click.echo(f"    {MOONCAKE_TRACES_URL}/{t.file_name}")  # NOTE: whole, however wide: it is copied
         click.echo(f"    sha256 {t.sha256}")
-    click.echo(f"`kvsim traces fetch` downloads them into {DEFAULT_TRACES_DIR}/ (--out DIR for another folder) and "
-               "checks their SHA-256.")
+    console.print(f"`kvsim traces fetch` downloads them into {DEFAULT_TRACES_DIR}/ (--out DIR for another folder) and "
+                  "checks their SHA-256.", highlight=False, markup=False)
 
 
 @traces.command()
