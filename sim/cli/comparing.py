@@ -130,7 +130,7 @@ def compare(ctx, scenario_path, prefixes, workers, concurrency, routers, engine,
         intervals = f"mean ± 95% CI over {repeats} runs" if repeats > 1 else "1 run: no interval"
         # NOTE: the figures label routers as the tables do, kvsim's own policy marked and the mark explained.
         labelled = [{**a, "router": marked(str(a["router"]))} for a in aggregated]
-        note = own_policy_note([str(a["router"]) for a in aggregated])
+        note = own_policy_note([str(a["router"]) for a in aggregated], figure=True)
         note = f"\n{note}" if note else ""
         files = {
             "compare.csv": csv_bytes(aggregated, compare_columns(aggregated)),

@@ -145,6 +145,8 @@ def plan_router(ctx, scenario_path, prefixes, zipf, concurrency, routers, target
 
     Each router is tuned as `kvsim tune` does (trial 0 its defaults, then optuna's sampler) with --budget
     simulations on the same seeds; the table shows each router's best setting, the answer and its --router text.
+    The answer is settled only when its objective's 95 % interval does not overlap another router's (else they are
+    indistinguishable at this number of repeats); constraints are met, not met or undecided on the interval.
     """
     base = _plan_base(scenario_path, prefixes, zipf, workers, concurrency, cpu_kv_gib, engine, model, gpu, slo=slo)
     targets = ([Constraint("request_hit_rate", ">=", target_hit_rate)] if target_hit_rate is not None else []) + (
@@ -363,7 +365,7 @@ def show_choice(base: Scenario, choice, *, objective, budget: int, repeats: int,
                    "predicted_ci95", "feasible", "trials", *(f"mean_{c}" for c in named), f"default_{column}",
                    "constraint_status", "verdict", "repeats_to_separate", HIT_RATE, f"{HIT_RATE}_ci95"]
         labelled = replace(choice, results=tuple(replace(r, router=marked(r.router)) for r in choice.results))
-        note = own_policy_note([r.router for r in choice.results])
+        note = own_policy_note([r.router for r in choice.results], figure=True)
         files = {
             "plan.csv": csv_bytes(rows, columns),
             "plan.png": choose_router_figure(labelled, title=(

@@ -129,7 +129,7 @@ def paste_text(result, trial) -> str:
 
 
 def best_yaml(result, trial) -> bytes:
-    """A scenario fragment for the answer (router, and cluster/engine when searched) and its metrics."""
+    """A scenario fragment for the answer (router, and cluster/engine when searched), its metrics and its verdict."""
     from sim.routing.spec import split_router_spec
 
     name, options = split_router_spec(trial.router)
@@ -146,6 +146,8 @@ def best_yaml(result, trial) -> bytes:
                         else trial.ci95[c]} for c in result.named_columns},
         "default": {c: result.baseline.means.get(c) for c in result.named_columns},
     }
+    verdict = result.verdict()
+    doc["tune"].update({"constraint_status": verdict.status, "verdict": verdict.label(verdict.answer)})
     return yaml.safe_dump(doc, sort_keys=False).encode()
 
 
@@ -195,7 +197,9 @@ def tune(ctx, scenario_path, prefixes, workers, concurrency, engine, router, spa
 
     Trial 0 is the router's defaults; then optuna's sampler proposes settings in batches, each simulated --repeats
     times on the same seeds (common random numbers). Prints the best trials, the front of the two --pareto metrics
-    and the best setting as --router text to paste.
+    and the best setting as --router text to paste; it is called best only when its objective's 95 % interval does
+    not overlap the other trials' (else they are indistinguishable at this number of repeats), and constraints are
+    met, not met or undecided on the interval.
     """
     base = tuning_base(scenario_path, prefixes, workers, concurrency, engine, slo)
     if router is not None and len(router) != 1:
@@ -276,12 +280,13 @@ def show_result(result, base: Scenario, *, top: int, wall_s: float, defaulted: b
         console.print(f"default (trial 0): {before}", highlight=False)
         head = "best" if verdict.settled else "top on the mean"
         console.print(f"{head} (trial {answer.number}): {summary}", highlight=False)
-        labels = [f"trial {t.number}" for t in verdict.candidates]
-        console.print(f"  {settled_text(verdict, labels, result.repeats, 'settings')}", highlight=False)
+        labels = [str(t.number) for t in verdict.candidates]
+        console.print(f"  {settled_text(verdict, labels, result.repeats, 'settings', ('trial ', 'trials '))}",
+                      highlight=False)
         if result.constraints:
             console.print("  constraints: " + "; ".join(constraint_text(c, answer) for c in result.constraints),
                           highlight=False)
-            if safe := safe_text(verdict, labels, 'settings'):
+            if safe := safe_text(verdict, labels, 'settings', 'trial '):
                 console.print(f"  {safe}", highlight=False)
         if not answer.is_baseline and (gain := gain_text(result)):
             console.print(f"  {gain}", highlight=False)

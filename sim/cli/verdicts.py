@@ -19,6 +19,8 @@ from sim.studies.tune import Constraint, Objective, Trial, Verdict
 OWN_MARK = "†"
 OWN_POLICY_NOTE = (f"{OWN_MARK} kvsim's own policy (policies/kvsim_router.py): a design kvsim proposes, not a router "
                    "product one can deploy")
+OWN_POLICY_FIGURE_NOTE = f"{OWN_MARK} kvsim's own policy, not a router product one can deploy"
+"""The same, short enough for a figure's title."""
 
 
 def own_policy(spec: str) -> bool:
@@ -40,9 +42,11 @@ def marked(spec: str) -> str:
     return f"{name}{OWN_MARK}{colon}{options}"
 
 
-def own_policy_note(specs: Sequence[str]) -> str | None:
-    """The legend line for the mark, when one of `specs` carries it."""
-    return OWN_POLICY_NOTE if any(own_policy(s) for s in specs) else None
+def own_policy_note(specs: Sequence[str], *, figure: bool = False) -> str | None:
+    """The legend line for the mark (shorter for a figure), when one of `specs` carries it."""
+    if not any(own_policy(s) for s in specs):
+        return None
+    return OWN_POLICY_FIGURE_NOTE if figure else OWN_POLICY_NOTE
 
 
 def pm(interval: Interval, spec: str) -> str:
@@ -106,10 +110,15 @@ def constraint_text(c: Constraint, trial: Trial) -> str:
     return f"{c.text()} {status} ({value}: the whole interval {'meets' if status == 'met' else 'fails'} it)"
 
 
-def settled_text(v: Verdict, label: Sequence[str], repeats: int, what: str) -> str:
+def settled_text(v: Verdict, label: Sequence[str], repeats: int, what: str, kind: tuple[str, str] = ("", "")) -> str:
     """The verdict of an answer (tune's trial or plan's router) against its contenders, as one sentence;
-    `label[i]` names candidate i (e.g. 'trial 7', 'kvsim†'), `what` the candidates ('settings', 'routers')."""
+    `label[i]` names candidate i (e.g. '7', 'kvsim†'), `kind` what goes before one label and before several
+    (('trial ', 'trials ')), `what` the candidates ('settings', 'routers')."""
     metric = v.metric.column
+
+    def some(indices: Sequence[int]) -> str:
+        return kind[len(indices) > 1] + names([label[i] for i in indices])
+
     if not v.contenders:
         return (f"the only {what[:-1]} tried" if len(v.candidates) == 1
                 else f"every other {what[:-1]} fails the constraints over its whole interval")
@@ -121,24 +130,24 @@ def settled_text(v: Verdict, label: Sequence[str], repeats: int, what: str) -> s
         parts.append(f"separated from every other {what[:-1]} on {metric} beyond the 95 % intervals")
     if v.tied:
         clause = repeats_text(v.repeats_to_separate, "them" if len(v.tied) == 1 else "it from them")
-        parts.append(f"not settled: {names([label[i] for i in v.tied])} "
+        parts.append(f"not settled: {some(v.tied)} "
                      f"{'is' if len(v.tied) == 1 else 'are'} indistinguishable from it on {metric} at {repeats} "
                      "repeats (95 % intervals overlap)" + (f"; {clause}" if clause else ""))
     if v.ahead:
-        parts.append(f"{names([label[i] for i in v.ahead])} {'has' if len(v.ahead) == 1 else 'have'} a "
+        parts.append(f"{some(v.ahead)} {'has' if len(v.ahead) == 1 else 'have'} a "
                      f"{'higher' if v.metric.maximize else 'lower'} {metric} beyond the intervals but constraints "
                      "that are undecided")
     return "; ".join(parts)
 
 
-def safe_text(v: Verdict, label: Sequence[str], what: str) -> str:
+def safe_text(v: Verdict, label: Sequence[str], what: str, kind: str = "") -> str:
     """When the answer's constraints are undecided: which candidate surely meets them (the whole interval), if any."""
     if v.status != "undecided":
         return ""
     if v.best_met is None:
         return f"no {what[:-1]} meets the constraints over the whole interval"
     iv = v.candidates[v.best_met].interval(v.metric.column)
-    return (f"the best that meets the constraints over the whole interval: {label[v.best_met]} "
+    return (f"the best that meets the constraints over the whole interval: {kind}{label[v.best_met]} "
             f"({v.metric.column} {pm(iv, spec_for(v.metric.column, iv.mean))})")
 
 
