@@ -54,6 +54,9 @@ class RouterBase:
     search_space: ClassVar[tuple[Knob, ...]] = ()
     """The options `kvsim tune` searches by default (knobs of `sim.routing.knobs`): the numeric knobs that trade
     cache affinity against load, with ranges a user would try. Empty: nothing worth tuning (defaults only)."""
+    own_policy: ClassVar[bool] = False
+    """True for a policy that exists only in kvsim (a design it proposes), not a router product one can deploy:
+    `kvsim routers`, compare and plan mark it."""
     needs_cache_state: ClassVar[bool] = False
     """True if `route` peeks into the workers' caches (so it cannot drive real servers without KV events)."""
     ignores_cluster_state: bool = False

@@ -80,7 +80,9 @@ class KvsimRouter(RouterBase):
     """
 
     name = "kvsim"
-    summary = "kvsim's policy: longest cached prefix within a bounded load, new prefixes placed by cache room"
+    summary = ("kvsim's own policy, not a product one can deploy: longest cached prefix within a bounded load, new "
+               "prefixes placed by cache room")
+    own_policy = True
     Options = KvsimOptions
     search_space = (FloatKnob("load_factor", 1.25, 8), IntKnob("prefill_slack_tokens", 0, 16384),
                     FloatKnob("kv_fit", 0.6, 1.2))

@@ -14,6 +14,7 @@ from sim.cli.app import (
 )
 from sim.cli.render import Table, format_option
 from sim.cli.replaying import trace_base, trace_overrides
+from sim.cli.verdicts import lead_text, marked, own_policy_note
 from sim.results.output_set import write_output_set
 from sim.results.report import SUMMARY_COLUMNS, csv_bytes
 from sim.results.study_figures import compare_bars_figure, compare_figure
@@ -78,7 +79,9 @@ def compare(ctx, scenario_path, prefixes, workers, concurrency, routers, engine,
     the bound min(1, W·C/N) (C = KV tokens per worker / prompt tokens: the prompts one worker holds) the router
     reaches; ★ marks the Pareto frontier (no other router has both a higher hit rate and a lower TTFT p99). With
     --trace the hit rate is the prefix reuse (cached / prompt tokens) and the bound the reuse available (one
-    infinite cache shared by the cluster).
+    infinite cache shared by the cluster). Below each table, on the hit rate and on throughput (goodput with
+    --slo): the leader only when its 95 % interval does not overlap the runner-up's, else which routers are
+    indistinguishable at this number of repeats and an estimate of the repeats that would separate them.
     """
     from sim.studies.compare import aggregate_routers, compare_columns
 
@@ -119,22 +122,29 @@ def compare(ctx, scenario_path, prefixes, workers, concurrency, routers, engine,
         capacity = None
         what = f"{Path(trace_path).name} ({base.capacity_tokens:,} KV tokens per worker)"
 
-    aggregated = aggregate_routers(rows, capacity_requests=capacity)
+    from sim.studies.tune import default_objective
+
+    aggregated = aggregate_routers(rows, capacity_requests=capacity, objective=default_objective(base).column)
     _print_tables(aggregated, what=what, capacity=capacity, repeats=repeats)
     console.data(aggregated, compare_columns(aggregated))
     if out is not None:
         extra = [k for k in dict.fromkeys(k for r in rows for k in r) if k not in SUMMARY_COLUMNS]
         intervals = f"mean ± 95% CI over {repeats} runs" if repeats > 1 else "1 run: no interval"
+        # NOTE: the figures label routers as the tables do, kvsim's own policy marked and the mark explained.
+        labelled = [{**a, "router": marked(str(a["router"]))} for a in aggregated]
+        note = own_policy_note([str(a["router"]) for a in aggregated], figure=True)
+        note = f"\n{note}" if note else ""
         files = {
             "compare.csv": csv_bytes(aggregated, compare_columns(aggregated)),
             "summary.csv": csv_bytes(rows, [*SUMMARY_COLUMNS, *extra]),
             "compare.png": compare_figure(
-                aggregated, capacity_requests=capacity,
+                labelled, capacity_requests=capacity,
                 title=f"{what}: {'prefix reuse' if capacity is None else 'hit rate'} against TTFT p99 per router "
-                      f"({intervals})"),
+                      f"({intervals}){note}"),
             "compare_hit_rate.png": compare_bars_figure(
-                aggregated, capacity_requests=capacity,
-                title=f"{what}: {'prefix reuse' if capacity is None else 'request hit rate'} per router ({intervals})"),
+                labelled, capacity_requests=capacity,
+                title=f"{what}: {'prefix reuse' if capacity is None else 'request hit rate'} per router ({intervals})"
+                      f"{note}"),
         }
         written = write_output_set(out, files, runs=len(rows), command=resume_command(ctx))
         console.print(f"wrote {', '.join(map(str, written))} ({len(aggregated)} routers x points, {len(rows)} runs)")
@@ -178,7 +188,7 @@ def _run_trace(base, trace_path, block_size, trace_block_size, speed, limit, wor
 
 
 def _print_tables(aggregated: list[dict], *, what: str, capacity: float | None, repeats: int) -> None:
-    from sim.studies.compare import POINT_KEYS
+    from sim.studies.compare import POINT_KEYS, interval_of, lead
 
     trace = capacity is None
     optional = [c for c in OPTIONAL_COLUMNS if any(c[0] in a for a in aggregated)]
@@ -205,7 +215,7 @@ def _print_tables(aggregated: list[dict], *, what: str, capacity: float | None, 
             table.add_column(col, justify="left" if named else "right", key=named)
         for agg in block:
             table.add_row(
-                "★" if agg["on_front"] else "", str(agg["router"]),
+                "★" if agg["on_front"] else "", marked(str(agg["router"])),
                 _pm(agg, agg["primary_metric"], ".3f"),
                 _pm(agg, "request_hit_rate" if trace else "token_hit_rate", ".3f"),
                 fmt(agg["fraction_of_bound"], ".2f"),
@@ -214,8 +224,17 @@ def _print_tables(aggregated: list[dict], *, what: str, capacity: float | None, 
                 *(fmt(agg.get(key, math.nan), spec) for key, _, spec in optional),
             )
         console.print(table)
+        labels = [marked(str(a["router"])) for a in block]
+        for metric in dict.fromkeys((first["primary_metric"], first["objective"])):
+            if (found := lead(block, metric)) is not None:
+                leader, st, others = found
+                console.print(lead_text(metric, labels, [interval_of(a, metric) for a in block], leader, st, others,
+                                        repeats, what="routers"), highlight=False)
     primary = "prefix reuse" if capacity is None else "hit rate"
     console.print(f"★ on the Pareto frontier: no other router has both a higher {primary} and a lower TTFT p99 "
                   "(at least as good in both, better in one); max share: the busiest worker's share of the requests; "
+                  "a router leads only when its 95 % interval does not overlap the runner-up's; "
                   + (f"{hit_rates_legend('request hit', 'prefix reuse')}; {SHARED_FIRST_BLOCK}" if trace else
                      hit_rates_legend("hit rate", "token hit")), highlight=False)
+    if note := own_policy_note([str(a["router"]) for a in aggregated]):
+        console.print(note, highlight=False)

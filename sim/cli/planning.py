@@ -16,13 +16,16 @@ from sim.cli.app import (
 )
 from sim.cli.render import Table, format_option
 from sim.cli.study_runs import journaled_search, resume_command
-from sim.cli.tuning import CONSTRAINT_HELP, paste_text, parse_constraints, parse_objective, value_text
+from sim.cli.tuning import (
+    CONSTRAINT_HELP, HIT_RATE, OBJECTIVE_DEFAULT_HELP, paste_text, parse_constraints, parse_objective, value_text,
+)
+from sim.cli.verdicts import constraint_text, marked, objective_text, own_policy_note, safe_text, settled_text
 from sim.results.figures import plan_figure
 from sim.results.output_set import write_output_set
 from sim.results.report import csv_bytes, write_atomic
 from sim.results.study_figures import choose_router_figure
 from sim.scenario import Scenario, ScenarioError
-from sim.studies.tune import DEFAULT_OBJECTIVE, Constraint
+from sim.studies.tune import Constraint, default_objective
 
 
 _SUBCOMMANDS = ("kvsim plan takes a subcommand: `kvsim plan capacity --vary workers|kv-gib|cpu-kv-gib ...` (was plan "
@@ -123,8 +126,9 @@ def _plan_base(scenario_path, prefixes, zipf, workers, concurrency, cpu_kv_gib, 
 @_target_options
 @click.option("--constraint", "constraints", multiple=True, callback=parse_constraints,
               help=f"{CONSTRAINT_HELP} The targets are constraints too.")
-@click.option("--objective", callback=parse_objective, default=DEFAULT_OBJECTIVE, show_default=True,
-              help="maximize:COLUMN or minimize:COLUMN among the settings that meet the constraints.")
+@click.option("--objective", callback=parse_objective, default=None,
+              help="maximize:COLUMN or minimize:COLUMN among the settings that meet the constraints. "
+                   + OBJECTIVE_DEFAULT_HELP)
 @click.option("--budget", type=click.IntRange(min=1), default=60, show_default=True,
               help="Simulations per router (trials x repeats).")
 @click.option("--seed", type=int, default=None, help="Base seed. Default: the scenario's.")
@@ -142,12 +146,16 @@ def plan_router(ctx, scenario_path, prefixes, zipf, concurrency, routers, target
 
     Each router is tuned as `kvsim tune` does (trial 0 its defaults, then optuna's sampler) with --budget
     simulations on the same seeds; the table shows each router's best setting, the answer and its --router text.
+    The answer is settled only when its objective's 95 % interval does not overlap another router's (else they are
+    indistinguishable at this number of repeats); constraints are met, not met or undecided on the interval.
     """
     base = _plan_base(scenario_path, prefixes, zipf, workers, concurrency, cpu_kv_gib, engine, model, gpu, slo=slo)
     targets = ([Constraint("request_hit_rate", ">=", target_hit_rate)] if target_hit_rate is not None else []) + (
         [Constraint("ttft_p99_ms", "<=", target_ttft_p99_ms)] if target_ttft_p99_ms is not None else [])
     out = checked_out_dir(out_dir)
     constraints = (*targets, *constraints)
+    defaulted = objective is None
+    objective = default_objective(base) if defaulted else objective
     command = resume_command(ctx)
     # NOTE: what decides which trials each router's search asks (not --jobs or --executor).
     inputs = repr((routers, objective, constraints, budget, repeats, seed))
@@ -156,7 +164,8 @@ def plan_router(ctx, scenario_path, prefixes, zipf, concurrency, routers, target
             open_executor_or_exit(executor_kind, jobs, dask_scheduler) as executor:
         choice = choose_router(base, routers, objective=objective, constraints=constraints, budget=budget,
                                repeats=repeats, seed=seed, jobs=jobs, executor=executor, store=journal)
-    show_choice(base, choice, objective=objective, budget=budget, repeats=repeats, out=out, command=command)
+    show_choice(base, choice, objective=objective, budget=budget, repeats=repeats, out=out, command=command,
+                defaulted=defaulted)
 
 
 @plan.command(name="capacity",
@@ -295,52 +304,80 @@ def choose_router(base: Scenario, routers: list[str], *, objective, constraints,
 
 
 def show_choice(base: Scenario, choice, *, objective, budget: int, repeats: int, out: Path | None,
-                command: str) -> None:
-    """Print the choice's table and answer; with `out`, write plan.csv and plan.png as one set with the manifest."""
+                command: str, defaulted: bool = False) -> None:
+    """Print the choice's table, its verdict and answer; with `out`, write plan.csv and plan.png as one set with the
+    manifest."""
+    from dataclasses import replace
+
+    from sim.studies.tune import verdict_columns
+
     first = choice.results[0]
     named = first.named_columns
+    shown = list(dict.fromkeys([*named, HIT_RATE]))
     column = objective.metric.column
     what = ", ".join(c.text() for c in first.constraints) or "no constraints"
+    verdict = choice.verdict()
     table = Table(title=f"{base.name} on {base.engine.kind}, {base.cluster.workers} workers, N={base.workload.prefixes}, "
                         f"concurrency={base.workload.concurrency}: which router for {objective.text()} with {what}")
-    for col in ("router", "best setting", *named, "meets", f"default's {column}", "runs"):
-        table.add_column(col, justify="left" if col in ("router", "best setting", "meets") else "right",
+    status_cols = ["constraints"] if first.constraints else []
+    for col in ("router", "best setting", *shown, *status_cols, "verdict", f"default's {column}", "runs"):
+        table.add_column(col, justify="left" if col in ("router", "best setting", "constraints", "verdict") else "right",
                          key=col == "router", prose=col == "best setting")
     rows = []
     for i, result in enumerate(choice.results):
         t = result.answer
-        table.add_row(result.router + (" <- answer" if i == choice.best else ""), t.router,
-                      *(value_text(t, c) for c in named), "yes" if t.feasible else "no",
-                      value_text(result.baseline, column), str(len(result.trials) * result.repeats))
+        table.add_row(marked(result.router), t.router,
+                      *(value_text(t, c) for c in shown), *([verdict.statuses[i]] if status_cols else []),
+                      verdict.label(i), value_text(result.baseline, column), str(len(result.trials) * result.repeats))
         rows.append({"router": result.router, "vary": "router", "answer": t.router, "unit": "",
                      "predicted": t.means.get(column, math.nan), "target": what, "analytic_answer": "",
                      "metric": column, "predicted_ci95": t.ci95.get(column, math.nan),
                      "feasible": str(t.feasible).lower(), "trials": len(result.trials),
                      **{f"mean_{c}": t.means.get(c, math.nan) for c in named},
-                     f"default_{column}": result.baseline.means.get(column, math.nan)})
+                     f"default_{column}": result.baseline.means.get(column, math.nan),
+                     **verdict_columns(verdict, i),
+                     HIT_RATE: t.means.get(HIT_RATE, math.nan), f"{HIT_RATE}_ci95": t.ci95.get(HIT_RATE, math.nan)})
     console.print(table)
     console.print(f"each router tuned over its default search space (`kvsim routers`) with {budget // repeats} "
                   f"trials x {repeats} runs on the same seeds; means ± 95 % over runs", highlight=False)
+    console.print(f"objective: {objective_text(objective, defaulted=defaulted)}" + (
+        "; constraints judged with the 95 % interval: met (all of it meets), not met (all of it fails), undecided (it "
+        "straddles the limit)" if first.constraints else ""), highlight=False)
+    if note := own_policy_note([r.router for r in choice.results]):
+        console.print(note, highlight=False)
     answer = choice.answer
+    labels = [marked(r.router) for r in choice.results]
     if choice.best is None:
-        misses = "; ".join(f"{c.text()}: {value_text(answer.answer, c.column)}" for c in answer.constraints
+        misses = "; ".join(constraint_text(c, answer.answer) for c in answer.constraints
                            if not c.met(answer.answer.means.get(c.column, math.nan)))
-        console.print(f"no router meets {what}; the closest is {answer.answer.router} ({misses})", highlight=False)
+        console.print(f"no router meets {what} on the mean; the closest is {answer.answer.router} ({misses})",
+                      highlight=False)
     else:
-        console.print(f"answer: {answer.answer.router}, {column} {value_text(answer.answer, column)} "
-                      f"(its default: {value_text(answer.baseline, column)})", highlight=False)
+        head = "answer" if verdict.settled and verdict.status in ("", "met") else "no settled answer; top on the mean"
+        values = ", ".join(f"{c} {value_text(answer.answer, c)}" for c in dict.fromkeys((column, HIT_RATE)))
+        console.print(f"{head}: {answer.answer.router}, {values} (its default: {column} "
+                      f"{value_text(answer.baseline, column)})", highlight=False)
+        console.print(f"  {settled_text(verdict, labels, repeats, 'routers')}", highlight=False)
+        if first.constraints:
+            console.print("  constraints: " + "; ".join(constraint_text(c, answer.answer) for c in first.constraints),
+                          highlight=False)
+            if safe := safe_text(verdict, labels, 'routers'):
+                console.print(f"  {safe}", highlight=False)
     console.print(f"paste: {paste_text(answer, answer.answer)}", highlight=False,
                   soft_wrap=True)  # NOTE: one line, to copy whole, however narrow the terminal
     columns = ["router", "vary", "answer", "unit", "predicted", "target", "analytic_answer", "metric",
-               "predicted_ci95", "feasible", "trials", *(f"mean_{c}" for c in named), f"default_{column}"]
+               "predicted_ci95", "feasible", "trials", *(f"mean_{c}" for c in named), f"default_{column}",
+               "constraint_status", "verdict", "repeats_to_separate", HIT_RATE, f"{HIT_RATE}_ci95"]
     console.data(rows, columns)
     if out is not None:
+        labelled = replace(choice, results=tuple(replace(r, router=marked(r.router)) for r in choice.results))
+        note = own_policy_note([r.router for r in choice.results], figure=True)
         files = {
             "plan.csv": csv_bytes(rows, columns),
-            "plan.png": choose_router_figure(choice, title=(
+            "plan.png": choose_router_figure(labelled, title=(
                 f"{base.name}: which router for {objective.text()} with {what}\n{base.cluster.workers} workers, "
                 f"N={base.workload.prefixes}, concurrency={base.workload.concurrency}; each tuned with {budget // repeats} "
-                f"trials x {repeats} runs")),
+                f"trials x {repeats} runs" + (f"\n{note}" if note else ""))),
         }
         write_output_set(out, files, runs=sum(len(r.trials) * r.repeats for r in choice.results), command=command)
         console.print(f"wrote {out / 'plan.csv'} and {out / 'plan.png'}")

@@ -22,12 +22,19 @@ from sim.config import GIB
 from sim.routing.knobs import SYNTAX
 from sim.routing.spec import format_value
 from sim.studies.search_space import parse_space, space_text
-from sim.studies.tune import BATCH_TRIALS, DEFAULT_OBJECTIVE, Constraint, Objective, parse_pareto
+from sim.cli.verdicts import constraint_text, objective_text, pm, repeats_text, safe_text, settled_text, spec_for
+from sim.studies.tune import BATCH_TRIALS, Constraint, Objective, default_objective, parse_pareto
 
+OBJECTIVE_DEFAULT_HELP = ("Default: maximize:throughput_rps (throughput), or maximize:goodput_rps (goodput, requests/s "
+                          "meeting the SLO) when an SLO is set (--slo or the scenario's slo).")
 OBJECTIVE_HELP = ("maximize:COLUMN or minimize:COLUMN (any numeric column of summary.csv, e.g. request_hit_rate, "
                   "ttft_p99_ms, throughput_rps), min-workers (fewest workers that meet the constraints; needs workers "
-                  "in --space) or pareto (both --pareto metrics).")
-CONSTRAINT_HELP = "COLUMN<=NUMBER or COLUMN>=NUMBER on the mean over repeats, e.g. ttft_p99_ms<=200; repeatable."
+                  "in --space) or pareto (both --pareto metrics). " + OBJECTIVE_DEFAULT_HELP)
+CONSTRAINT_HELP = ("COLUMN<=NUMBER or COLUMN>=NUMBER, e.g. ttft_p99_ms<=200; repeatable. The search steers by the mean "
+                   "over repeats; the answer says whether the whole 95 % interval meets it (met), fails it (not met) "
+                   "or straddles it (undecided).")
+HIT_RATE = "request_hit_rate"
+"""Shown in every table and verdict of tune and plan router, whatever the objective."""
 
 
 def parse_objective(ctx: click.Context, param: click.Parameter, value: str | None) -> Objective | None:
@@ -84,9 +91,30 @@ def run_tune(base: Scenario, router: str, space_option: str | None, *, label: st
 
 
 def value_text(trial, column: str) -> str:
-    mean, half = trial.means.get(column, math.nan), trial.ci95.get(column, math.nan)
-    spec = ".0f" if column.endswith("_ms") or abs(mean) >= 100 else ".3f"
-    return fmt(mean, spec) + ("" if math.isnan(half) else f" ± {fmt(half, spec)}")
+    """`mean ± 95 % half-width` of a trial's column."""
+    iv = trial.interval(column)
+    return pm(iv, spec_for(column, iv.mean))
+
+
+def shown_columns(result) -> list[str]:
+    """The columns the question names, and the request hit rate if it does not."""
+    return list(dict.fromkeys([*result.named_columns, HIT_RATE]))
+
+
+def gain_text(result) -> str:
+    """The answer's objective against the default's: the difference and whether it is beyond the intervals."""
+    column = result.metric.column
+    gain = result.answer.means.get(column, math.nan) - result.baseline.means.get(column, math.nan)
+    if math.isnan(gain):
+        return ""
+    apart, needed = result.against_default()
+    if apart is None:
+        return f"{column} {gain:+.4g} vs the default, on 1 run: no interval to tell whether it is a gain"
+    if apart:
+        return f"{column} {gain:+.4g} vs the default, beyond the 95 % intervals"
+    clause = repeats_text(needed)
+    return (f"{column} {gain:+.4g} vs the default, within the 95 % intervals: indistinguishable from the default at "
+            f"{result.repeats} repeats" + (f"; {clause}" if clause else ""))
 
 
 def paste_text(result, trial) -> str:
@@ -101,7 +129,7 @@ def paste_text(result, trial) -> str:
 
 
 def best_yaml(result, trial) -> bytes:
-    """A scenario fragment for the answer (router, and cluster/engine when searched) and its metrics."""
+    """A scenario fragment for the answer (router, and cluster/engine when searched), its metrics and its verdict."""
     from sim.routing.spec import split_router_spec
 
     name, options = split_router_spec(trial.router)
@@ -118,6 +146,8 @@ def best_yaml(result, trial) -> bytes:
                         else trial.ci95[c]} for c in result.named_columns},
         "default": {c: result.baseline.means.get(c) for c in result.named_columns},
     }
+    verdict = result.verdict()
+    doc["tune"].update({"constraint_status": verdict.status, "verdict": verdict.label(verdict.answer)})
     return yaml.safe_dump(doc, sort_keys=False).encode()
 
 
@@ -135,7 +165,7 @@ def best_yaml(result, trial) -> bytes:
 @click.option("--space", "space_option", default=None,
               help=f"Knobs to search: {SYNTAX}. Keys: the router's options, and workers / kv-gib (KV cache GiB per "
                    "worker). Default: the router's search space (`kvsim routers`).")
-@click.option("--objective", callback=parse_objective, default=DEFAULT_OBJECTIVE, show_default=True, help=OBJECTIVE_HELP)
+@click.option("--objective", callback=parse_objective, default=None, help=OBJECTIVE_HELP)
 @click.option("--constraint", "constraints", multiple=True, callback=parse_constraints, help=CONSTRAINT_HELP)
 @click.option("--pareto", callback=parse_pareto_option, default=None,
               help="The front's two metrics COL1,COL2 (each optionally max: or min:; latencies are minimised by "
@@ -168,12 +198,16 @@ def tune(ctx, scenario_path, prefixes, workers, concurrency, engine, router, spa
 
     Trial 0 is the router's defaults; then optuna's sampler proposes settings in batches, each simulated --repeats
     times on the same seeds (common random numbers). Prints the best trials, the front of the two --pareto metrics
-    and the best setting as --router text to paste.
+    and the best setting as --router text to paste; it is called best only when its objective's 95 % interval does
+    not overlap the other trials' (else they are indistinguishable at this number of repeats), and constraints are
+    met, not met or undecided on the interval.
     """
     base = tuning_base(scenario_path, prefixes, workers, concurrency, engine, slo)
     if router is not None and len(router) != 1:
         raise click.BadParameter("give one router (tune searches one router's options)", param_hint="--router")
     spec = router[0] if router else base.router.name
+    defaulted = objective is None
+    objective = default_objective(base) if defaulted else objective
     out = checked_out_dir(out_dir)
     command = resume_command(ctx)
     # NOTE: what decides which trials the sampler asks (not --jobs or --executor, which only decide where they run).
@@ -186,7 +220,7 @@ def tune(ctx, scenario_path, prefixes, workers, concurrency, engine, router, spa
                           pareto=pareto, budget_simulations=budget, repeats=repeats, seed=seed, jobs=jobs,
                           batch_trials=batch, sampler=sampler, executor=executor, store=journal)
     wall_s = time.perf_counter() - started
-    show_result(result, base, top=top, wall_s=wall_s)
+    show_result(result, base, top=top, wall_s=wall_s, defaulted=defaulted)
     rows, columns = result.rows()
     console.data(rows, columns)
     if out is not None:
@@ -203,45 +237,61 @@ def tune(ctx, scenario_path, prefixes, workers, concurrency, engine, router, spa
         console.print(f"wrote {out / 'tune.csv'} ({len(rows)} trials), {out / 'tune.png'} and {out / 'best.yaml'}")
 
 
-def show_result(result, base: Scenario, *, top: int, wall_s: float) -> None:
-    named = result.named_columns
+def show_result(result, base: Scenario, *, top: int, wall_s: float, defaulted: bool = False) -> None:
+    shown_cols = shown_columns(result)
     knobs = [k.key for k in result.space]
+    verdict = result.verdict()
+    index = {t.config_key: i for i, t in enumerate(verdict.candidates)}
     table = Table(title=f"{base.name}: tuning {result.router} on {base.engine.kind}, {base.cluster.workers} workers, "
                         f"N={base.workload.prefixes}, concurrency={base.workload.concurrency}: "
                         f"{result.objective.text()}" + "".join(f", {c.text()}" for c in result.constraints)
                         + f" (mean ± 95 % over {result.repeats} runs)")
-    for col in ("trial", *knobs, *named, "feasible", "front", ""):
-        table.add_column(col, justify="left" if col in ("", "feasible", "front") else "right", key=col == "trial")
+    status_cols = ["constraints"] if result.constraints else []
+    for col in ("trial", *knobs, *shown_cols, *status_cols, "front", "verdict", ""):
+        table.add_column(col, justify="left" if col in ("", "constraints", "front", "verdict") else "right",
+                         key=col == "trial")
     shown, seen = [], set()
     for t in result.ranked():
-        key = (t.router, tuple(sorted((k, str(v)) for k, v in t.params.items())))
-        if key not in seen:
-            seen.add(key)
+        if t.config_key not in seen:
+            seen.add(t.config_key)
             shown.append(t)
     shown = shown[:top] + ([result.baseline] if result.baseline not in shown[:top] else [])
     for t in shown:
         role = ("default " if t.is_baseline else "") + (
-            ("best" if result.best is not None else "closest") if t.number == result.closest else "")
-        table.add_row(str(t.number), *(format_value(t.params[k]) for k in knobs), *(value_text(t, c) for c in named),
-                      "yes" if t.feasible else "no", "*" if t.on_front else "", role.strip())
+            ("answer" if result.best is not None else "closest") if t.number == result.closest else "")
+        i = index[t.config_key]
+        table.add_row(str(t.number), *(format_value(t.params[k]) for k in knobs),
+                      *(value_text(t, c) for c in shown_cols), *([verdict.statuses[i]] if status_cols else []),
+                      "*" if t.on_front else "", verdict.label(i), role.strip())
     console.print(table)
     sims = len(result.trials) * result.repeats
     console.print(f"{len(result.trials)} trials x {result.repeats} runs = {sims} simulations (seeds {result.seed}.."
                   f"{result.seed + result.repeats - 1} for every trial) in {wall_s:.0f} s; space "
                   f"{space_text(result.space) or '(empty: the defaults only)'}", highlight=False)
+    console.print(f"objective: {objective_text(result.objective, defaulted=defaulted)}; verdict: whether a trial's "
+                  f"{result.metric.column} is separated from the answer's beyond the 95 % intervals (they do not "
+                  "overlap)", highlight=False)
     baseline, answer = result.baseline, result.answer
-    column = (result.objective.metric or result.pareto[0]).column
-    summary = ", ".join(f"{c} {value_text(answer, c)}" for c in named)
-    before = ", ".join(f"{c} {value_text(baseline, c)}" for c in named)
+    summary = ", ".join(f"{c} {value_text(answer, c)}" for c in shown_cols)
+    before = ", ".join(f"{c} {value_text(baseline, c)}" for c in shown_cols)
     if result.best is None:
-        misses = "; ".join(f"{c.text()}: {value_text(answer, c.column)}" for c in result.constraints
+        misses = "; ".join(constraint_text(c, answer) for c in result.constraints
                            if not c.met(answer.means.get(c.column, math.nan)))
-        console.print(f"no trial meets {', '.join(c.text() for c in result.constraints)}; the closest is trial "
-                      f"{answer.number} ({misses})", highlight=False)
+        console.print(f"no trial meets {', '.join(c.text() for c in result.constraints)} on the mean; the closest is "
+                      f"trial {answer.number} ({misses})", highlight=False)
     else:
-        gain = answer.means.get(column, math.nan) - baseline.means.get(column, math.nan)
         console.print(f"default (trial 0): {before}", highlight=False)
-        versus = "" if math.isnan(gain) else f"; {column} {gain:+.4g} vs the default"
-        console.print(f"best (trial {answer.number}): {summary}{versus}", highlight=False)
+        head = "best" if verdict.settled else "top on the mean"
+        console.print(f"{head} (trial {answer.number}): {summary}", highlight=False)
+        labels = [str(t.number) for t in verdict.candidates]
+        console.print(f"  {settled_text(verdict, labels, result.repeats, 'settings', ('trial ', 'trials '))}",
+                      highlight=False)
+        if result.constraints:
+            console.print("  constraints: " + "; ".join(constraint_text(c, answer) for c in result.constraints),
+                          highlight=False)
+            if safe := safe_text(verdict, labels, 'settings', 'trial '):
+                console.print(f"  {safe}", highlight=False)
+        if not answer.is_baseline and (gain := gain_text(result)):
+            console.print(f"  {gain}", highlight=False)
     console.print(f"paste: {paste_text(result, answer)}", highlight=False,
                   soft_wrap=True)  # NOTE: one line, to copy whole, however narrow the terminal

@@ -10,7 +10,10 @@ Two workloads:
 Per (workers, N, concurrency) and router the repeats are summarised as a mean, a standard deviation and the
 half-width of a 95 % Student-t interval of the mean; routers are then placed against the bound and marked when
 they are on the Pareto frontier of (primary metric up, TTFT p99 down). The primary metric is the request hit rate
-(built-in workload) or the prefix reuse = cached / prompt tokens (traces).
+(built-in workload) or the prefix reuse = cached / prompt tokens (traces). On the primary metric and on the objective
+(throughput, or goodput with an SLO) each point's leader is said to lead only when it is separated from the runner-up
+beyond the intervals (`sim.results.stats.standing`); otherwise the top routers are indistinguishable at this number
+of repeats.
 
 Bounds (C = KV tokens per worker / prompt tokens, `Scenario.kv_capacity_requests`: the prompts one worker holds):
 
@@ -32,7 +35,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from sim.replay import Trace, replay
-from sim.results.stats import over_runs, pareto_front
+from sim.results.stats import Interval, Standing, over_runs, pareto_front, repeats_to_separate, standing
 from sim.routing.spec import router_overrides
 from sim.runner import build_router
 from sim.scenario import Scenario
@@ -106,10 +109,13 @@ def run_trace(base: Scenario, points: list[TracePoint], open_trace: Callable[[],
 
 # --- the summary over repeats ---------------------------------------------------------------------------------------
 
-def aggregate_routers(rows: Sequence[dict[str, object]], *, capacity_requests: float | None) -> list[dict[str, object]]:
+def aggregate_routers(rows: Sequence[dict[str, object]], *, capacity_requests: float | None,
+                      objective: str = "throughput_rps") -> list[dict[str, object]]:
     """Per point and router: every metric of `METRICS` the rows have as `m`, `m_sd`, `m_ci95` (mean, sd, 95 %
     t-interval half-width over repeats); `primary_metric`; `bound`, `random_expectation`, `fraction_of_bound`
-    (primary / bound, and `_ci95`); `on_front` (Pareto: primary up, TTFT p99 down, among the point's routers).
+    (primary / bound, and `_ci95`); `on_front` (Pareto: primary up, TTFT p99 down, among the point's routers);
+    `verdict` and `repeats_to_separate` on the primary metric, `objective` (the column, higher is better),
+    `objective_verdict` and `objective_repeats_to_separate` on it (`mark_verdicts`).
 
     With `capacity_requests` C (the built-in workload) the primary metric is the request hit rate, the bound
     min(1, W·C/N) and the random expectation min(1, C/N); without (a trace) the primary metric is the prefix
@@ -146,8 +152,48 @@ def aggregate_routers(rows: Sequence[dict[str, object]], *, capacity_requests: f
         for agg, on in zip(block, front):
             agg["on_front"] = on
         block.sort(key=lambda a: (-_or(float(a[primary]), -math.inf), str(a["router"])))
+        mark_verdicts(block, primary, "")
+        for agg in block:
+            agg["objective"] = objective
+        mark_verdicts(block, objective, "objective_")
         out.extend(block)
     return out
+
+
+def interval_of(agg: dict[str, object], metric: str) -> Interval:
+    """A metric's interval back from an aggregated row's `m`, `m_sd`, `m_ci95` and `repeats`."""
+    return Interval(*(float(agg.get(k, math.nan)) for k in (metric, f"{metric}_sd", f"{metric}_ci95")),
+                    int(agg["repeats"]))
+
+
+def lead(block: Sequence[dict[str, object]], metric: str) -> tuple[int, Standing, list[int]] | None:
+    """One point's routers (aggregated rows) on `metric`, higher better: the leader's index, its standing against
+    the others (THE RULE of `sim.results.stats`) and the others' indices; None when no router has the metric."""
+    present = [i for i, a in enumerate(block) if not math.isnan(interval_of(a, metric).mean)]
+    if not present:
+        return None
+    leader = max(present, key=lambda i: (interval_of(block[i], metric).mean, -i))
+    others = [i for i in present if i != leader]
+    return leader, standing(interval_of(block[leader], metric), [interval_of(block[i], metric) for i in others]), others
+
+
+def mark_verdicts(block: list[dict[str, object]], metric: str, prefix: str) -> None:
+    """Sets `{prefix}verdict` on each router of a point: the leader's "best" (separated from every other), "not
+    settled" or "no interval" (one run); another's "indistinguishable" or "behind"; and `{prefix}repeats_to_separate`,
+    the estimated runs that would separate the leader from the tied (on the leader's row) or from this router."""
+    for agg in block:
+        agg[f"{prefix}verdict"], agg[f"{prefix}repeats_to_separate"] = "", math.nan
+    found = lead(block, metric)
+    if found is None:
+        return
+    leader, st, others = found
+    block[leader][f"{prefix}verdict"] = st.label
+    block[leader][f"{prefix}repeats_to_separate"] = st.repeats_to_separate
+    for j, i in enumerate(others):
+        block[i][f"{prefix}verdict"] = st.label_of(j)
+        if j in st.tied:
+            block[i][f"{prefix}repeats_to_separate"] = repeats_to_separate(interval_of(block[leader], metric),
+                                                                           interval_of(block[i], metric))
 
 
 def _or(value: float, default: float) -> float:
@@ -159,4 +205,5 @@ def compare_columns(aggregated: Sequence[dict[str, object]]) -> list[str]:
     head = [*POINT_KEYS, "router", "engine", "repeats", "primary_metric", "bound", "random_expectation",
             "fraction_of_bound", "fraction_of_bound_ci95", "on_front"]
     present = [m for m in METRICS if any(m in a for a in aggregated)]
-    return head + [f"{m}{s}" for m in present for s in ("", "_sd", "_ci95")]
+    return head + [f"{m}{s}" for m in present for s in ("", "_sd", "_ci95")] + [
+        "verdict", "repeats_to_separate", "objective", "objective_verdict", "objective_repeats_to_separate"]

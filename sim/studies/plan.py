@@ -12,7 +12,9 @@ target; the 95 % confidence interval of that mean is reported with it.
 
 Which router and settings (`choose_router`): each candidate router is tuned (`sim.studies.tune`, its default search
 space, the same budget, seeds and constraints for every router) on the scenario's workload as it is, and the answer is
-the router whose best setting meets the constraints with the best objective (or, if none does, the closest).
+the router whose best setting meets the constraints (on the means) with the best objective (or, if none does, the
+closest); its `verdict` says whether it is separated from the other routers beyond the intervals and whether its
+constraints are met by the whole interval (`sim.studies.tune.settle`).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from sim.results.stats import t_interval
 from sim.results.summary import summarize
 from sim.studies.executor import Executor, using
 from sim.studies.search_space import cluster_overrides
-from sim.studies.tune import Objective, RunStore, TuneResult, tune
+from sim.studies.tune import Objective, RunStore, TuneResult, Verdict, default_objective, settle, tune
 
 VARY_UNITS = {"workers": "workers", "kv-gib": "GiB", "cpu-kv-gib": "GiB"}
 PARTITIONING_ROUTERS = {"prefix-hash", "kv-aware", "llm-d", "sglang-cache-aware", "aibrix-prefix-cache",
@@ -267,15 +269,21 @@ class RouterChoice:
     def answer(self):
         return self.results[self.closest]
 
+    def verdict(self) -> Verdict:
+        """How settled the answer is among the routers' best settings (indices: routers, in the order given)."""
+        first = self.results[0]
+        return settle([r.answer for r in self.results], self.closest, first.metric, first.constraints)
 
-def choose_router(base: Scenario, routers: Sequence[str], *, objective, constraints: Sequence, budget_simulations: int,
+
+def choose_router(base: Scenario, routers: Sequence[str], *, objective=None, constraints: Sequence, budget_simulations: int,
                   repeats: int, seed: int | None = None, jobs: int | None = None,
                   progress: Callable[[str, int, int, str], None] | None = None,
                   executor: Executor | None = None, store: RunStore | None = None) -> RouterChoice:
     """Tune each of `routers` (NAME or NAME:key=value with fixed options) over its default search space with the
-    same budget, seeds and constraints, and pick the best; `progress(router, done, total, note)` per simulation.
+    same budget, seeds and constraints, and pick the best (`objective` None: `default_objective(base)`); `progress(router, done, total, note)` per simulation.
     `store` is every search's run store (`tune`): a run's key starts with its router spec, the router's name first."""
-    objective = Objective.parse(objective) if isinstance(objective, str) else objective
+    objective = (default_objective(base) if objective is None
+                 else Objective.parse(objective) if isinstance(objective, str) else objective)
     if objective.kind in ("min-workers", "pareto"):
         raise ValueError(f"choosing a router needs maximize:COLUMN or minimize:COLUMN, got {objective.text()}")
     results = []

@@ -20,11 +20,15 @@ The search, for a budget of S simulations and R repeats: T = S // R trials.
    (the same seeds give the same result) but still counts as a trial.
 3. A trial's metrics are the means over its R runs of every numeric column of the summary row
    (`Summary.row()`: request_hit_rate, ttft_p99_ms, throughput_rps, ..., and any column added later) and their
-   95 % confidence half-widths (Student t over runs). Constraints (`ttft_p99_ms<=200`) apply to the means.
+   95 % Student-t intervals over runs. The search (the sampler, `feasible`, the answer) judges constraints
+   (`ttft_p99_ms<=200`) on the means; the verdict (`Verdict`) judges them with the intervals (met, not met,
+   undecided) and says whether the answer is separated from the other candidates beyond the intervals
+   (`sim.results.stats.separated`), computed from the trials, never stored.
 
 Objectives: `maximize:COLUMN`, `minimize:COLUMN`, `min-workers` (fewest workers meeting the constraints; `workers`
 must be in the space; ties go to the better of the other Pareto metric), or `pareto` (both Pareto metrics at once;
-the answer is the front's best in the first). Default: maximize goodput_rps (`DEFAULT_OBJECTIVE`).
+the answer is the front's best in the first). Default (`default_objective`): maximize throughput_rps, or
+goodput_rps when the scenario sets an SLO (without one every request meets it, and goodput is the throughput).
 
 The Pareto front is read off the trials: the feasible trials that no other feasible trial dominates in the two
 Pareto metrics (default: the objective's column and ttft_p99_ms).
@@ -35,10 +39,12 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
-from sim.results.stats import over_runs, pareto_front
+from sim.results.stats import (
+    Interval, LimitStatus, against_limit, over_runs, pareto_front, repeats_to_separate, separated, standing,
+)
 from sim.routing.spec import format_value, router_label, split_router_spec
 from sim.runner import build_router, router_class
 from sim.scenario import Scenario
@@ -48,8 +54,20 @@ from sim.studies.search_space import CLUSTER_KNOBS, check_space, cluster_overrid
 from sim.studies.executor import Executor, using
 from sim.studies.sweep import SweepPoint, run_point
 
-DEFAULT_OBJECTIVE = "maximize:goodput_rps"
-"""Requests per second meeting the scenario's SLO (`--slo`); with no SLO set every request meets it (throughput)."""
+THROUGHPUT_OBJECTIVE = "maximize:throughput_rps"
+GOODPUT_OBJECTIVE = "maximize:goodput_rps"
+
+
+def default_objective(scenario: Scenario) -> Objective:
+    """Throughput (`maximize:throughput_rps`), or with an SLO set (`--slo`, the scenario's `slo`) goodput
+    (`maximize:goodput_rps`, requests per second meeting it): without an SLO goodput is the throughput, and the
+    objective should say what it is."""
+    slo = scenario.slo
+    has_slo = any(v is not None for v in (slo.ttft_ms, slo.tpot_ms, slo.e2e_ms))
+    return Objective.parse(GOODPUT_OBJECTIVE if has_slo else THROUGHPUT_OBJECTIVE)
+
+
+NO_INTERVAL = Interval(math.nan, math.nan, math.nan, 0)
 
 LOWER_IS_BETTER = frozenset({
     "workers", "kv-gib", "max_worker_share", "imbalance_max_mean", "preemptions", "evicted_blocks", "evicted_tokens",
@@ -127,7 +145,8 @@ class Objective:
 
 @dataclass(frozen=True, slots=True)
 class Constraint:
-    """`column <= bound` or `column >= bound`, on the mean over repeats."""
+    """`column <= bound` or `column >= bound`: `met`/`violation` on the mean over repeats (what the search uses),
+    `status` with the 95 % interval (what the verdict says)."""
 
     column: str
     op: Literal["<=", ">="]
@@ -150,6 +169,10 @@ class Constraint:
     def met(self, value: float) -> bool:
         return not math.isnan(value) and (value <= self.bound if self.op == "<=" else value >= self.bound)
 
+    def status(self, interval: Interval) -> LimitStatus:
+        """"met" (the whole interval meets it), "not met" (the whole interval fails) or "undecided"."""
+        return against_limit(interval, self.op, self.bound)
+
     def violation(self, value: float) -> float:
         """How far `value` is on the wrong side, relative to |bound| (<= 0: met; NaN counts as 1)."""
         if math.isnan(value):
@@ -170,18 +193,100 @@ class Trial:
     """Knob -> value, in the space's order (the baseline: the defaults)."""
     router: str
     """The router spec text that ran (fixed options and router knobs), to paste as --router."""
-    means: dict[str, float]
-    """Mean over repeats of every numeric summary column (NaN where no run had a value)."""
-    ci95: dict[str, float]
-    """95 % confidence half-width of each mean (NaN with one repeat)."""
+    intervals: dict[str, Interval]
+    """Per numeric summary column, its mean over the repeats with the 95 % Student-t interval."""
     feasible: bool
+    """Every constraint met on the means (what the search steers by)."""
     violation: float
-    """Sum of the constraints' relative violations (0 when feasible)."""
+    """Sum of the constraints' relative violations on the means (0 when feasible)."""
     on_front: bool = False
+
+    @property
+    def means(self) -> dict[str, float]:
+        """Mean over repeats of every numeric summary column (NaN where no run had a value)."""
+        return {c: iv.mean for c, iv in self.intervals.items()}
+
+    @property
+    def ci95(self) -> dict[str, float]:
+        """95 % confidence half-width of each mean (NaN with one repeat)."""
+        return {c: iv.half_width for c, iv in self.intervals.items()}
+
+    def interval(self, column: str) -> Interval:
+        return self.intervals.get(column, NO_INTERVAL)
 
     @property
     def is_baseline(self) -> bool:
         return self.number == 0
+
+    @property
+    def config_key(self) -> tuple:
+        """What the trial ran (router spec and knob values): trials with equal keys are one candidate."""
+        return self.router, tuple(sorted((k, str(v)) for k, v in self.params.items()))
+
+
+def constraints_status(trial: Trial, constraints: Sequence[Constraint]) -> str:
+    """The trial's constraints judged with the intervals: "not met" if any is not met, "met" if all are, else
+    "undecided"; "" without constraints."""
+    if not constraints:
+        return ""
+    statuses = {c.status(trial.interval(c.column)) for c in constraints}
+    return "not met" if "not met" in statuses else "met" if statuses == {"met"} else "undecided"
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """How settled an answer is at its number of repeats: its constraints judged with the intervals, and its
+    objective against the contenders' (the other candidates whose constraints are not "not met") under THE RULE
+    of `sim.results.stats` (intervals that do not overlap). Computed from the trials, never stored (journals keep
+    runs), so a resumed search says the same. Indices are into the candidates given to `settle`."""
+
+    candidates: tuple[Trial, ...]
+    answer: int
+    metric: Metric
+    statuses: tuple[str, ...]
+    """Per candidate, `constraints_status`."""
+    contenders: tuple[int, ...]
+    """The candidates the answer is compared with: not the answer, constraints not "not met", objective known."""
+    tied: tuple[int, ...]
+    """Contenders indistinguishable from the answer on the metric, closest first."""
+    ahead: tuple[int, ...]
+    """Contenders better than the answer beyond the intervals (their constraints undecided: else they would answer)."""
+    settled: bool | None
+    """The answer's objective separated from every contender's, none ahead (None: one run, no interval)."""
+    repeats_to_separate: float
+    """Estimated runs per candidate that would separate the answer from every tied one (`stats.repeats_to_separate`)."""
+    best_met: int | None
+    """The candidate with the best mean among those whose constraints are all met over the whole interval (None:
+    none is, or there are no constraints): the safe choice when the answer's are undecided."""
+
+    @property
+    def status(self) -> str:
+        """The answer's `constraints_status`."""
+        return self.statuses[self.answer]
+
+    def label(self, i: int) -> str:
+        """Candidate i's verdict: the answer "best" / "not settled" / "no interval"; a contender "indistinguishable",
+        "ahead" or "behind"; "" for a candidate whose constraints are not met."""
+        if i == self.answer:
+            return "no interval" if self.settled is None else "best" if self.settled else "not settled"
+        if i not in self.contenders:
+            return ""
+        return "indistinguishable" if i in self.tied else "ahead" if i in self.ahead else "behind"
+
+
+def settle(candidates: Sequence[Trial], answer: int, metric: Metric, constraints: Sequence[Constraint]) -> Verdict:
+    """The `Verdict` of `candidates[answer]` against the other candidates."""
+    statuses = tuple(constraints_status(t, constraints) for t in candidates)
+    contenders = tuple(i for i, t in enumerate(candidates) if i != answer and statuses[i] != "not met"
+                       and not math.isnan(t.interval(metric.column).mean))
+    st = standing(candidates[answer].interval(metric.column), [candidates[i].interval(metric.column) for i in contenders],
+                  maximize=metric.maximize)
+    met = [i for i, status in enumerate(statuses) if status == "met"
+           and not math.isnan(candidates[i].interval(metric.column).mean)]
+    sign = -1.0 if metric.maximize else 1.0
+    best_met = min(met, key=lambda i: (sign * candidates[i].interval(metric.column).mean, i)) if met else None
+    return Verdict(tuple(candidates), answer, metric, statuses, contenders, tuple(contenders[i] for i in st.tied),
+                   tuple(contenders[i] for i in st.ahead), st.settled, st.repeats_to_separate, best_met)
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,6 +319,30 @@ class TuneResult:
     def front(self) -> list[Trial]:
         return [t for t in self.trials if t.on_front]
 
+    @property
+    def metric(self) -> Metric:
+        """The metric the answer is judged on: the objective's (the first Pareto metric for pareto)."""
+        return self.objective.metric or self.pareto[0]
+
+    def candidates(self) -> list[Trial]:
+        """The distinct configurations, each as its first trial (a configuration asked again is not a rival)."""
+        first: dict[tuple, Trial] = {}
+        for t in self.trials:
+            first.setdefault(t.config_key, t)
+        return list(first.values())
+
+    def verdict(self) -> Verdict:
+        """How settled the answer is (`settle` over the distinct configurations)."""
+        candidates = self.candidates()
+        answer = next(i for i, t in enumerate(candidates) if t.config_key == self.answer.config_key)
+        return settle(candidates, answer, self.metric, self.constraints)
+
+    def against_default(self) -> tuple[bool | None, float]:
+        """Whether the answer's metric is separated from the default's (THE RULE), and the estimated repeats that
+        would separate them."""
+        a, b = self.answer.interval(self.metric.column), self.baseline.interval(self.metric.column)
+        return separated(a, b), repeats_to_separate(a, b)
+
     def ranked(self) -> list[Trial]:
         """Trials best first: feasible before infeasible (least violation first), then by the objective."""
         return sorted(self.trials, key=lambda t: _rank_key(t, self.objective, self.pareto))
@@ -232,7 +361,10 @@ class TuneResult:
         knobs = [k.key for k in self.space]
         others = list(dict.fromkeys(c for t in self.trials for c in t.means if c not in named and c not in knobs))
         columns = (["trial", "role", "router", *knobs, "feasible", "on_front", "violation"]
-                   + [x for c in named for x in (c, f"{c}_ci95")] + others)
+                   + [x for c in named for x in (c, f"{c}_ci95")] + others
+                   + ["constraint_status", "verdict", "repeats_to_separate"])
+        verdict = self.verdict()
+        index = {t.config_key: i for i, t in enumerate(verdict.candidates)}
         rows = []
         for t in self.trials:
             roles = ["default"] * t.is_baseline
@@ -247,8 +379,23 @@ class TuneResult:
                 row[c] = t.means.get(c, math.nan)
                 row[f"{c}_ci95"] = t.ci95.get(c, math.nan)
             row.update({c: t.means[c] for c in others if c in t.means})
+            row.update(verdict_columns(verdict, index[t.config_key]))
             rows.append(row)
         return rows, columns
+
+
+def verdict_columns(verdict: Verdict, i: int) -> dict[str, object]:
+    """The columns a CSV row of candidate i gains (tune.csv, plan.csv): `constraint_status`, `verdict` and
+    `repeats_to_separate` (for the answer: from its closest rivals; for an indistinguishable one: from the answer)."""
+    v = verdict
+    if i == v.answer:
+        needed = v.repeats_to_separate
+    elif i in v.tied:
+        needed = repeats_to_separate(v.candidates[v.answer].interval(v.metric.column),
+                                     v.candidates[i].interval(v.metric.column))
+    else:
+        needed = math.nan
+    return {"constraint_status": v.statuses[i], "verdict": v.label(i), "repeats_to_separate": needed}
 
 
 def default_pareto(objective: Objective, constraints: Sequence[Constraint] = ()) -> tuple[Metric, Metric]:
@@ -304,10 +451,9 @@ def _numeric(row: Mapping[str, object]) -> dict[str, float]:
             if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("repeat", "seed")}
 
 
-def summarise_runs(rows: Sequence[Mapping[str, object]]) -> tuple[dict[str, float], dict[str, float]]:
-    """Means and 95 % half-widths over runs of every numeric column of the first row (`over_runs`)."""
-    intervals = over_runs([_numeric(r) for r in rows], _numeric(rows[0]))
-    return {c: iv.mean for c, iv in intervals.items()}, {c: iv.half_width for c, iv in intervals.items()}
+def summarise_runs(rows: Sequence[Mapping[str, object]]) -> dict[str, Interval]:
+    """The interval over runs of every numeric column of the first row (`over_runs`)."""
+    return over_runs([_numeric(r) for r in rows], _numeric(rows[0]))
 
 
 def _run_row(args: tuple[Scenario, SweepPoint]) -> dict[str, object]:
@@ -346,7 +492,7 @@ class _Search:
     seed: int
     runner: Executor
     store: RunStore | None = None
-    evaluated: dict[_Config, tuple[dict[str, float], dict[str, float]]] = field(default_factory=dict)
+    evaluated: dict[_Config, dict[str, Interval]] = field(default_factory=dict)
 
     def config(self, params: Mapping[str, Any], *, baseline: bool = False) -> _Config:
         options = dict(self.fixed)
@@ -366,8 +512,8 @@ class _Search:
         """A simulation's identity in the store: everything a trial's run depends on beyond the base scenario."""
         return [config.router, [list(kv) for kv in config.cluster], seed]
 
-    def evaluate(self, configs: Sequence[_Config], progress: Callable[[], None]) -> list[tuple[dict, dict]]:
-        """Means and half-widths per configuration, simulating only those not seen before (all in one map) and,
+    def evaluate(self, configs: Sequence[_Config], progress: Callable[[], None]) -> list[dict[str, Interval]]:
+        """Intervals per configuration, simulating only those not seen before (all in one map) and,
         with a store, only the runs it lacks; each new run is stored as it finishes."""
         new = list(dict.fromkeys(c for c in configs if c not in self.evaluated))
         tasks = [job for c in new for job in self.jobs(c)]
@@ -440,14 +586,14 @@ def _sampler(kind: str, seed: int, trials: int, constraints_func):
 
 
 def tune(base: Scenario, router: str, space: Sequence[Knob] | str | None = None, *,
-         objective: Objective | str = DEFAULT_OBJECTIVE, constraints: Sequence[Constraint | str] = (),
+         objective: Objective | str | None = None, constraints: Sequence[Constraint | str] = (),
          pareto: tuple[Metric, Metric] | str | None = None, budget_simulations: int = 120, repeats: int = 3,
          seed: int | None = None, jobs: int | None = None, batch_trials: int = BATCH_TRIALS, sampler: str = "tpe",
          progress: Callable[[int, int, str], None] | None = None, executor: Executor | None = None,
          store: RunStore | None = None) -> TuneResult:
     """Search `space` (knobs or their text; default: the router's `search_space`) for `router` (NAME, or
     NAME:key=value,... with fixed options) on `base`, with `budget_simulations // repeats` trials; pure (writes
-    nothing). The simulations run on `executor` (left open), or without one on `jobs` local processes. With a
+    nothing); `objective` None is `default_objective(base)`. The simulations run on `executor` (left open), or without one on `jobs` local processes. With a
     `store`, each finished simulation is appended to it and those it already holds are taken from it instead of run:
     the search asks the same trials again (same seed, same values told), so a rerun over a partial store is
     the uninterrupted search, simulating only what the store lacks.
@@ -456,7 +602,8 @@ def tune(base: Scenario, router: str, space: Sequence[Knob] | str | None = None,
     `UnknownColumn` for a column the summary lacks) names what is wrong; a ScenarioError a bad router option."""
     import optuna
 
-    objective = Objective.parse(objective) if isinstance(objective, str) else objective
+    objective = (default_objective(base) if objective is None
+                 else Objective.parse(objective) if isinstance(objective, str) else objective)
     constraints = tuple(Constraint.parse(c) if isinstance(c, str) else c for c in constraints)
     if pareto is None:
         pareto = default_pareto(objective, constraints)
@@ -500,12 +647,12 @@ def tune(base: Scenario, router: str, space: Sequence[Knob] | str | None = None,
 
     trials: list[Trial] = []
 
-    def record(params: dict[str, Any], config: _Config, means: dict[str, float], ci: dict[str, float]) -> Trial:
+    def record(params: dict[str, Any], config: _Config, intervals: dict[str, Interval]) -> Trial:
         nonlocal best_note
-        if "kv-gib" in params:  # a knob, not a summary column: the trial's own value
-            means = {**means, "kv-gib": float(params["kv-gib"])}
-        ok, violation, _ = feasibility(means)
-        trial = Trial(len(trials), params, config.router, means, ci, ok, violation)
+        if "kv-gib" in params:  # a knob, not a summary column: the trial's own value, exact in every run
+            intervals = {**intervals, "kv-gib": Interval(float(params["kv-gib"]), 0.0, 0.0, repeats)}
+        ok, violation, _ = feasibility({c: iv.mean for c, iv in intervals.items()})
+        trial = Trial(len(trials), params, config.router, intervals, ok, violation)
         trials.append(trial)
         metric = objective.metric or pareto[0]
         feasible = [t for t in trials if t.feasible]
@@ -525,14 +672,14 @@ def tune(base: Scenario, router: str, space: Sequence[Knob] | str | None = None,
                 scenario, point = search.jobs(search.config(params))[0]
                 build_router(point.scenario(scenario))
         baseline_config = search.config(baseline_params, baseline=True)
-        (means, ci), = search.evaluate([baseline_config], tick)
-        available = set(means) | ({"kv-gib"} & set(keys))
+        intervals, = search.evaluate([baseline_config], tick)
+        available = set(intervals) | ({"kv-gib"} & set(keys))
         named = [c.column for c in constraints] + [m.column for m in pareto] + [objective.column] * bool(objective.column)
         for column in named:
             if column not in available:
                 raise UnknownColumn(f"unknown column {column!r}; numeric columns of the summary: "
                                     f"{', '.join(sorted(available))}")
-        baseline = record(baseline_params, baseline_config, means, ci)
+        baseline = record(baseline_params, baseline_config, intervals)
         if n_trials > 1:
             distributions = _distributions(space)
             directions = ([("maximize" if m.maximize else "minimize") for m in pareto] if objective.kind == "pareto"
@@ -576,16 +723,15 @@ def tune(base: Scenario, router: str, space: Sequence[Knob] | str | None = None,
                         params = [_runnable(space, a.params) for a in asked]
                         configs = [search.config(p) for p in params]
                         results = search.evaluate(configs, tick)
-                        for a, p, c, (means, ci) in zip(asked, params, configs, results):
-                            tell(a, record(p, c, means, ci))
+                        for a, p, c, ivs in zip(asked, params, configs, results):
+                            tell(a, record(p, c, ivs))
             finally:
                 optuna.logging.set_verbosity(previous)
 
     front = pareto_front([(t.means.get(pareto[0].column, math.nan), t.means.get(pareto[1].column, math.nan))
                           if t.feasible else (math.nan, math.nan) for t in trials],
                          (pareto[0].maximize, pareto[1].maximize))
-    final = tuple(Trial(t.number, t.params, t.router, t.means, t.ci95, t.feasible, t.violation, on)
-                  for t, on in zip(trials, front))
+    final = tuple(replace(t, on_front=on) for t, on in zip(trials, front))
     ranked = sorted(final, key=lambda t: _rank_key(t, objective, pareto))
     usable = [t for t in ranked if not math.isnan(_objective_value(t, objective, pareto))] or ranked
     best = next((t.number for t in usable if t.feasible), None)

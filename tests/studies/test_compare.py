@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import math
 
 import pytest
 from click.testing import CliRunner
@@ -64,16 +65,35 @@ def test_aggregate_routers_adds_the_interval_the_bound_and_the_front():
     assert "prefix_reuse" not in slow and "goodput_rps" not in slow  # only metrics the rows have
 
 
+def test_a_router_leads_only_beyond_the_intervals():
+    def row(router, repeat, hit, rps):
+        return {"workers": 2, "prefixes": 8, "concurrency": 4, "router": router, "engine": "vllm", "repeat": repeat,
+                "request_hit_rate": hit, "ttft_p99_ms": 100.0, "throughput_rps": rps}
+    rows = [row("a", 0, 0.90, 10.0), row("a", 1, 0.92, 10.4), row("a", 2, 0.91, 9.6),
+            row("b", 0, 0.50, 10.1), row("b", 1, 0.52, 10.5), row("b", 2, 0.51, 9.7),
+            row("c", 0, 0.49, 5.0), row("c", 1, 0.53, 5.2), row("c", 2, 0.51, 5.1)]
+    agg = {a["router"]: a for a in aggregate_routers(rows, capacity_requests=2.0)}
+    # hit rate: a (0.91 ± 0.02) leads beyond the intervals; b and c (0.51) are both behind it
+    assert [agg[r]["verdict"] for r in "abc"] == ["best", "behind", "behind"]
+    # throughput: b (10.1) and a (10.0) are within each other's intervals; c (5.1) is behind
+    assert [agg[r]["objective_verdict"] for r in "abc"] == ["indistinguishable", "not settled", "behind"]
+    # sd 0.4 each, a gap of 0.1: t(0.975, n - 1) x 0.8 / sqrt(n) < 0.1 first at n = 249 (an estimate)
+    assert agg["b"]["objective"] == "throughput_rps" and agg["b"]["objective_repeats_to_separate"] == 249
+    assert math.isnan(agg["c"]["objective_repeats_to_separate"])  # behind: nothing to estimate
+
+
 @pytest.mark.slow
 def test_compare_command_writes_the_table_and_files(tmp_path):
     res = invoke("compare", "--prefixes", 7, "--workers", 3, "--concurrency", 4,
-                 "--router", "random,prefix-hash,kv-aware", "--repeats", 2, "--jobs", 1, "--out", tmp_path)
+                 "--router", "random,prefix-hash,kvsim", "--repeats", 2, "--jobs", 1, "--out", tmp_path)
     assert res.exit_code == 0, res.output
     text = " ".join(res.output.split())  # rich wraps titles and captions to the table's width
+    assert "kvsim†" in text and "† kvsim's own policy (policies/kvsim_router.py)" in text
+    assert "request_hit_rate: " in text and "throughput_rps: " in text  # a verdict line on each
     assert "3 workers, N = 7, concurrency 4" in text and "★" in text
     assert "bound min(1, W·C/N) = min(1, 3·3.95/7) = 1.000" in text
     rows = list(csv.DictReader((tmp_path / "compare.csv").open()))
-    assert len(rows) == 3 and {r["router"] for r in rows} == {"random", "prefix-hash", "kv-aware"}
+    assert len(rows) == 3 and {r["router"] for r in rows} == {"random", "prefix-hash", "kvsim"}  # not marked
     for col in ("workers", "prefixes", "concurrency", "router", "repeats", "bound", "random_expectation",
                 "fraction_of_bound", "on_front", "request_hit_rate", "request_hit_rate_sd", "request_hit_rate_ci95",
                 "token_hit_rate", "ttft_p50_ms", "ttft_p99_ms", "ttft_p99_ms_ci95", "throughput_rps"):
@@ -82,6 +102,8 @@ def test_compare_command_writes_the_table_and_files(tmp_path):
     assert hits == sorted(hits, reverse=True)
     assert any(r["on_front"] == "True" for r in rows)
     assert all(r["repeats"] == "2" and r["primary_metric"] == "request_hit_rate" for r in rows)
+    assert list(rows[0])[-5:] == ["verdict", "repeats_to_separate", "objective", "objective_verdict",
+                                  "objective_repeats_to_separate"]
     runs = list(csv.DictReader((tmp_path / "summary.csv").open()))
     seeds = sorted({int(r["seed"]) for r in runs})
     assert len(runs) == 6 and seeds == [seeds[0], seeds[0] + 1]  # repeat r: seed + r, for every router
