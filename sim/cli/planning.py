@@ -11,8 +11,8 @@ import click
 
 from sim.cli.app import (
     CPU_KV_HELP, ENGINE_HELP, SLO_HELP, UsageExit, checked_out_dir, console, executor_options, finite_float, hardware_options,
-    load_or_exit, main, on_cpu_kv, on_engine, on_hardware, one_engine, open_executor_or_exit, progress_bar,
-    router_list, scenario_option, slo_option, with_slo,
+    kv_origin, kv_rule_note, load_or_exit, main, on_cpu_kv, on_engine, on_hardware, one_engine, open_executor_or_exit,
+    progress_bar, router_list, scenario_option, setup_text, slo_option, with_slo,
 )
 from sim.cli.render import Table, format_option
 from sim.cli.study_runs import journaled_search, resume_command
@@ -89,11 +89,13 @@ def _out_options(writes: str, replays: str) -> Callable:
     )
 
 
-def _plan_base(scenario_path, prefixes, zipf, workers, concurrency, cpu_kv_gib, engine, model, gpu, *,
+def _plan_base(scenario_path, prefixes, zipf, workers, concurrency, cpu_kv_gib, engine, model, gpu, kv_gib, *,
                slo=None, vary: str | None = None) -> Scenario:
     """The scenario both subcommands plan on, with the command's what-ifs applied, or a one-line error."""
-    base, _ = load_or_exit(scenario_path)
-    base = on_hardware(with_slo(on_engine(base, engine), slo), model, gpu)
+    if kv_gib is not None and vary == "kv-gib":
+        raise click.UsageError("--kv-gib fixes the GPU KV per worker; --vary kv-gib searches it: give one")
+    base, _ = load_or_exit(scenario_path, gpu)
+    base = on_hardware(with_slo(on_engine(base, engine), slo), model, gpu, kv_gib)
     if cpu_kv_gib is not None and vary == "cpu-kv-gib":
         raise click.UsageError("--cpu-kv-gib fixes the host tier; --vary cpu-kv-gib searches it: give one")
     base = on_cpu_kv(base, cpu_kv_gib)
@@ -135,7 +137,7 @@ def _plan_base(scenario_path, prefixes, zipf, workers, concurrency, cpu_kv_gib, 
 @format_option("the rows of plan.csv (a row per router)")
 @click.pass_context
 def plan_router(ctx, scenario_path, prefixes, zipf, concurrency, routers, target_hit_rate, target_ttft_p99_ms,
-                constraints, objective, budget, seed, workers, cpu_kv_gib, engine, model, gpu, repeats, jobs,
+                constraints, objective, budget, seed, workers, cpu_kv_gib, engine, model, gpu, kv_gib, repeats, jobs,
                 executor_kind, dask_scheduler, slo, out_dir, resume) -> None:
     """Find which of the --router candidates, and which of its settings, meets the targets and --constraint best
     for the --objective.
@@ -143,7 +145,7 @@ def plan_router(ctx, scenario_path, prefixes, zipf, concurrency, routers, target
     Each router is tuned as `kvsim tune` does (trial 0 its defaults, then optuna's sampler) with --budget
     simulations on the same seeds; the table shows each router's best setting, the answer and its --router text.
     """
-    base = _plan_base(scenario_path, prefixes, zipf, workers, concurrency, cpu_kv_gib, engine, model, gpu, slo=slo)
+    base = _plan_base(scenario_path, prefixes, zipf, workers, concurrency, cpu_kv_gib, engine, model, gpu, kv_gib, slo=slo)
     targets = ([Constraint("request_hit_rate", ">=", target_hit_rate)] if target_hit_rate is not None else []) + (
         [Constraint("ttft_p99_ms", "<=", target_ttft_p99_ms)] if target_ttft_p99_ms is not None else [])
     out = checked_out_dir(out_dir)
@@ -156,7 +158,8 @@ def plan_router(ctx, scenario_path, prefixes, zipf, concurrency, routers, target
             open_executor_or_exit(executor_kind, jobs, dask_scheduler) as executor:
         choice = choose_router(base, routers, objective=objective, constraints=constraints, budget=budget,
                                repeats=repeats, seed=seed, jobs=jobs, executor=executor, store=journal)
-    show_choice(base, choice, objective=objective, budget=budget, repeats=repeats, out=out, command=command)
+    show_choice(base, choice, objective=objective, budget=budget, repeats=repeats, out=out, command=command,
+                kv=kv_origin(model, gpu, kv_gib))
 
 
 @plan.command(name="capacity",
@@ -185,7 +188,7 @@ def plan_router(ctx, scenario_path, prefixes, zipf, concurrency, routers, target
 @format_option("the rows of plan.csv (a row per router)")
 @click.pass_context
 def plan_capacity(ctx, scenario_path, prefixes, zipf, concurrency, vary, target_hit_rate, target_ttft_p99_ms, low,
-                  high, step, routers, workers, cpu_kv_gib, engine, model, gpu, repeats, jobs, executor_kind,
+                  high, step, routers, workers, cpu_kv_gib, engine, model, gpu, kv_gib, repeats, jobs, executor_kind,
                   dask_scheduler, horizon, out_dir, resume) -> None:
     """Find, per router, the cheapest setting that meets a target: how many workers (--vary workers), how much GPU
     KV per worker (kv-gib) or how much host (CPU) KV per worker (cpu-kv-gib).
@@ -196,7 +199,8 @@ def plan_capacity(ctx, scenario_path, prefixes, zipf, concurrency, vary, target_
     from sim.studies.plan import VARY_UNITS, PlanSpec, PlanTarget, make_grid
     from sim.studies.plan import plan as run_plan
 
-    base = _plan_base(scenario_path, prefixes, zipf, workers, concurrency, cpu_kv_gib, engine, model, gpu, vary=vary)
+    base = _plan_base(scenario_path, prefixes, zipf, workers, concurrency, cpu_kv_gib, engine, model, gpu, kv_gib,
+                      vary=vary)
     try:
         target = PlanTarget(target_hit_rate, target_ttft_p99_ms)
         low = (0.0 if vary == "cpu-kv-gib" else 1.0) if low is None else low
@@ -231,8 +235,9 @@ def plan_capacity(ctx, scenario_path, prefixes, zipf, concurrency, vary, target_
     unit = VARY_UNITS[vary]
     what = " and ".join(x for x in (f"request hit rate >= {target_hit_rate}" if target_hit_rate is not None else "",
                                     f"TTFT p99 <= {target_ttft_p99_ms} ms" if target_ttft_p99_ms is not None else "") if x)
-    table = Table(title=f"{base.name} on {base.engine.kind}, N={base.workload.prefixes} ({base.workload.popularity}): "
-                        f"cheapest {vary} for {what}")
+    kv = "varied" if vary == "kv-gib" else kv_origin(model, gpu, kv_gib)
+    table = Table(title=f"{base.name}: {setup_text(base, kv)}; N={base.workload.prefixes} "
+                        f"({base.workload.popularity}): cheapest {vary} for {what}")
     for col in ("router", "answer", "simulated hit rate", "simulated TTFT p99 ms", "analytic answer",
                 "simulated below answer", "runs"):
         table.add_column(col, justify="left" if col == "router" else "right", key=col == "router")
@@ -265,6 +270,8 @@ def plan_capacity(ctx, scenario_path, prefixes, zipf, concurrency, vary, target_
                "predicted_ci95"] + (["predicted_ttft_p99_ms", "target_ttft_p99_ms"]
                                     if target_hit_rate is not None and target_ttft_p99_ms is not None else [])
     console.data(rows, columns)
+    if note := kv_rule_note(base, kv):
+        console.print(note, highlight=False)
     if out_dir:
         out = Path(out_dir)
         write_atomic(out / "plan.csv", csv_bytes(rows, columns))
@@ -295,14 +302,15 @@ def choose_router(base: Scenario, routers: list[str], *, objective, constraints,
 
 
 def show_choice(base: Scenario, choice, *, objective, budget: int, repeats: int, out: Path | None,
-                command: str) -> None:
+                command: str, kv: str = "the scenario's") -> None:
     """Print the choice's table and answer; with `out`, write plan.csv and plan.png as one set with the manifest."""
     first = choice.results[0]
     named = first.named_columns
     column = objective.metric.column
     what = ", ".join(c.text() for c in first.constraints) or "no constraints"
-    table = Table(title=f"{base.name} on {base.engine.kind}, {base.cluster.workers} workers, N={base.workload.prefixes}, "
-                        f"concurrency={base.workload.concurrency}: which router for {objective.text()} with {what}")
+    table = Table(title=f"{base.name}: {setup_text(base, kv)}; {base.cluster.workers} workers, "
+                        f"N={base.workload.prefixes}, concurrency={base.workload.concurrency}: which router for "
+                        f"{objective.text()} with {what}")
     for col in ("router", "best setting", *named, "meets", f"default's {column}", "runs"):
         table.add_column(col, justify="left" if col in ("router", "best setting", "meets") else "right",
                          key=col == "router", prose=col == "best setting")
@@ -331,6 +339,8 @@ def show_choice(base: Scenario, choice, *, objective, budget: int, repeats: int,
                       f"(its default: {value_text(answer.baseline, column)})", highlight=False)
     console.print(f"paste: {paste_text(answer, answer.answer)}", highlight=False,
                   soft_wrap=True)  # NOTE: one line, to copy whole, however narrow the terminal
+    if note := kv_rule_note(base, kv):
+        console.print(note, highlight=False)
     columns = ["router", "vary", "answer", "unit", "predicted", "target", "analytic_answer", "metric",
                "predicted_ci95", "feasible", "trials", *(f"mean_{c}" for c in named), f"default_{column}"]
     console.data(rows, columns)

@@ -10,7 +10,7 @@ import yaml
 
 from sim.cli.app import (
     ENGINE_HELP, SLO_HELP, checked_out_dir, console, executor_options, fmt, load_or_exit, main, on_engine, one_engine,
-    open_executor_or_exit, progress_bar, router_list, scenario_option, slo_option, with_slo,
+    open_executor_or_exit, progress_bar, router_list, scenario_option, setup_text, slo_option, with_slo,
 )
 from sim.cli.render import Table, format_option
 from sim.cli.study_runs import journaled_search, resume_command
@@ -206,7 +206,7 @@ def tune(ctx, scenario_path, prefixes, workers, concurrency, engine, router, spa
 def show_result(result, base: Scenario, *, top: int, wall_s: float) -> None:
     named = result.named_columns
     knobs = [k.key for k in result.space]
-    table = Table(title=f"{base.name}: tuning {result.router} on {base.engine.kind}, {base.cluster.workers} workers, "
+    table = Table(title=f"{base.name}: {setup_text(base)}; tuning {result.router}, {base.cluster.workers} workers, "
                         f"N={base.workload.prefixes}, concurrency={base.workload.concurrency}: "
                         f"{result.objective.text()}" + "".join(f", {c.text()}" for c in result.constraints)
                         + f" (mean ± 95 % over {result.repeats} runs)")
