@@ -9,20 +9,22 @@ import math
 import os
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Union
 
 import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from sim.config import GIB, ConfigModel, Loc, Problem, suggestion, validation_problems
 from sim.engines.registry import ENGINES
 from sim.results.records import Slo
 from sim.routing.spec import RouterSpec
-from sim.timing.architecture import load_architecture
-from sim.timing.hardware import hardware_profile
-from sim.timing.spec import LinearTimeModelSpec, ModelSpec, TimeModelSpec, known_hardware
+from sim.timing.architecture import ModelArchitecture, load_architecture
+from sim.timing.hardware import HardwareProfile, hardware_profile
+from sim.timing.memory import KvBudget, device_memory_bytes, vllm_kv_budget, weights_bytes
+from sim.timing.spec import LinearTimeModelSpec, ModelSpec, RooflineTimeModelSpec, TimeModelSpec, known_hardware
 from sim.workloads.spec import WorkloadSpec
 
 BUILTIN_SCENARIO = "service-baseline"
@@ -111,6 +113,17 @@ class DeploymentSpec(ConfigModel):
         return self
 
 
+@dataclass(frozen=True, slots=True)
+class DeviceSetup:
+    """A device as a roofline time model sees it: its name, hardware, the tensor-parallel degree of its workers and
+    how many workers share it (each with its own copy of the weights)."""
+
+    name: str
+    hardware: HardwareProfile
+    tensor_parallel: int
+    workers: int
+
+
 class ClusterSpec(ConfigModel):
     workers: int = Field(ge=1, description="Number of workers.")
     deployments: list[DeploymentSpec] = Field(default_factory=list, description="Device layouts by worker count.")
@@ -165,6 +178,11 @@ class CalibrationSpec(ConfigModel):
     held_out: list[str] = Field(default_factory=list, description="Measured points reported but not fitted.")
     fit_rms_log_error: float | None = Field(None, description="RMS of log(predicted/measured) over the fitted figures.")
     holdout_rms_log_error: float | None = Field(None, description="The same over the held-out figures.")
+    model: str | None = Field(None, description="The model the fit measured, when the scenario now serves another "
+                                                "(--model fills it). Default: the scenario's own.")
+    hardware: list[str] = Field(default_factory=list, description=(
+        "The hardware profiles the fit's devices ran on, when the scenario now runs on others (--gpu fills it). "
+        "Default (empty): the scenario's own devices'."))
 
 
 class Scenario(ConfigModel):
@@ -288,47 +306,131 @@ class Scenario(ConfigModel):
         return ["cluster.request_overhead_s", "time_model.step_overhead_s", "time_model.compute_efficiency",
                 "time_model.memory_efficiency"]
 
-    @model_validator(mode="after")
-    def _weights_fit(self) -> Scenario:
-        """A roofline device must hold its workers' weights (bf16 weights / tensor_parallel each). The KV cache is not
-        checked against the device's memory: `engine.kv_cache_bytes` beyond it is a what-if a planner asks."""
-        arch = self.model.architecture
+    def device_setups(self) -> list[DeviceSetup]:
+        """Every device the scenario names (`all_devices`) that runs a roofline time model, with its hardware."""
+        setups = []
         for dev in self.all_devices():
             spec = self.device_time_model(dev)
-            if arch is None or spec.kind != "roofline":
-                continue
-            hw, tp = hardware_profile(spec.hardware), spec.tensor_parallel
-            weights = arch.num_params * arch.dtype_bytes
-            if dev.workers * weights / tp > hw.memory_bytes:
-                need = f"{dev.workers} workers x {_gib(weights)}" if dev.workers > 1 else _gib(weights)
-                raise ValueError(
-                    f"device {dev.name}: {need} of {self.model.name} weights / tensor_parallel {tp} do not fit the "
-                    f"{_gib(int(hw.memory_bytes))} of {hw.name}: raise tensor_parallel (--gpu NAMExTP) or put fewer "
-                    f"workers on it")
+            if spec.kind == "roofline":
+                setups.append(DeviceSetup(dev.name, hardware_profile(spec.hardware), spec.tensor_parallel, dev.workers))
+        return setups
+
+    @model_validator(mode="after")
+    def _weights_fit(self, info: ValidationInfo) -> Scenario:
+        """A roofline device must hold its workers' weights (bf16 weights / tensor_parallel each). The KV cache is not
+        checked against the device's memory: `engine.kv_cache_bytes` beyond it is a what-if a planner asks. Skipped
+        when the devices are about to be replaced (`load_scenario(check_devices=False)`, for --gpu): the check applies
+        to the devices a run uses."""
+        arch = self.model.architecture
+        if arch is None or not (info.context or {}).get("check_devices", True):
+            return self
+        for setup in self.device_setups():
+            problem = _weights_problem(arch, self.model.name, setup)
+            if problem:
+                raise ValueError(f"{problem}: {_ways_out(setup, own_devices=True, fits=bool)}")
         return self
 
-    def with_hardware(self, *, model: str | None = None, hardware: str | None = None,
-                      tensor_parallel: int = 1) -> Scenario:
+    def kv_budget(self) -> KvBudget:
+        """The KV cache per worker vLLM's memory rule gives on the scenario's devices (`sim.timing.memory`): the
+        smallest of the devices' (kvsim gives every worker one KV size). Needs a roofline time model and the model's
+        architecture."""
+        if self.model.architecture is None or not self.device_setups():
+            raise ScenarioError("vLLM's KV rule needs a roofline time model and the model's architecture (model.config)")
+        return _kv_budget(self.model.architecture, self.device_setups(), self.engine)
+
+    def with_hardware(self, *, model: str | None = None, hardware: str | None = None, tensor_parallel: int = 1,
+                      kv_cache_bytes: int | None = None) -> Scenario:
         """The same scenario serving `model` (a shipped name or a config.json path) and/or with every worker on its
         own device of `hardware` x `tensor_parallel` under the roofline time model (its efficiency factors and
         overheads kept if the scenario already has one, else the defaults). A new model needs a roofline time model:
-        a linear one was fitted to the scenario's own model."""
+        a linear one was fitted to the scenario's own model.
+
+        The KV cache per worker is `kv_cache_bytes`, or without it what vLLM would allocate on the devices used
+        (`kv_budget`, `sim.timing.memory`). The weights must fit the devices used: the new ones with `hardware`, else
+        the scenario's own. The calibration keeps what its fit ran on (`calibration.model`, `calibration.hardware`);
+        it is dropped with a linear time model that the roofline replaces."""
         data = self.model_dump()
         data["reference"] = None  # measured with the scenario's own model and hardware
+        arch, model_name = self.model.architecture, self.model.name
         if model is not None:
-            name, arch = load_architecture(model)
-            data["model"] = {"name": name, "kv_bytes_per_token": arch.kv_bytes_per_token,
+            model_name, arch = load_architecture(model)
+            data["model"] = {"name": model_name, "kv_bytes_per_token": arch.kv_bytes_per_token,
                              "architecture": arch.model_dump()}
-        if hardware is not None:
-            tm = data["time_model"] if self.time_model.kind == "roofline" else {"kind": "roofline"}
-            data["time_model"] = {**tm, "hardware": hardware, "tensor_parallel": tensor_parallel}
-            label = hardware_profile(hardware).name + (f"x{tensor_parallel}" if tensor_parallel > 1 else "")
+        if hardware is None:
+            if self.time_model.kind != "roofline":
+                raise ScenarioError("--model: the scenario's time model is linear, fitted to its own model; give --gpu "
+                                    "too (the roofline time model on that hardware)")
+            setups = self.device_setups()
+        else:
+            profile = hardware_profile(hardware)
+            label = _gpu_label(profile, tensor_parallel)
+            setups = [DeviceSetup(label, profile, tensor_parallel, 1)]
+            if self.time_model.kind == "roofline":
+                data["time_model"] = {**data["time_model"], "hardware": profile.name, "tensor_parallel": tensor_parallel}
+                if self.calibration.fitted_on and not self.calibration.hardware:
+                    data["calibration"]["hardware"] = self.fitted_hardware()
+            else:
+                data["time_model"] = {"kind": "roofline", "hardware": profile.name, "tensor_parallel": tensor_parallel}
+                data["calibration"] = {}  # it fitted the linear time model the roofline replaces
             data["cluster"]["deployments"] = []
             data["cluster"]["default_device"] = {"name": label}
-        elif model is not None and self.time_model.kind != "roofline":
-            raise ScenarioError("--model: the scenario's time model is linear, fitted to its own model; give --gpu "
-                                "too (the roofline time model on that hardware)")
-        return validate_scenario(data, source=f"scenario {self.name!r} with model={model}, hardware={hardware}")
+        if model is not None and data["calibration"].get("fitted_on") and self.calibration.model is None:
+            data["calibration"]["model"] = self.model.name
+        if arch is None:
+            raise ScenarioError("--gpu: the scenario's model has no architecture for the roofline time model: give "
+                                "--model NAME or CONFIG.json")
+        own = hardware is None
+        for setup in setups:
+            problem = _weights_problem(arch, model_name, setup)
+            if problem:
+                fits = lambda s: _weights_problem(arch, model_name, s) is None  # noqa: E731
+                raise ScenarioError(f"{problem}: {_ways_out(setup, own_devices=own, fits=fits)}")
+        if kv_cache_bytes is None:
+            budget = _kv_budget(arch, setups, self.engine)
+            needed = self.workload.max_request_tokens * arch.kv_bytes_per_token
+            if budget.kv_bytes < needed:
+                setup = next(s for s in setups if _kv_budget(arch, [s], self.engine) == budget)
+                fits = lambda s: _kv_budget(arch, [s], self.engine).kv_bytes >= needed  # noqa: E731
+                raise ScenarioError(
+                    f"{_device_text(setup)}: vLLM's memory rule leaves {_gib(max(0, budget.kv_bytes))} of KV per "
+                    f"worker, less than one request's {_gib(needed)} ({budget.text()}): "
+                    f"{_ways_out(setup, own_devices=own, fits=fits)}; or give --kv-gib")
+            kv_cache_bytes = budget.kv_bytes
+        for path, value in self.engine.capacity_overrides(kv_bytes=kv_cache_bytes).items():
+            data["engine"][path.removeprefix("engine.")] = value
+        what = ", ".join(f"--{k} {v}" for k, v in (("model", model), ("gpu", hardware and label)) if v)
+        return validate_scenario(data, source=f"scenario {self.name!r} with {what}")
+
+    def fitted_hardware(self) -> list[str]:
+        """The hardware the time model was fitted on: `calibration.hardware`, else the scenario's own devices'."""
+        return list(self.calibration.hardware) or sorted({s.hardware.name for s in self.device_setups()})
+
+    def time_model_origin(self) -> str:
+        """Where the time model's numbers come from, for a report's header: fitted to what (and on which hardware),
+        the scenario's own numbers, or the defaults."""
+        tm, cal = self.time_model, self.calibration
+        what = "efficiencies" if tm.kind == "roofline" else "coefficients"
+        if cal.fitted_on:
+            of = f" of {cal.model}" if cal.model and cal.model != self.model.name else ""
+            on = f" on {', '.join(self.fitted_hardware())}" if tm.kind == "roofline" else ""
+            return f"{tm.kind}, {what} fitted to {len(cal.fitted_on)} measured points{of}{on}"
+        default = (RooflineTimeModelSpec(kind="roofline", hardware=tm.hardware, tensor_parallel=tm.tensor_parallel)
+                   if tm.kind == "roofline" else LinearTimeModelSpec())
+        if tm == default:
+            return f"{tm.kind}, default {what} (uncalibrated)"
+        return f"{tm.kind}, the scenario's {what} (no fit recorded in calibration.fitted_on)"
+
+    def time_model_warning(self) -> str | None:
+        """One line when a roofline's fitted efficiencies are applied to hardware they were not fitted on."""
+        if self.time_model.kind != "roofline" or not self.calibration.fitted_on:
+            return None
+        fitted = self.fitted_hardware()
+        other = sorted({s.hardware.name for s in self.device_setups()} - set(fitted))
+        if not other:
+            return None
+        return (f"the time model's efficiencies were fitted on {', '.join(fitted)} and are applied to "
+                f"{', '.join(other)}: its step times there are an extrapolation (`kvsim calibrate` on measurements "
+                f"from that hardware settles them)")
 
     def all_devices(self) -> list[DeviceSpec]:
         """Every device spec the scenario names (deployments and the default device)."""
@@ -396,6 +498,62 @@ class Scenario(ConfigModel):
         return validate_scenario(data, source=f"scenario {self.name!r} with {overrides}")
 
 
+def _device_text(setup: DeviceSetup) -> str:
+    """`device gpu-24gb (rtx-3090, 4 workers)`; a device --gpu made is its hardware: `h100-sxm TP2`."""
+    tp = f" TP{setup.tensor_parallel}" if setup.tensor_parallel > 1 else ""
+    if setup.name == _gpu_label(setup.hardware, setup.tensor_parallel):
+        return f"{setup.hardware.name}{tp}"
+    shared = f", {setup.workers} workers" if setup.workers > 1 else ""
+    return f"device {setup.name} ({setup.hardware.name}{tp}{shared})"
+
+
+def _gpu_label(profile: HardwareProfile, tensor_parallel: int) -> str:
+    """The name of the devices --gpu makes: `h100-sxm`, `h100-sxmx2` (numbered per worker by the cluster)."""
+    return profile.name + (f"x{tensor_parallel}" if tensor_parallel > 1 else "")
+
+
+def _weights_problem(arch: ModelArchitecture, model_name: str, setup: DeviceSetup) -> str | None:
+    """What is wrong when `setup`'s workers' weights (each worker its own copy, / tensor_parallel) exceed the
+    device's memory (`sim.timing.memory.device_memory_bytes`), else None."""
+    weights, memory = weights_bytes(arch), device_memory_bytes(setup.hardware)
+    if setup.workers * weights / setup.tensor_parallel <= memory:
+        return None
+    need = f"{setup.workers} workers x {_gib(weights)}" if setup.workers > 1 else _gib(weights)
+    return (f"{_device_text(setup)}: {need} of {model_name} weights / tensor_parallel {setup.tensor_parallel} do not "
+            f"fit its {_gib(memory)}")
+
+
+def _ways_out(setup: DeviceSetup, *, own_devices: bool, fits: Callable[[DeviceSetup], bool]) -> str:
+    """What can be changed when `setup` cannot hold its workers: on the scenario's own devices, fewer workers on it
+    (when shared), its tensor_parallel, or --gpu (every worker on a device of its own); on --gpu's devices, the
+    smallest power-of-two tensor-parallel degree that `fits`."""
+    if own_devices:
+        fewer = "put fewer workers on it (cluster.deployments), " if setup.workers > 1 else ""
+        return f"{fewer}raise its tensor_parallel, or give --gpu NAME[xTP] to put every worker on a device of its own"
+    degree = next((tp for tp in (2, 4, 8, 16, 32, 64)
+                   if tp > setup.tensor_parallel and fits(replace(setup, tensor_parallel=tp))), None)
+    if degree is None:
+        return "no tensor-parallel degree up to 64 fits it: give a bigger --gpu"
+    return f"raise tensor_parallel: --gpu {setup.hardware.name}x{degree}"
+
+
+def _profile_batch(engine: Any) -> tuple[int, int]:
+    """The tokens and requests of vLLM's start-up profile run for `engine`: its step token budget and request cap
+    (vLLM: max_num_batched_tokens, max_num_seqs; SGLang: chunked_prefill_size, max_running_requests), with vLLM's
+    defaults for GPUs of 70 GiB and more (8,192 tokens, 256 requests) where the engine leaves them open."""
+    tokens = getattr(engine, "max_num_batched_tokens", None) or getattr(engine, "chunked_prefill_size", None) or 8192
+    seqs = getattr(engine, "max_num_seqs", None) or getattr(engine, "max_running_requests", None) or 256
+    return tokens, seqs
+
+
+def _kv_budget(arch: ModelArchitecture, setups: list[DeviceSetup], engine: Any) -> KvBudget:
+    """vLLM's KV budget per worker on each of `setups`, the smallest (kvsim gives every worker one KV size)."""
+    tokens, seqs = _profile_batch(engine)
+    return min((vllm_kv_budget(arch, s.hardware, tensor_parallel=s.tensor_parallel, workers_per_device=s.workers,
+                               max_num_batched_tokens=tokens, max_num_seqs=seqs) for s in setups),
+               key=lambda b: b.kv_bytes)
+
+
 Marks = dict[Loc, yaml.Mark]
 """Where each key (and list item) of a YAML file starts, by its location (`("engine", "block_size")`)."""
 
@@ -439,14 +597,15 @@ def _at(source: str, mark: yaml.Mark | None) -> str:
 
 
 def validate_scenario(data: Any, *, source: str, base_dir: Path | None = None, marks: Marks | None = None,
-                      checks: Sequence[Callable[[Any], list[Problem]]] = ()) -> Scenario:
+                      checks: Sequence[Callable[[Any], list[Problem]]] = (), check_devices: bool = True) -> Scenario:
     """`data` as a Scenario; a relative `model.config` path is taken from `base_dir` (the scenario file's). A
     ScenarioError lists every problem (`format_problems`), with the line of each when `marks` (the file's) are
     given, those of `checks` included: each is given `data` and returns what the model cannot see (a router's
-    options: the router registry is above this layer) or nothing."""
+    options: the router registry is above this layer) or nothing. Without `check_devices` the devices are not
+    checked against the weights (a command is about to replace them: --gpu)."""
     problems = [p for check in checks for p in check(data)]
     try:
-        scenario = Scenario.model_validate(data, context={"base_dir": base_dir})
+        scenario = Scenario.model_validate(data, context={"base_dir": base_dir, "check_devices": check_devices})
     except ValidationError as err:
         problems = scenario_problems(err) + problems
     if problems:
@@ -540,10 +699,12 @@ def _mark_keys(node: yaml.Node | None, loc: Loc, marks: Marks, entered: set[int]
             _mark_keys(item, (*loc, i), marks, entered)
 
 
-def load_scenario(path: str | Path | None = None, *,
-                  checks: Sequence[Callable[[Any], list[Problem]]] = ()) -> tuple[Scenario, Path]:
+def load_scenario(path: str | Path | None = None, *, checks: Sequence[Callable[[Any], list[Problem]]] = (),
+                  check_devices: bool = True) -> tuple[Scenario, Path]:
     """Load a scenario file (the built-in one when `path` is None); returns it with its resolved path. A
-    ScenarioError names the file and every problem, each with its line; `checks` as `validate_scenario`'s."""
+    ScenarioError names the file and every problem, each with its line; `checks` and `check_devices` as
+    `validate_scenario`'s (without it the devices need not hold the model's weights: for --gpu, which replaces
+    them)."""
     file = builtin_scenario_path() if path is None else Path(path)
     if not file.is_file():
         raise ScenarioError(f"scenario file {str(file)!r} does not exist")
@@ -561,7 +722,8 @@ def load_scenario(path: str | Path | None = None, *,
     if isinstance(model, dict) and isinstance(model.get("config"), str) and model["config"].startswith(SHIPPED):
         # NOTE: the model spec reads its config relative to the scenario's folder; a shipped one is resolved here
         data = {**data, "model": {**model, "config": str(scenario_file_path(model["config"], file.parent))}}
-    scenario = validate_scenario(data, source=str(file), base_dir=file.resolve().parent, marks=marks, checks=checks)
+    scenario = validate_scenario(data, source=str(file), base_dir=file.resolve().parent, marks=marks, checks=checks,
+                                 check_devices=check_devices)
     return scenario, file.resolve()
 
 
@@ -575,6 +737,14 @@ def with_cpu_kv_gib(scenario: Scenario, gib: float) -> Scenario:
         raise ScenarioError(f"cpu_kv_gib: engine.kind {scenario.engine.kind!r} has no host KV tier in kvsim "
                             "(only vllm: its OffloadingConnector)")
     return scenario.with_overrides(**{"engine.cpu_kv_bytes": int(round(gib * GIB))})
+
+
+def with_kv_gib(scenario: Scenario, gib: float) -> Scenario:
+    """`scenario` with `gib` GiB of GPU KV cache per worker (vLLM --kv-cache-memory-bytes / 2^30), through the
+    engine's own capacity rule (a block-count override is replaced)."""
+    if gib <= 0 or not math.isfinite(gib):
+        raise ScenarioError(f"kv_gib must be a number of GiB > 0, got {gib!r}")
+    return scenario.with_overrides(**scenario.engine.capacity_overrides(kv_bytes=int(round(gib * GIB))))
 
 
 def cpu_kv_gib(scenario: Scenario) -> float:

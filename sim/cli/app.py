@@ -4,7 +4,7 @@ formatting, the executor options, progress bars and the output directory check."
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -17,7 +17,7 @@ from rich.progress import (
 )
 
 from sim.cli.render import console  # noqa: F401 - what every command prints through (prose, tables, rows)
-from sim.config import key_values, suggestion
+from sim.config import GIB, key_values, suggestion
 from sim.studies.reference import Measurement, load_reference, reference_path
 from sim.scenario import Scenario, ScenarioError, SloSpec, load_scenario
 
@@ -155,13 +155,21 @@ def on_engine(scenario: Scenario, engine: str | None) -> Scenario:
 
 
 def hardware_options(command: Callable) -> Callable:
-    """`--model NAME|CONFIG.json` and `--gpu NAME[xTP]`: the model served and the hardware every worker runs on,
-    timed by the roofline model (see `kvsim hardware`); use `on_hardware` on the loaded scenario."""
+    """`--model NAME|CONFIG.json`, `--gpu NAME[xTP]` and `--kv-gib GIB`: the model served, the hardware every worker
+    runs on (timed by the roofline model; see `kvsim hardware`) and the GPU KV cache per worker (parameters `model`,
+    `gpu`, `kv_gib`). Load the scenario with `load_or_exit(path, gpu)` and apply them with `on_hardware`."""
+    command = click.option(
+        "--kv-gib", "kv_gib", type=click.FloatRange(min=0, min_open=True), callback=finite_float, default=None,
+        help="GPU KV cache per worker in GiB (vLLM's --kv-cache-memory-bytes / 2^30; a what-if: not held against "
+             "the device's memory). Default: the scenario's; with --model or --gpu, what vLLM would allocate on the "
+             "devices: 0.92 (gpu_memory_utilization) x memory - weights / TP - activations - 2 GiB (non-torch, CUDA "
+             "graphs), x TP (docs/time/models.md).")(command)
     command = click.option(
         "--gpu", "gpu", callback=_gpu_option, default=None,
         help="Put every worker on its own device of this hardware x tensor-parallel degree (e.g. H100x1, a100-80gbx4; "
              "`kvsim hardware` lists them), timed by the roofline model (the scenario's efficiency factors if it "
-             "has a roofline one, else the defaults). Default: the scenario's devices.")(command)
+             "has a roofline one, with a warning when they were fitted on other hardware; else the defaults). "
+             "Default: the scenario's devices.")(command)
     return click.option(
         "--model", "model", default=None,
         help="Serve this model: a shipped one (Qwen3-0.6B, Llama-3.1-8B, Llama-3.1-70B, Qwen2.5-72B) or a Hugging "
@@ -212,15 +220,82 @@ def _gpu_option(ctx: click.Context, param: click.Parameter, value: str | None) -
         raise click.BadParameter(str(err)) from None
 
 
-def on_hardware(scenario: Scenario, model: str | None, gpu: tuple[str, int] | None) -> Scenario:
-    """`scenario` with `--model` / `--gpu` applied (unchanged without either), or a one-line error."""
-    if model is None and gpu is None:
-        return scenario
-    hardware, tp = gpu if gpu is not None else (None, 1)
+def on_hardware(scenario: Scenario, model: str | None, gpu: tuple[str, int] | None,
+                kv_gib: float | None = None) -> Scenario:
+    """`scenario` with `--model` / `--gpu` / `--kv-gib` applied (unchanged without any), or a one-line error. With
+    --model or --gpu and no --kv-gib the KV per worker is vLLM's rule's (`Scenario.with_hardware`); fitted
+    efficiencies applied to other hardware are a one-line warning on stderr."""
+    from sim.scenario import with_kv_gib
+
+    kv_bytes = None if kv_gib is None else int(round(kv_gib * GIB))
     try:
-        return scenario.with_hardware(model=model, hardware=hardware, tensor_parallel=tp)
+        if model is None and gpu is None:
+            return scenario if kv_gib is None else with_kv_gib(scenario, kv_gib)
+        hardware, tp = gpu if gpu is not None else (None, 1)
+        scenario = scenario.with_hardware(model=model, hardware=hardware, tensor_parallel=tp, kv_cache_bytes=kv_bytes)
     except (ScenarioError, ValueError) as err:
         raise click.ClickException(str(err).removeprefix("Value error, ")) from None
+    warning = scenario.time_model_warning()
+    if warning:
+        click.echo(f"warning: {warning}", err=True)
+    return scenario
+
+
+def kv_origin(model: str | None, gpu: tuple[str, int] | None, kv_gib: float | None) -> str:
+    """Where a command's KV per worker comes from, for its header: --kv-gib, vLLM's rule (--model/--gpu without
+    --kv-gib: `on_hardware`) or the scenario."""
+    if kv_gib is not None:
+        return "--kv-gib"
+    return "vLLM's rule" if model is not None or gpu is not None else "the scenario's"
+
+
+def _hardware_text(scenario: Scenario, workers: Iterable[int] | None = None) -> str:
+    """The hardware the workers run on (with the tensor-parallel degree), or the devices' names under a linear time
+    model, for the scenario's worker count or each of `workers`: `h100-sxm TP2`, `rtx-3090 + rtx-4070-laptop`."""
+    names: dict[str, None] = {}
+    for count in workers or [scenario.cluster.workers]:
+        for dev in scenario.cluster.model_copy(update={"workers": count}).devices():
+            spec = scenario.device_time_model(dev)
+            if spec.kind == "roofline":
+                names[spec.hardware + (f" TP{spec.tensor_parallel}" if spec.tensor_parallel > 1 else "")] = None
+            else:
+                default = scenario.cluster.default_device.name  # its copies are named default-0, default-1, ...
+                names[f"device {default if dev.name.startswith(default + '-') else dev.name}"] = None
+    return " + ".join(names)
+
+
+def _kv_gib(scenario: Scenario) -> float:
+    """The GPU KV per worker in GiB that the engine's blocks hold (vLLM: blocks x block_size; SGLang: pages x
+    page_size, x the KV bytes per token)."""
+    engine = scenario.engine
+    tokens_per_block = getattr(engine, "page_size", engine.block_size)
+    return scenario.num_blocks * tokens_per_block * scenario.model.kv_bytes_per_token / GIB
+
+
+def setup_text(scenario: Scenario, kv: str = "the scenario's", workers: Iterable[int] | None = None) -> str:
+    """The setup a summary describes, for its header: model, hardware and tensor parallelism (`workers`: the worker
+    counts it covers), engine, KV blocks per worker (GPU, and host tier if any) with where the GPU's come from
+    (`kv_origin`), and where the time model's numbers come from (`Scenario.time_model_origin`)."""
+    from sim.scenario import cpu_kv_gib
+
+    engine = scenario.engine
+    host = getattr(engine, "num_cpu_chunks", None)
+    tier = (f", host KV {host(scenario.model.kv_bytes_per_token):,} blocks/worker ({cpu_kv_gib(scenario):g} GiB)"
+            if host is not None and scenario.cpu_kv_bytes else "")
+    return (f"{scenario.model.name} on {_hardware_text(scenario, workers)}, {engine.kind} {engine.version}, "
+            f"KV {scenario.num_blocks:,} blocks/worker ({_kv_gib(scenario):.3g} GiB, {kv}){tier}; time model "
+            f"{scenario.time_model_origin()}")
+
+
+def kv_rule_note(scenario: Scenario, kv: str) -> str | None:
+    """The KV per worker vLLM's rule gave, how many prompts it holds and the arithmetic (`Scenario.kv_budget`), when
+    it came from the rule (`kv_origin`); else None."""
+    if kv != "vLLM's rule":
+        return None
+    budget = scenario.kv_budget()
+    return (f"KV per worker: {_kv_gib(scenario):.3g} GiB = {scenario.num_blocks:,} blocks "
+            f"({scenario.kv_capacity_requests:.1f} prompts of {scenario.workload.prompt_tokens:,.0f} tokens), vLLM's "
+            f"memory rule: {budget.text()} (docs/time/models.md; --kv-gib sets it)")
 
 
 def scenario_option(uses: str = "", default: str = "the built-in service-baseline scenario") -> Callable:
@@ -240,13 +315,14 @@ def positional_or_option(positional, option, argument: str, option_name: str):
     return positional or option
 
 
-def load_or_exit(path: str | None) -> tuple[Scenario, Path]:
+def load_or_exit(path: str | None, gpu: tuple[str, int] | None = None) -> tuple[Scenario, Path]:
     """The scenario file at `path` (the built-in one for None), its router's name and options checked too, or the
-    error naming the file and every problem with its line."""
+    error naming the file and every problem with its line. With `gpu` (--gpu) its devices are not checked against
+    the model's weights: --gpu replaces them, and `on_hardware` checks the new ones."""
     from sim.runner import router_problems
 
     try:
-        return load_scenario(path, checks=(router_problems,))
+        return load_scenario(path, checks=(router_problems,), check_devices=gpu is None)
     except ScenarioError as err:
         raise click.ClickException(str(err)) from None
 

@@ -10,7 +10,8 @@ import click
 
 from sim.cli.app import (
     ENGINE_HELP, NEEDS_A_RECORDING, SHARED_FIRST_BLOCK, SLO_HELP, checked_out_dir, console, executor_options, fmt,
-    hit_rates_legend, int_list, load_or_exit, main, on_engine, one_engine, router_list, router_names, scenario_option, slo_option, with_slo,
+    hit_rates_legend, int_list, load_or_exit, main, on_engine, one_engine, router_list, router_names, scenario_option,
+    setup_text, slo_option, with_slo,
 )
 from sim.cli.render import Table, format_option
 from sim.cli.replaying import trace_base, trace_overrides
@@ -110,6 +111,7 @@ def compare(ctx, scenario_path, prefixes, workers, concurrency, routers, engine,
         rows = _run_builtin(base, prefixes, workers, concurrency, routers, repeats, seed, runs)
         capacity = base.kv_capacity_requests
         what = f"{base.name}"
+        setup = setup_text(base, workers=workers)
     else:
         base = with_slo(trace_base(scenario_path, engine), slo)
         overrides, B = trace_overrides(base, block_size=None, kv_tokens=kv_tokens, kv_blocks=None, kv_bytes=None,
@@ -121,11 +123,12 @@ def compare(ctx, scenario_path, prefixes, workers, concurrency, routers, engine,
         rows = _run_trace(base, trace_path, B, trace_block_size, speed, limit, workers, routers, repeats, seed, runs)
         capacity = None
         what = f"{Path(trace_path).name} ({base.capacity_tokens:,} KV tokens per worker)"
+        setup = setup_text(base, "--kv-tokens" if kv_tokens else "the scenario's", workers)
 
     from sim.studies.tune import default_objective
 
     aggregated = aggregate_routers(rows, capacity_requests=capacity, objective=default_objective(base).column)
-    _print_tables(aggregated, what=what, capacity=capacity, repeats=repeats)
+    _print_tables(aggregated, what=f"{what}: {setup}", capacity=capacity, repeats=repeats)
     console.data(aggregated, compare_columns(aggregated))
     if out is not None:
         extra = [k for k in dict.fromkeys(k for r in rows for k in r) if k not in SUMMARY_COLUMNS]

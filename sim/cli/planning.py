@@ -11,8 +11,8 @@ import click
 
 from sim.cli.app import (
     CPU_KV_HELP, ENGINE_HELP, SLO_HELP, UsageExit, checked_out_dir, console, executor_options, finite_float, hardware_options,
-    load_or_exit, main, on_cpu_kv, on_engine, on_hardware, one_engine, open_executor_or_exit, progress_bar,
-    router_list, scenario_option, slo_option, with_slo,
+    kv_origin, kv_rule_note, load_or_exit, main, on_cpu_kv, on_engine, on_hardware, one_engine, open_executor_or_exit,
+    progress_bar, router_list, scenario_option, setup_text, slo_option, with_slo,
 )
 from sim.cli.render import Table, format_option
 from sim.cli.study_runs import journaled_search, resume_command
@@ -92,11 +92,13 @@ def _out_options(writes: str, replays: str) -> Callable:
     )
 
 
-def _plan_base(scenario_path, prefixes, zipf, workers, concurrency, cpu_kv_gib, engine, model, gpu, *,
+def _plan_base(scenario_path, prefixes, zipf, workers, concurrency, cpu_kv_gib, engine, model, gpu, kv_gib, *,
                slo=None, vary: str | None = None) -> Scenario:
     """The scenario both subcommands plan on, with the command's what-ifs applied, or a one-line error."""
-    base, _ = load_or_exit(scenario_path)
-    base = on_hardware(with_slo(on_engine(base, engine), slo), model, gpu)
+    if kv_gib is not None and vary == "kv-gib":
+        raise click.UsageError("--kv-gib fixes the GPU KV per worker; --vary kv-gib searches it: give one")
+    base, _ = load_or_exit(scenario_path, gpu)
+    base = on_hardware(with_slo(on_engine(base, engine), slo), model, gpu, kv_gib)
     if cpu_kv_gib is not None and vary == "cpu-kv-gib":
         raise click.UsageError("--cpu-kv-gib fixes the host tier; --vary cpu-kv-gib searches it: give one")
     base = on_cpu_kv(base, cpu_kv_gib)
@@ -139,7 +141,7 @@ def _plan_base(scenario_path, prefixes, zipf, workers, concurrency, cpu_kv_gib, 
 @format_option("the rows of plan.csv (a row per router)")
 @click.pass_context
 def plan_router(ctx, scenario_path, prefixes, zipf, concurrency, routers, target_hit_rate, target_ttft_p99_ms,
-                constraints, objective, budget, seed, workers, cpu_kv_gib, engine, model, gpu, repeats, jobs,
+                constraints, objective, budget, seed, workers, cpu_kv_gib, engine, model, gpu, kv_gib, repeats, jobs,
                 executor_kind, dask_scheduler, slo, out_dir, resume) -> None:
     """Find which of the --router candidates, and which of its settings, meets the targets and --constraint best
     for the --objective.
@@ -149,7 +151,7 @@ def plan_router(ctx, scenario_path, prefixes, zipf, concurrency, routers, target
     The answer is settled only when its objective's 95 % interval does not overlap another router's (else they are
     indistinguishable at this number of repeats); constraints are met, not met or undecided on the interval.
     """
-    base = _plan_base(scenario_path, prefixes, zipf, workers, concurrency, cpu_kv_gib, engine, model, gpu, slo=slo)
+    base = _plan_base(scenario_path, prefixes, zipf, workers, concurrency, cpu_kv_gib, engine, model, gpu, kv_gib, slo=slo)
     targets = ([Constraint("request_hit_rate", ">=", target_hit_rate)] if target_hit_rate is not None else []) + (
         [Constraint("ttft_p99_ms", "<=", target_ttft_p99_ms)] if target_ttft_p99_ms is not None else [])
     out = checked_out_dir(out_dir)
@@ -165,7 +167,7 @@ def plan_router(ctx, scenario_path, prefixes, zipf, concurrency, routers, target
         choice = choose_router(base, routers, objective=objective, constraints=constraints, budget=budget,
                                repeats=repeats, seed=seed, jobs=jobs, executor=executor, store=journal)
     show_choice(base, choice, objective=objective, budget=budget, repeats=repeats, out=out, command=command,
-                defaulted=defaulted)
+                defaulted=defaulted, kv=kv_origin(model, gpu, kv_gib))
 
 
 @plan.command(name="capacity",
@@ -194,7 +196,7 @@ def plan_router(ctx, scenario_path, prefixes, zipf, concurrency, routers, target
 @format_option("the rows of plan.csv (a row per router)")
 @click.pass_context
 def plan_capacity(ctx, scenario_path, prefixes, zipf, concurrency, vary, target_hit_rate, target_ttft_p99_ms, low,
-                  high, step, routers, workers, cpu_kv_gib, engine, model, gpu, repeats, jobs, executor_kind,
+                  high, step, routers, workers, cpu_kv_gib, engine, model, gpu, kv_gib, repeats, jobs, executor_kind,
                   dask_scheduler, horizon, out_dir, resume) -> None:
     """Find, per router, the cheapest setting that meets a target: how many workers (--vary workers), how much GPU
     KV per worker (kv-gib) or how much host (CPU) KV per worker (cpu-kv-gib).
@@ -205,7 +207,8 @@ def plan_capacity(ctx, scenario_path, prefixes, zipf, concurrency, vary, target_
     from sim.studies.plan import VARY_UNITS, PlanSpec, PlanTarget, make_grid
     from sim.studies.plan import plan as run_plan
 
-    base = _plan_base(scenario_path, prefixes, zipf, workers, concurrency, cpu_kv_gib, engine, model, gpu, vary=vary)
+    base = _plan_base(scenario_path, prefixes, zipf, workers, concurrency, cpu_kv_gib, engine, model, gpu, kv_gib,
+                      vary=vary)
     try:
         target = PlanTarget(target_hit_rate, target_ttft_p99_ms)
         low = (0.0 if vary == "cpu-kv-gib" else 1.0) if low is None else low
@@ -240,8 +243,9 @@ def plan_capacity(ctx, scenario_path, prefixes, zipf, concurrency, vary, target_
     unit = VARY_UNITS[vary]
     what = " and ".join(x for x in (f"request hit rate >= {target_hit_rate}" if target_hit_rate is not None else "",
                                     f"TTFT p99 <= {target_ttft_p99_ms} ms" if target_ttft_p99_ms is not None else "") if x)
-    table = Table(title=f"{base.name} on {base.engine.kind}, N={base.workload.prefixes} ({base.workload.popularity}): "
-                        f"cheapest {vary} for {what}")
+    kv = "varied" if vary == "kv-gib" else kv_origin(model, gpu, kv_gib)
+    table = Table(title=f"{base.name}: {setup_text(base, kv)}; N={base.workload.prefixes} "
+                        f"({base.workload.popularity}): cheapest {vary} for {what}")
     for col in ("router", "answer", "simulated hit rate", "simulated TTFT p99 ms", "analytic answer",
                 "simulated below answer", "runs"):
         table.add_column(col, justify="left" if col == "router" else "right", key=col == "router")
@@ -274,6 +278,8 @@ def plan_capacity(ctx, scenario_path, prefixes, zipf, concurrency, vary, target_
                "predicted_ci95"] + (["predicted_ttft_p99_ms", "target_ttft_p99_ms"]
                                     if target_hit_rate is not None and target_ttft_p99_ms is not None else [])
     console.data(rows, columns)
+    if note := kv_rule_note(base, kv):
+        console.print(note, highlight=False)
     if out_dir:
         out = Path(out_dir)
         write_atomic(out / "plan.csv", csv_bytes(rows, columns))
@@ -304,7 +310,7 @@ def choose_router(base: Scenario, routers: list[str], *, objective, constraints,
 
 
 def show_choice(base: Scenario, choice, *, objective, budget: int, repeats: int, out: Path | None,
-                command: str, defaulted: bool = False) -> None:
+                command: str, defaulted: bool = False, kv: str = "the scenario's") -> None:
     """Print the choice's table, its verdict and answer; with `out`, write plan.csv and plan.png as one set with the
     manifest."""
     from dataclasses import replace
@@ -317,8 +323,9 @@ def show_choice(base: Scenario, choice, *, objective, budget: int, repeats: int,
     column = objective.metric.column
     what = ", ".join(c.text() for c in first.constraints) or "no constraints"
     verdict = choice.verdict()
-    table = Table(title=f"{base.name} on {base.engine.kind}, {base.cluster.workers} workers, N={base.workload.prefixes}, "
-                        f"concurrency={base.workload.concurrency}: which router for {objective.text()} with {what}")
+    table = Table(title=f"{base.name}: {setup_text(base, kv)}; {base.cluster.workers} workers, "
+                        f"N={base.workload.prefixes}, concurrency={base.workload.concurrency}: which router for "
+                        f"{objective.text()} with {what}")
     status_cols = ["constraints"] if first.constraints else []
     for col in ("router", "best setting", *shown, *status_cols, "verdict", f"default's {column}", "runs"):
         table.add_column(col, justify="left" if col in ("router", "best setting", "constraints", "verdict") else "right",
@@ -365,6 +372,8 @@ def show_choice(base: Scenario, choice, *, objective, budget: int, repeats: int,
                 console.print(f"  {safe}", highlight=False)
     console.print(f"paste: {paste_text(answer, answer.answer)}", highlight=False,
                   soft_wrap=True)  # NOTE: one line, to copy whole, however narrow the terminal
+    if note := kv_rule_note(base, kv):
+        console.print(note, highlight=False)
     columns = ["router", "vary", "answer", "unit", "predicted", "target", "analytic_answer", "metric",
                "predicted_ci95", "feasible", "trials", *(f"mean_{c}" for c in named), f"default_{column}",
                "constraint_status", "verdict", "repeats_to_separate", HIT_RATE, f"{HIT_RATE}_ci95"]

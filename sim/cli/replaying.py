@@ -11,7 +11,7 @@ import click
 from sim.cli.app import (
     CPU_KV_HELP, ENGINE_HELP, SHARED_FIRST_BLOCK, SLO_HELP, UsageExit, checked_out_dir, console, err_console,
     executor_options, fmt, hit_rates_legend, load_or_exit, main, on_cpu_kv, on_engine, one_engine, open_executor_or_exit, positional_or_option, progress_bar,
-    router_list, scenario_option, slo_option, with_slo,
+    router_list, scenario_option, setup_text, slo_option, with_slo,
 )
 from sim.cli.render import Table, format_option
 from sim.results.figures import replay_figure
@@ -169,8 +169,10 @@ def replay(trace_file, trace_path, workers, kv_tokens, kv_blocks, kv_bytes, rout
         "router": router_label(scenario.router.name, scenario.router.options), "engine": scenario.engine.kind,
         "kv_tokens_per_worker": scenario.capacity_tokens,
     }
-    table = Table(title=f"replay of {Path(trace).name}: {workers} workers x {scenario.capacity_tokens:,} KV tokens "
-                        f"(blocks of {B}), {scenario.router.name}, {scenario.engine.kind}")
+    kv = next((f"--{name}" for name, value in (("kv-tokens", kv_tokens), ("kv-blocks", kv_blocks),
+                                                ("kv-bytes", kv_bytes)) if value is not None), "the scenario's")
+    table = Table(title=f"replay of {Path(trace).name}: {setup_text(scenario, kv)}; {workers} workers x "
+                        f"{scenario.capacity_tokens:,} KV tokens (blocks of {B}), {scenario.router.name}")
     table.add_column("metric", justify="left", key=True)
     table.add_column("value")
     for key, value in row.items():

@@ -13,8 +13,9 @@ import click
 from sim.studies.analytic import formula_hit_rate
 from sim.cli.app import (
     CPU_KV_DETAIL, CPU_KV_HELP, ENGINE_HELP, SLO_HELP, capacity_text, checked_out_dir, console, engine_list,
-    executor_options, fmt, gib_list, hardware_options, hit_rates_legend, int_list, load_or_exit, main, on_cpu_kv,
-    on_engine, on_hardware, one_engine, positional_or_option, reference_measurements, router_list, scenario_option, slo_option, with_slo,
+    executor_options, fmt, gib_list, hardware_options, hit_rates_legend, int_list, kv_origin, kv_rule_note,
+    load_or_exit, main, on_cpu_kv, on_engine, on_hardware, one_engine, positional_or_option, reference_measurements,
+    router_list, scenario_option, setup_text, slo_option, with_slo,
 )
 from sim.cli import render
 from sim.cli.render import Table, format_option
@@ -56,7 +57,7 @@ from sim.routing.spec import format_value, router_label, router_overrides
 @format_option("the rows of summary.csv (a row per run)")
 @click.pass_context
 def sweep(ctx, scenario_path, prefixes, workers, concurrency, routers, engines, cpu_kv_gib, repeats, seed, jobs,
-          executor_kind, dask_scheduler, slo, model, gpu, out_dir, resume) -> None:
+          executor_kind, dask_scheduler, slo, model, gpu, kv_gib, out_dir, resume) -> None:
     """Run a grid of points and compare the hit rate with the formula and the measurements.
 
     The table shows, per (workers, N, concurrency, router), the mean over repeats of the request hit rate
@@ -71,8 +72,8 @@ def sweep(ctx, scenario_path, prefixes, workers, concurrency, routers, engines, 
     from sim.cli.study_runs import resume_command, run_sweep_points
     from sim.studies.sweep import sweep_points
 
-    base, path = load_or_exit(scenario_path)
-    base = on_hardware(with_slo(base, slo), model, gpu)
+    base, path = load_or_exit(scenario_path, gpu)
+    base = on_hardware(with_slo(base, slo), model, gpu, kv_gib)
     measurements = reference_measurements(base, path)
     reference = measured(measurements, "request_hit_rate")
     points = sweep_points(
@@ -97,7 +98,9 @@ def sweep(ctx, scenario_path, prefixes, workers, concurrency, routers, engines, 
 
     capacity = base.kv_capacity_requests
     aggregated = aggregate(rows)
-    table = Table(title=f"{base.name}: request hit rate (mean of {repeats} run{'s' * (repeats > 1)})")
+    kv = kv_origin(model, gpu, kv_gib)
+    table = Table(title=f"{base.name}: {setup_text(base, kv, workers)}; request hit rate (mean of {repeats} "
+                        f"run{'s' * (repeats > 1)})")
     with_goodput = base.slo.to_slo().is_set  # NOTE: without an SLO every request meets it: nothing to show
     # NOTE: the host-tier columns only when a tier is swept or set: a GPU-only table stays as it was.
     tiers = bool(cpu_kv_gib) or any(float(r.get("cpu_kv_gib", 0)) > 0 for r in rows)
@@ -137,6 +140,8 @@ def sweep(ctx, scenario_path, prefixes, workers, concurrency, routers, engines, 
                   f"{hit_rates_legend('hit rate' + ' (± sd over repeats)' * (repeats > 1), 'token hit')}; "
                   f"full hit: share of requests whose whole shared prefix was cached; formula: min(1, C/N), "
                   f"{capacity_text(capacity)}", highlight=False)
+    if note := kv_rule_note(base, kv):
+        console.print(note, highlight=False)
     console.data(rows, SUMMARY_COLUMNS)
     if errors:
         rmse = math.sqrt(sum(e * e for e in errors) / len(errors))
@@ -185,7 +190,7 @@ def sweep(ctx, scenario_path, prefixes, workers, concurrency, routers, engines, 
               help="Write DIR/summary.csv (one row) and DIR/requests.csv (a row per request, warm-ups flagged).")
 @format_option("the row of summary.csv")
 def run_command(scenario_file, scenario_path, prefixes, workers, concurrency, router, engine, cpu_kv_gib, seed, slo,
-                model, gpu, out_dir) -> None:
+                model, gpu, kv_gib, out_dir) -> None:
     """Run one point of a scenario and print its summary.
 
     The scenario is SCENARIO or --scenario FILE (default: the built-in service-baseline); goodput counts the
@@ -196,8 +201,8 @@ def run_command(scenario_file, scenario_path, prefixes, workers, concurrency, ro
 
     scenario_path = positional_or_option(scenario_file, scenario_path, "SCENARIO", "--scenario")
     out = checked_out_dir(out_dir)
-    base, _ = load_or_exit(scenario_path)
-    base = on_cpu_kv(on_hardware(with_slo(on_engine(base, engine), slo), model, gpu), cpu_kv_gib)
+    base, _ = load_or_exit(scenario_path, gpu)
+    base = on_cpu_kv(on_hardware(with_slo(on_engine(base, engine), slo), model, gpu, kv_gib), cpu_kv_gib)
     overrides = {k: v for k, v in {
         "workload.prefixes": prefixes, "cluster.workers": workers, "workload.concurrency": concurrency,
         "seed": seed,
@@ -217,14 +222,10 @@ def run_command(scenario_file, scenario_path, prefixes, workers, concurrency, ro
            "concurrency": scenario.workload.concurrency, "router": router_label(scenario.router.name, scenario.router.options),
            "engine": scenario.engine.kind, "cpu_kv_gib": host_gib, "repeat": 0, "seed": scenario.seed,
            **summary.row()}
-    tm = scenario.time_model
-    timing = (f", {scenario.model.name} on {tm.hardware}" + (f"x{tm.tensor_parallel}" if tm.tensor_parallel > 1 else "")
-              if tm.kind == "roofline" and not scenario.cluster.deployments else "")
-    table = Table(title=f"{scenario.name}{timing}: {result.num_workers} workers, N={scenario.workload.prefixes}, "
-                        f"concurrency={scenario.workload.concurrency}, router={scenario.router.name}, "
-                        f"engine={scenario.engine.kind} {scenario.engine.version}"
-                        + (f", host KV {host_gib:g} GiB/worker" if host_gib else "")
-                        + f", seed={scenario.seed}")
+    kv = kv_origin(model, gpu, kv_gib)
+    table = Table(title=f"{scenario.name}: {setup_text(scenario, kv)}; {result.num_workers} workers, "
+                        f"N={scenario.workload.prefixes}, concurrency={scenario.workload.concurrency}, "
+                        f"router={scenario.router.name}, seed={scenario.seed}")
     table.add_column("metric", justify="left", key=True)
     table.add_column("value")
     for key in SUMMARY_COLUMNS[SUMMARY_COLUMNS.index("requests"):]:
@@ -233,6 +234,8 @@ def run_command(scenario_file, scenario_path, prefixes, workers, concurrency, ro
     console.print(table)
     console.print(f"{hit_rates_legend('request_hit_rate', 'token_hit_rate')}; in the formula min(1, C/N), "
                   f"{capacity_text(scenario.kv_capacity_requests)}", highlight=False)
+    if note := kv_rule_note(scenario, kv):
+        console.print(note, highlight=False)
     workers_table = Table(title="per worker (measured phase)")
     tier = host_gib > 0
     # NOTE: a worker's prefix-cache counters are the GPU's (vLLM's prefix_cache_*); CPU hits are counted apart.

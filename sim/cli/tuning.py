@@ -9,8 +9,8 @@ import click
 import yaml
 
 from sim.cli.app import (
-    ENGINE_HELP, SLO_HELP, checked_out_dir, console, executor_options, fmt, load_or_exit, main, on_engine, one_engine,
-    open_executor_or_exit, progress_bar, router_list, scenario_option, slo_option, with_slo,
+    ENGINE_HELP, SLO_HELP, checked_out_dir, console, executor_options, load_or_exit, main, on_engine, one_engine,
+    open_executor_or_exit, progress_bar, router_list, scenario_option, setup_text, slo_option, with_slo,
 )
 from sim.cli.render import Table, format_option
 from sim.cli.study_runs import journaled_search, resume_command
@@ -242,7 +242,7 @@ def show_result(result, base: Scenario, *, top: int, wall_s: float, defaulted: b
     knobs = [k.key for k in result.space]
     verdict = result.verdict()
     index = {t.config_key: i for i, t in enumerate(verdict.candidates)}
-    table = Table(title=f"{base.name}: tuning {result.router} on {base.engine.kind}, {base.cluster.workers} workers, "
+    table = Table(title=f"{base.name}: {setup_text(base)}; tuning {result.router}, {base.cluster.workers} workers, "
                         f"N={base.workload.prefixes}, concurrency={base.workload.concurrency}: "
                         f"{result.objective.text()}" + "".join(f", {c.text()}" for c in result.constraints)
                         + f" (mean ± 95 % over {result.repeats} runs)")
