@@ -1,17 +1,22 @@
-"""The figures of sweeps, plans and replays (PNG bytes; the CLI writes them): small multiples with intervals, the
-measured points beside the predictions, legends outside the data."""
+"""The figures of sweeps, plans and replays: small multiples with intervals, the measured points beside the
+predictions, legends outside the data, units on every axis.
+
+Each figure has a `draw_*` function that returns the laid-out matplotlib Figure (what the tests inspect) and a
+`*_figure` function that returns its PNG bytes (what the CLI writes). Drawing is deterministic: the same rows give
+the same artists."""
 
 from __future__ import annotations
 
+import functools
 import io
 import math
 import textwrap
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from sim.results.stats import percentile
+from sim.results.stats import percentile, t_interval
 
 
 def _pyplot():
@@ -24,19 +29,41 @@ def _pyplot():
     return plt
 
 
-def _png(fig, **layout) -> bytes:
-    """The figure as PNG bytes (laid out tight, then closed)."""
+def _png(fig) -> bytes:
+    """The laid-out figure as PNG bytes (then closed)."""
     buf = io.BytesIO()
-    fig.tight_layout(**layout)
     fig.savefig(buf, format="png")
     _pyplot().close(fig)
     return buf.getvalue()
+
+
+def as_png(draw: Callable) -> Callable[..., bytes]:
+    """The `*_figure` function of a `draw_*` one: the same arguments, the figure's PNG bytes."""
+
+    @functools.wraps(draw)
+    def figure(*args, **kwargs) -> bytes:
+        return _png(draw(*args, **kwargs))
+
+    return figure
 
 
 def _finite(value: object) -> float:
     """A float, with nan (a single run's interval, a missing value) as 0 for error bars."""
     v = float(value) if value is not None else math.nan
     return 0.0 if math.isnan(v) else v
+
+
+def clipped_err(values: Sequence[float], halves: Sequence[float | None], *, lo: float = 0.0,
+                hi: float = math.inf) -> list[list[float]]:
+    """matplotlib's (below, above) error bar lengths of the intervals value ± half, clipped to [lo, hi]: where the
+    quantity ends (a TTFT or a rate at 0, a fraction at 1) or where the axis does. With 2 to 5 runs a t-interval
+    can reach past them. A NaN half-width (one run) or value draws no bar."""
+    below, above = [], []
+    for value, half in zip(values, halves):
+        v, h = float(value), _finite(half)
+        below.append(0.0 if math.isnan(v) else max(0.0, min(h, v - lo)))
+        above.append(0.0 if math.isnan(v) else max(0.0, min(h, hi - v)))
+    return [below, above]
 
 
 def _grid(plt, nrows: int, ncols: int, *, panel_w: float, panel_h: float, legend_w: float = 0.0,
@@ -46,6 +73,13 @@ def _grid(plt, nrows: int, ncols: int, *, panel_w: float, panel_h: float, legend
     w, h = panel_w * ncols + legend_w, panel_h * nrows + legend_h + 0.7
     fig, axes = plt.subplots(nrows, ncols, squeeze=False, figsize=(w, h), dpi=100, **kw)
     return fig, axes, (0, legend_h / h, 1 - legend_w / w, 1 - 0.35 / h)
+
+
+def suptitle(fig, text: str, fontsize: float = 11) -> None:
+    """The figure's title, each line wrapped to the figure's width (about 11 characters per inch at 11 points): one
+    panel is narrow."""
+    width = max(40, int(11 * fig.get_figwidth()))
+    fig.suptitle("\n".join(textwrap.fill(line, width=width) for line in text.split("\n")), fontsize=fontsize)
 
 
 def _dodge(i: int, k: int, width: float) -> float:
@@ -60,6 +94,23 @@ def _plot_formula(ax, capacity_requests: float, max_n: int, style: str) -> None:
             label=f"formula min(1, C/N), C = {capacity_requests:.2f} prompts per worker")
 
 
+def ms_log_axis(axis, lo_ms: float, hi_ms: float) -> None:
+    """Ticks of a log axis of milliseconds between `lo_ms` and `hi_ms` at 1-2-5 steps written out (20, 50, 100, 200,
+    500, 1,000 ms) rather than as powers of ten; at finer steps when the range holds fewer than three of those. The
+    axis must already be on a log scale (setting the scale resets the ticks)."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
+    lo_ms, hi_ms = max(lo_ms, 1e-3), max(hi_ms, 2e-3)
+    decades = range(math.floor(math.log10(lo_ms)), math.ceil(math.log10(hi_ms)) + 1)
+    for steps in ((1, 2, 5), (1, 1.5, 2, 3, 5, 7), (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 7, 8, 9)):
+        ticks = [m * 10.0 ** e for e in decades for m in steps if lo_ms <= m * 10.0 ** e <= hi_ms]
+        if len(ticks) >= 3:
+            break
+    axis.set_major_locator(FixedLocator(ticks))
+    axis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:,.0f}" if v >= 10 else f"{v:g}"))
+    axis.set_minor_locator(NullLocator())
+
+
 def with_host_tier(router: str, row: dict[str, object], several_tiers: bool) -> str:
     """A series' router label, with its host (CPU) KV tier when the rows have several ("random +16 GiB CPU KV")."""
     gib = float(row.get("cpu_kv_gib", 0.0) or 0.0)
@@ -70,14 +121,15 @@ def _several_tiers(rows: Sequence[dict[str, object]]) -> bool:
     return len({float(r.get("cpu_kv_gib", 0.0) or 0.0) for r in rows}) > 1
 
 
-def hit_rate_figure(
+def draw_hit_rate(
     aggregated: Sequence[dict[str, object]], *, capacity_requests: float,
     measured: dict[tuple[int, int, int], float], title: str, measured_label: str = "measured",
-) -> bytes:
+):
     """Request hit rate vs N as small multiples: a panel per worker count (columns) and concurrency (rows). In a
-    panel, a line per router (and engine, if several): the mean over repeats with its 95 % t-interval as error
-    bars; the formula min(1, C/N); the measured points of exactly that (workers, concurrency) as black crosses
-    beside the predictions (series side by side around each N). One legend below the panels."""
+    panel, per router (and engine, if several) the mean over repeats at each simulated N with its 95 % t-interval as
+    error bars, as markers only: no line joins them, since no N between them was simulated; the formula
+    min(1, C/N) dashed; the measured points of exactly that (workers, concurrency) as black crosses beside the
+    predictions (series side by side around each N). One legend below the panels."""
     plt = _pyplot()
     workers = sorted({int(r["workers"]) for r in aggregated})
     concurrencies = sorted({int(r["concurrency"]) for r in aggregated})
@@ -106,10 +158,12 @@ def hit_rate_figure(
                 if not rows:
                     continue
                 xs = [int(r["prefixes"]) + _dodge(i, k, spread) for r in rows]
-                err = [_finite(r.get("request_hit_rate_ci95")) for r in rows]
+                hits = [float(r["request_hit_rate"]) for r in rows]
+                err = clipped_err(hits, [r.get("request_hit_rate_ci95") for r in rows], hi=1.0)
                 on = f" on {engine}" if several_engines else ""
-                ax.errorbar(xs, [float(r["request_hit_rate"]) for r in rows], yerr=err, marker="osD^v"[i // 10 % 5],
-                            ms=4, color=colours[i % len(colours)], capsize=2.5, lw=1.2, label=f"kvsim {router}{on}")
+                ax.errorbar(xs, hits, yerr=err, marker="osD^v"[i // 10 % 5],
+                            ls="none", ms=5, color=colours[i % len(colours)], capsize=2.5, elinewidth=1.2,
+                            label=f"kvsim {router}{on}")
             if all_n:
                 _plot_formula(ax, capacity_requests, max(all_n), "k--")
             if pts:
@@ -120,9 +174,11 @@ def hit_rate_figure(
             ax.set_ylim(0, 1.05)
             ax.grid(alpha=0.3)
             if ri == len(concurrencies) - 1:
-                ax.set_xlabel("distinct prefixes N")
+                ax.set_xlabel("distinct prefixes N (count)")
             if ci == 0:
                 ax.set_ylabel("request hit rate (fraction)")
+    if all_n:
+        axes[0][0].set_xlim(0, max(all_n) + 1.5 * spread + 0.5)
     labels = {}
     for ax in axes.flat:
         for h, lab in zip(*ax.get_legend_handles_labels()):
@@ -131,22 +187,22 @@ def hit_rate_figure(
     # NOTE: one column of panels is too narrow for three legend entries abreast.
     fig.legend([labels[lab] for lab in order], order, loc="lower center", ncol=min(3, 2 * len(workers) - 1),
                fontsize=8, frameon=False)
-    interval = f"mean ± 95% CI (t) over {repeats} runs" if repeats > 1 else "1 run per point: no interval"
-    text = f"{title} ({interval})" + ("" if shown_measured else "; no measurement at these points")
-    # NOTE: wrapped to the figure's width (about 11 characters per inch at this size): one panel is narrow.
-    fig.suptitle(textwrap.fill(text, width=max(40, int(11 * fig.get_figwidth()))), fontsize=11)
-    return _png(fig, rect=rect)
+    interval = (f"mean ± 95% CI (t) over {repeats} runs at each simulated N" if repeats > 1
+                else "1 run at each simulated N: no interval")
+    suptitle(fig, f"{title} ({interval})" + ("" if shown_measured else "; no measurement at these points"))
+    fig.tight_layout(rect=rect)
+    return fig
 
 
-_TTFT_MEASURED = {
-    "hit": (("ttft_hit_p50", 0.50), ("ttft_hit_p90", 0.90)),
-    "miss": (("ttft_miss_p50", 0.50), ("ttft_miss_p90", 0.90)),
-    "all": (("ttft_p50", 0.50), ("ttft_p99", 0.99)),
-}
-"""Measured TTFT percentiles drawn on the CDFs: the reference metric and its quantile, per curve."""
-_TTFT_STYLE = {"hit": ("-", "o"), "miss": ("--", "s"), "all": (None, "D")}
-"""Per split: the line style of the simulated CDF (none for all requests) and the marker of the measured
-percentiles."""
+hit_rate_figure = as_png(draw_hit_rate)
+
+
+_TTFT_MEASURED = (("ttft_p50", 0.50), ("ttft_p99", 0.99))
+"""The reference's TTFT percentiles of all requests drawn on the CDFs: the metric and its quantile."""
+_CDF_QUANTILES = (0.005, 0.995)
+"""The quantiles the TTFT axis spans; each curve is cut to them (beyond, a handful of requests draw the curve, and
+it would leave the axes)."""
+_CDF_TICKS = (0.01, 0.1, 0.5, 0.9, 0.99)
 _TTFT_MAX_ROWS = 8
 """More panel rows than this ((router, engine) groups x concurrencies) would make a figure of unreadable height:
 then only one group is drawn."""
@@ -167,190 +223,231 @@ def ttft_panel_rows(keys: Sequence[tuple[str, str, int]],
     return sorted({k for k in keys if k[:2] in groups}), note
 
 
-def ttft_cdf_figure(outcomes: Sequence, *, title: str,
-                    measured: dict[tuple[int, int, int], dict[str, float]] | None = None,
-                    measured_group: tuple[str, str] | None = None) -> bytes:
-    """TTFT CDFs as small multiples, on the grid of `hit_rate_figure`: a column per worker count, a row per
-    concurrency (and per router and engine when several ran, router by router); in a panel a colour per N, hits
-    solid, misses dashed (repeats pooled), on a logit quantile axis so that p90 and p99 read as well as the median.
+def _cdf_steps(values: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+    """The empirical CDF of `values` within `_CDF_QUANTILES`: the sorted values at their plotting positions."""
+    xs = np.sort(np.asarray(values, dtype=float))
+    # NOTE: Hazen plotting positions (i + 0.5) / n keep every point off 0 and 1 on the logit axis.
+    ys = (np.arange(xs.size) + 0.5) / max(1, xs.size)
+    keep = (ys >= _CDF_QUANTILES[0]) & (ys <= _CDF_QUANTILES[1])
+    return xs[keep], ys[keep]
 
-    `measured[(workers, N, concurrency)]` holds reference percentiles in ms (`ttft_hit_p50`, ..., `ttft_p99`):
-    drawn as black-edged markers at (ms, quantile) on the panels of `measured_group` (the router and engine the
-    reference ran), beside the simulated curve they belong to; the percentiles of all requests, which have no
-    curve, beside kvsim's as hollow markers. When (router, engine) groups x concurrencies pass `_TTFT_MAX_ROWS`,
-    only `measured_group` (or the first group) is drawn, and the title says so. One legend right of the panels."""
+
+def draw_ttft_cdf(outcomes: Sequence, *, title: str,
+                  measured: dict[tuple[int, int, int], dict[str, float]] | None = None,
+                  measured_group: tuple[str, str] | None = None):
+    """The TTFT of all requests as CDFs, small multiples on the grid of `hit_rate_figure`: a column per worker
+    count, a row per concurrency (and per router and engine when several ran, router by router); in a panel one
+    curve per N (repeats pooled), a distinct colour each, on a logit quantile axis (0.5 % to 99.5 %) so that p90 and
+    p99 read as well as the median, against TTFT on a log axis ticked in ms. A hit rate shows as the knee between
+    the fast hits and the slow misses.
+
+    `measured[(workers, N, concurrency)]` holds reference percentiles in ms (`ttft_p50`, `ttft_p99`): drawn on the
+    panels of `measured_group` (the router and engine the reference ran) as black-edged diamonds at (ms, quantile),
+    beside kvsim's same percentile, the mean over repeats with its 95 % t-interval (a hollow circle with bars).
+    When (router, engine) groups x concurrencies pass `_TTFT_MAX_ROWS`, only `measured_group` (or the first group)
+    is drawn, and the title says so. One legend right of the panels."""
     plt = _pyplot()
     from matplotlib.lines import Line2D
 
     measured = measured or {}
-    pooled: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: {"hit": [], "miss": []})
+    runs: dict[tuple, list[list[float]]] = defaultdict(list)
     tiers = _several_tiers([o.row for o in outcomes])
     for o in outcomes:
         p = o.point
         router = with_host_tier(p.router, o.row, tiers)
         key = ((router, str(o.row.get("engine", "")), p.concurrency), p.workers, p.prefixes)
-        pooled[key]["hit"] += o.ttft.hit_ms
-        pooled[key]["miss"] += o.ttft.miss_ms
-    rows, note = ttft_panel_rows([k[0] for k in pooled], measured_group)
+        runs[key].append([*o.ttft.hit_ms, *o.ttft.miss_ms])
+    rows, note = ttft_panel_rows([k[0] for k in runs], measured_group)
     groups = sorted({r[:2] for r in rows})
-    workers_list = sorted({k[1] for k in pooled})
-    prefixes = sorted({k[2] for k in pooled})
+    workers_list = sorted({k[1] for k in runs})
+    prefixes = sorted({k[2] for k in runs})
     several_engines = len({g[1] for g in groups}) > 1
-    colours = {n: plt.cm.viridis(0.9 * i / max(1, len(prefixes) - 1)) for i, n in enumerate(prefixes)}
-    fig, axes, rect = _grid(plt, len(rows), len(workers_list), panel_w=4.4, panel_h=3.3, legend_w=2.4,
+    palette = plt.get_cmap("tab10" if len(prefixes) <= 10 else "tab20").colors
+    colours = {n: palette[i % len(palette)] for i, n in enumerate(prefixes)}
+    fig, axes, rect = _grid(plt, len(rows), len(workers_list), panel_w=4.4, panel_h=3.3, legend_w=2.6,
                             sharex=True, sharey=True)
-    any_measured = False
+    drawn_ms: list[float] = []
+    marks = []
+    repeats = max((len(v) for v in runs.values()), default=1)
     for ri, (router, engine, conc) in enumerate(rows):
         for ci, workers in enumerate(workers_list):
             ax = axes[ri][ci]
             for n in prefixes:
-                samples = pooled.get(((router, engine, conc), workers, n))
-                if samples is None:
+                per_run = runs.get(((router, engine, conc), workers, n))
+                if not per_run:
                     continue
-                for split in ("hit", "miss"):
-                    values = sorted(samples[split])
-                    if values:
-                        # NOTE: Hazen plotting positions (i + 0.5) / n keep every point off 0 and 1 on the logit axis.
-                        ys = [(i + 0.5) / len(values) for i in range(len(values))]
-                        ax.step(values, ys, _TTFT_STYLE[split][0], where="post", color=colours[n], lw=1.3)
+                xs, ys = _cdf_steps([v for run in per_run for v in run])
+                if xs.size:
+                    ax.step(xs, ys, where="post", color=colours[n], lw=1.4)
+                    drawn_ms += [float(xs[0]), float(xs[-1])]
                 ref = measured.get((workers, n, conc), {}) if (router, engine) == measured_group else {}
-                for split, marks in _TTFT_MEASURED.items():
-                    got = [(ref[m], q) for m, q in marks if m in ref]
-                    if not got:
-                        continue
-                    any_measured = True
-                    ax.scatter([g[0] for g in got], [g[1] for g in got], marker=_TTFT_STYLE[split][1], s=32,
-                               color=colours[n], edgecolors="black", linewidths=0.9, zorder=6)
-                    if split == "all":
-                        # NOTE: all requests have no curve of their own (it would double the lines): kvsim's
-                        # percentiles of them are hollow markers beside the measured ones.
-                        every = np.sort(np.asarray(samples["hit"] + samples["miss"]))
-                        if every.size:
-                            ax.scatter([percentile(every, 100 * q) for _, q in got], [q for _, q in got],
-                                       marker=_TTFT_STYLE[split][1], s=60, facecolors="none",
-                                       edgecolors=colours[n], linewidths=1.3, zorder=7)
+                got = [(ref[m], q) for m, q in _TTFT_MEASURED if m in ref]
+                for ms, q in got:
+                    kvsim = t_interval(percentile(run, 100 * q) for run in per_run if run)
+                    marks.append((ax, colours[n], ms, q, kvsim))
+                    drawn_ms += [ms, kvsim.mean]
             ax.set_xscale("log")
             ax.set_yscale("logit")
-            ax.set_ylim(0.005, 0.998)
-            ax.set_yticks([0.01, 0.1, 0.5, 0.9, 0.99])
-            ax.set_yticklabels(["0.01", "0.1", "0.5", "0.9", "0.99"])
-            ax.minorticks_off()
-            ax.yaxis.set_minor_locator(plt.NullLocator())
             on = f" on {engine}" if several_engines else ""
             ax.set_title(f"{router}{on}, {workers} workers, concurrency {conc}", fontsize=9)
             ax.grid(alpha=0.3)
             if ri == len(rows) - 1:
-                ax.set_xlabel("TTFT (ms)")
+                ax.set_xlabel("TTFT (ms, log scale)")
             if ci == 0:
-                ax.set_ylabel("fraction of requests ≤ TTFT")
+                ax.set_ylabel("requests with TTFT ≤ x (%, logit scale)")
+    finite = [v for v in drawn_ms if v > 0 and math.isfinite(v)] or [1.0, 1000.0]
+    lo, hi = min(finite) / 1.15, max(finite) * 1.15
+    estimate = None
+    for ax, colour, ms, q, kvsim in marks:
+        # NOTE: the interval of 2 or 3 runs' percentiles can reach below 0 ms or far beyond the curves: its bar
+        # stops at the axis' ends.
+        estimate = ax.errorbar([kvsim.mean], [q], xerr=clipped_err([kvsim.mean], [kvsim.half_width], lo=lo, hi=hi),
+                               fmt="o", ms=9, mfc="none", mec=colour, ecolor=colour, mew=1.3, elinewidth=1.1,
+                               capsize=3, zorder=6)
+        ax.scatter([ms], [q], marker="D", s=30, color=colour, edgecolors="black", linewidths=0.9, zorder=7)
+    for ax in axes.flat:
+        ax.set_xlim(lo, hi)
+        ms_log_axis(ax.xaxis, lo, hi)
+        ax.set_ylim(*_CDF_QUANTILES)
+        ax.set_yticks(_CDF_TICKS, [f"{100 * q:g} %" for q in _CDF_TICKS])
+        ax.yaxis.set_minor_locator(plt.NullLocator())
     handles = [Line2D([], [], color=colours[n], lw=2, label=f"N = {n} prefixes") for n in prefixes]
-    handles += [Line2D([], [], color="0.3", ls=_TTFT_STYLE[s][0], lw=1.3, label=f"kvsim, {lab}")
-                for s, lab in (("hit", "hits"), ("miss", "misses"))]
-    if any_measured:
-        handles += [Line2D([], [], color="0.7", marker=_TTFT_STYLE[s][1], markeredgecolor="black", lw=0,
-                           label=f"measured {lab}") for s, lab in (("hit", "hits p50, p90"),
-                                                                   ("miss", "misses p50, p90"),
-                                                                   ("all", "all requests p50, p99"))]
-        handles.append(Line2D([], [], color="none", marker=_TTFT_STYLE["all"][1], markeredgecolor="0.3", lw=0,
-                              label="kvsim, all requests p50, p99"))
+    if estimate is not None:
+        handles.append(Line2D([], [], color="0.6", marker="D", markeredgecolor="black", lw=0,
+                              label="measured: all requests\np50 and p99"))
+        estimate.set_label(f"kvsim: the same percentiles,\nmean ± 95% CI over {repeats} runs")
+        handles.append(estimate)
     fig.legend(handles=handles, loc="center right", fontsize=8, frameon=False)
-    fig.suptitle(f"{title}{note}", fontsize=11)
-    return _png(fig, rect=rect)
+    suptitle(fig, f"{title}{note}")
+    fig.tight_layout(rect=rect)
+    return fig
 
 
-def engine_figure(aggregated: Sequence[dict[str, object]], *, capacity_requests: float,
-                  measured: dict[tuple[int, int, int], float], measured_engine: str, title: str) -> bytes:
-    """Engines side by side: a panel per worker count; per engine the request hit rate (solid, +-1 sd over repeats)
-    and the full-hit rate (dashed; the gap between them is partial hits), the formula and the measured points."""
+ttft_cdf_figure = as_png(draw_ttft_cdf)
+
+
+def draw_engines(aggregated: Sequence[dict[str, object]], *, capacity_requests: float,
+                 measured: dict[tuple[int, int, int], float], measured_engine: str, title: str):
+    """Engines side by side: a panel per worker count; per engine, at each simulated N, the request hit rate (filled,
+    ±1 sd over repeats) and the full-hit rate (hollow; the gap between them is partial hits), markers only, the
+    engines side by side; the formula and the measured points."""
     plt = _pyplot()
     workers = sorted({int(r["workers"]) for r in aggregated})
     engines = sorted({str(r["engine"]) for r in aggregated})
     fig, axes = plt.subplots(1, len(workers), squeeze=False, sharey=True, figsize=(5.2 * len(workers), 4.2), dpi=100)
     all_n = sorted({int(r["prefixes"]) for r in aggregated} | {n for (_, n, _) in measured})
+    spread = 0.05 * (max(all_n) - min(all_n)) if len(all_n) > 1 else 0.4
     for ax, w in zip(axes[0], workers):
+        pts = sorted((n, v) for (mw, n, _c), v in measured.items() if mw == w)
+        k = len(engines) + bool(pts)
         for i, engine in enumerate(engines):
             rows = sorted((r for r in aggregated if int(r["workers"]) == w and r["engine"] == engine),
                           key=lambda r: int(r["prefixes"]))
-            ns = [int(r["prefixes"]) for r in rows]
-            ax.errorbar(ns, [float(r["request_hit_rate"]) for r in rows],
-                        yerr=[float(r["request_hit_rate_sd"]) for r in rows], marker="o", color=f"C{i}", capsize=3,
-                        label=f"{engine}: request hit rate")
-            ax.plot(ns, [float(r["full_hit_rate"]) for r in rows], "--", marker=".", color=f"C{i}",
-                    label=f"{engine}: full hits only")
+            xs = [int(r["prefixes"]) + _dodge(i, k, spread) for r in rows]
+            hits = [float(r["request_hit_rate"]) for r in rows]
+            ax.errorbar(xs, hits, yerr=clipped_err(hits, [r["request_hit_rate_sd"] for r in rows], hi=1.0),
+                        marker="o", ls="none", color=f"C{i}",
+                        capsize=3, label=f"{engine}: request hit rate")
+            ax.plot(xs, [float(r["full_hit_rate"]) for r in rows], ls="none", marker="o", mfc="none", ms=7,
+                    color=f"C{i}", label=f"{engine}: full hits only")
         _plot_formula(ax, capacity_requests, max(all_n), "k:")
-        pts = sorted((n, v) for (mw, n, _c), v in measured.items() if mw == w)
         if pts:
-            ax.scatter([p[0] for p in pts], [p[1] for p in pts], marker="x", s=50, color="black", zorder=5,
-                       label=f"measured ({measured_engine})")
+            ax.scatter([n + _dodge(k - 1, k, spread) for n, _ in pts], [p[1] for p in pts], marker="x", s=50,
+                       color="black", zorder=5, label=f"measured ({measured_engine})")
         ax.set_title(f"{w} workers", fontsize=10)
-        ax.set_xlabel("distinct prefixes N")
+        ax.set_xlabel("distinct prefixes N (count)")
+        ax.set_xlim(0, max(all_n) + 1.5 * spread + 0.5)
         ax.set_ylim(0, 1.05)
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("fraction of measured requests")
+    axes[0][0].set_ylabel("request or full-hit rate (fraction of requests)")
     handles, labels = axes[0][0].get_legend_handles_labels()
     order = sorted(range(len(labels)), key=lambda i: (labels[i].startswith(("formula", "measured")), labels[i]))
     # NOTE: below the panels, never over the data (a legend at the right covered the last panel).
     fig.legend([handles[i] for i in order], [labels[i] for i in order], loc="lower center", ncol=3, fontsize=8,
                frameon=False)
-    fig.suptitle(title)
+    suptitle(fig, f"{title}, at each simulated N", fontsize=12)
     legend_h = 0.25 + 0.2 * math.ceil(len(order) / 3)
-    return _png(fig, rect=(0, legend_h / 4.2, 1, 0.95))
+    fig.tight_layout(rect=(0, legend_h / 4.2, 1, 0.95))
+    return fig
 
 
-def plan_figure(plans: Sequence, *, target_hit_rate: float | None, target_ttft_p99_ms: float | None,
-                unit: str, title: str) -> bytes:
-    """The target metric(s) vs the varied quantity: simulated means with 95 % intervals (solid), the analytic
-    screen (dashed), one colour per router, the target as a horizontal line."""
+engine_figure = as_png(draw_engines)
+
+
+_VARIED = {"workers": "workers (count)", "kv-gib": "GPU KV cache per worker (GiB)",
+           "cpu-kv-gib": "host (CPU) KV cache per worker (GiB)"}
+"""The axis label of what `kvsim plan capacity --vary` varies."""
+
+
+def draw_plan(plans: Sequence, *, target_hit_rate: float | None, target_ttft_p99_ms: float | None,
+              unit: str, title: str):
+    """The target metric(s) vs the varied quantity: simulated means with 95 % intervals at the values simulated
+    (markers only: the bisection simulates a few values, nothing between them), the analytic screen (dashed), one
+    colour per router, each router's answer as a band, the target as a horizontal line. One legend right of the
+    panels."""
     plt = _pyplot()
     panels = [p for p in ("hit", "ttft") if (p == "hit" and target_hit_rate is not None)
               or (p == "ttft" and target_ttft_p99_ms is not None)]
-    fig, axes = plt.subplots(1, len(panels), squeeze=False, figsize=(6.5 * len(panels), 4.5), dpi=100)
+    fig, axes = plt.subplots(1, len(panels), squeeze=False, figsize=(5.5 * len(panels) + 2.4, 4.5), dpi=100)
+    varied = _VARIED.get(plans[0].vary, unit) if plans else unit
     for ax, panel in zip(axes[0], panels):
         for i, p in enumerate(plans):
             colour = f"C{i}"
             xs = [e.value for e in p.evaluations]
             if panel == "hit":
                 ys = [e.hit_rate for e in p.evaluations]
-                err = [0 if e.hit_rate_ci95 != e.hit_rate_ci95 else e.hit_rate_ci95 for e in p.evaluations]
+                err = clipped_err(ys, [e.hit_rate_ci95 for e in p.evaluations], hi=1.0)
                 if p.analytic_curve:
                     ax.plot([v for v, _ in p.analytic_curve], [h for _, h in p.analytic_curve], "--", color=colour,
                             lw=1, label=f"{p.router}: analytic screen")
             else:
                 ys = [e.ttft_p99 for e in p.evaluations]
-                err = [0 if e.ttft_p99_ci95 != e.ttft_p99_ci95 else e.ttft_p99_ci95 for e in p.evaluations]
-            ax.errorbar(xs, ys, yerr=err, fmt="o-", color=colour, capsize=3, label=f"{p.router}: simulated")
+                err = clipped_err(ys, [e.ttft_p99_ci95 for e in p.evaluations])
+            ax.errorbar(xs, ys, yerr=err, fmt="o", color=colour, capsize=3, label=f"{p.router}: simulated")
             if p.answer is not None:
-                ax.axvline(p.answer, color=colour, alpha=0.3, lw=6)
+                ax.axvline(p.answer, color=colour, alpha=0.3, lw=6, label=f"{p.router}: answer {p.answer:g} {unit}")
         target = target_hit_rate if panel == "hit" else target_ttft_p99_ms
         ax.axhline(target, color="black", lw=1, label="target")
-        ax.set_xlabel(unit)
-        ax.set_ylabel("request hit rate" if panel == "hit" else "TTFT p99 (ms)")
+        ax.set_xlabel(varied)
+        ax.set_ylabel("request hit rate (fraction of requests)" if panel == "hit" else "TTFT p99 (ms)")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(title)
-    return _png(fig)
+    axes[0][-1].legend(*axes[0][0].get_legend_handles_labels(), loc="upper left", bbox_to_anchor=(1.02, 1.0),
+                       borderaxespad=0, fontsize=8, frameon=False)
+    suptitle(fig, title)
+    fig.tight_layout()
+    return fig
 
 
-def replay_figure(stats, *, title: str) -> bytes:
-    """Prefix reuse and request hit rate, and TTFT p50/p99, per time bin of the trace (by send time)."""
+plan_figure = as_png(draw_plan)
+
+
+def draw_replay(stats, *, title: str):
+    """Prefix reuse, and TTFT p50/p99, per time bin of the trace (by send time), as lines: the bins tile the trace."""
     plt = _pyplot()
     keys = sorted(stats.bins)
     minutes = [k * stats.bin_s / 60 for k in keys]
     bins = [stats.bins[k] for k in keys]
-    fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(9, 6), dpi=100)
-    top.plot(minutes, [b.prefix_reuse for b in bins], label="prefix reuse (cached / prompt tokens)")
-    top.set_ylabel("reuse")
+    fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(10, 6), dpi=100)
+    top.plot(minutes, [b.prefix_reuse for b in bins], marker=".", label="prefix reuse")
+    top.set_ylabel("prefix reuse\n(cached / prompt tokens)")
     top.set_ylim(0, 1)
     top.grid(alpha=0.3)
-    top.legend(fontsize=8)
-    bottom.plot(minutes, [b.ttft_ms.percentile(50) for b in bins], label="TTFT p50")
-    bottom.plot(minutes, [b.ttft_ms.percentile(99) for b in bins], label="TTFT p99")
+    top.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0, frameon=False)
+    ttft = {q: [b.ttft_ms.percentile(q) for b in bins] for q in (50, 99)}
+    for q, values in ttft.items():
+        bottom.plot(minutes, values, marker=".", label=f"TTFT p{q}")
     bottom.set_yscale("log")
-    bottom.set_ylabel("TTFT (ms)")
-    bottom.set_xlabel("trace time (min)")
+    finite = [v for values in ttft.values() for v in values if v > 0 and math.isfinite(v)] or [1.0, 1000.0]
+    lo, hi = min(finite) / 1.2, max(finite) * 1.2
+    bottom.set_ylim(lo, hi)
+    ms_log_axis(bottom.yaxis, lo, hi)
+    bottom.set_ylabel("TTFT (ms, log scale)")
+    bottom.set_xlabel(f"trace time (min; a point per {stats.bin_s:g} s bin)")
     bottom.grid(alpha=0.3)
-    bottom.legend(fontsize=8)
-    fig.suptitle(title)
-    return _png(fig)
+    bottom.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0, frameon=False)
+    suptitle(fig, title)
+    fig.tight_layout()
+    return fig
 
 
+replay_figure = as_png(draw_replay)

@@ -207,7 +207,8 @@ def compare_figure(aggregated: Sequence[dict[str, object]], *, capacity_requests
     fig.canvas.draw()
     for ax, *job in labels:
         _place_labels(ax, *job)
-    return _png(fig, rect=rect)
+    fig.tight_layout(rect=rect)
+    return _png(fig)
 
 
 def _fraction_end(values: Sequence[float]) -> float:
@@ -261,6 +262,7 @@ def compare_bars_figure(aggregated: Sequence[dict[str, object]], *, capacity_req
         ax.grid(axis="x", alpha=0.3)
     fig.suptitle(_wrapped(title, fig) + "\nred: on the Pareto frontier of hit rate and TTFT p99 (kvsim compare's ★)",
                  fontsize=10)
+    fig.tight_layout()
     return _png(fig)
 
 
@@ -327,6 +329,7 @@ def tune_figure(result, *, title: str) -> bytes:
     ax.grid(alpha=0.3)
     ax.set_title(title + (f"\nalso constrained: {', '.join(others)}" if others else ""), fontsize=10)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    fig.tight_layout()
     return _png(fig)
 
 
@@ -370,4 +373,5 @@ def choose_router_figure(choice, *, title: str) -> bytes:
     ax.grid(alpha=0.3)
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    fig.tight_layout()
     return _png(fig)
