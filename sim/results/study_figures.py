@@ -167,6 +167,8 @@ _HARD = 1e4
 position is free."""
 _AMBIGUOUS = 300.0
 """The cost of a label without a leader line that is as near another point as its own."""
+_OUTSIDE = 1e8
+"""The cost of a label outside the axes."""
 _ON_LINE = 3.0
 """The cost of a pixel of an opaque line under a label's text (a faint one costs its opacity times that; a pixel of
 distance costs 1)."""
@@ -203,10 +205,13 @@ class _Spots:
         through = (_inside_lengths(dots[None, :, :], tip[None, None, :], attach[:, None, :]) > 0) & others
         fixed = fixed + np.where(led, _HARD * through.sum(axis=1), 0.0)
         # NOTE: a label without a leader line must be nearer its own point than any other, or it reads as theirs
-        own = _box_distances(boxes, np.asarray(centre))
+        own = _box_distances(boxes, tip)
         near = (_box_distances(boxes[:, None, :], centres[None, :, :]) < own[:, None] + 4) & others
         fixed = fixed + np.where(led, 0.0, _AMBIGUOUS * near.sum(axis=1))
-        order = np.argsort(np.where(inside, fixed, np.inf), kind="stable")[: int(inside.sum())]
+        # NOTE: outside the axes only when nothing inside is left (a panel too small for the text): a router is
+        # never left unnamed
+        fixed = fixed + np.where(inside, 0.0, _OUTSIDE)
+        order = np.argsort(fixed, kind="stable")
         self.tip = tip
         self.boxes, self.attach, self.led, self.fixed = boxes[order], attach[order], led[order], fixed[order]
         self.offsets_pt = np.column_stack([dx, dy])[order]
@@ -274,7 +279,7 @@ def _place_labels(ax, points: Sequence[tuple[float, float, str, str]], *, fontsi
         spots.append(_Spots(centres[i], (box.width, box.height), centres, segments, alphas, frame, px_per_pt))
     crowding = [sum(math.dist(c, d) < 60 for d in centres) for c in centres]
     order = [i for i in sorted(range(len(points)), key=lambda i: (-crowding[i], i))
-             if len(spots[i].fixed) and math.isfinite(centres[i][0]) and math.isfinite(centres[i][1])]
+             if math.isfinite(centres[i][0]) and math.isfinite(centres[i][1])]
     clashes = _Clashes(spots)
     placed: dict[int, int] = {}
     for _ in range(2):
