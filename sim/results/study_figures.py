@@ -382,8 +382,9 @@ def draw_compare(aggregated: Sequence[dict[str, object]], *, capacity_requests: 
     handles = [
         Line2D([], [], color=_FRONT_COLOUR, marker="o", lw=1.2 if longest_front >= 2 else 0,
                label="Pareto frontier" if longest_front >= 2 else "on the Pareto frontier"),
-        Line2D([], [], color=_OTHER_COLOUR, marker="o", lw=0, label="dominated: another router hits more at a "
-                                                                    "lower TTFT p99"),
+        Line2D([], [], color=_OTHER_COLOUR, marker="o", lw=0,
+               label=f"dominated: another router {'reuses' if capacity_requests is None else 'hits'} more at a lower "
+                     f"TTFT p99"),
         Line2D([], [], color="black", marker="|", lw=0.8, label="bars: 95% CI over repeats"),
     ]
     fig.legend(handles=handles, loc="lower center", ncol=3 if ncols > 1 else 1, fontsize=8, frameon=False)

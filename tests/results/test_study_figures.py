@@ -111,6 +111,17 @@ def test_a_frontier_of_two_routers_is_a_step_line_in_the_legend_too():
     assert _frontier_legend(fig).get_linewidth() > 0
 
 
+def test_on_a_trace_the_legend_speaks_of_reuse():
+    rows = [{**r, "primary_metric": "prefix_reuse", "prefix_reuse": r["request_hit_rate"] * 0.35,
+             "prefix_reuse_ci95": r["request_hit_rate_ci95"] * 0.35, "bound": 0.32, "random_expectation": math.nan,
+             "prefixes": None, "concurrency": None} for r in _aggregated()]
+    fig = draw_compare(rows, capacity_requests=None, title="t")
+    assert "dominated: another router reuses more at a lower TTFT p99" in [
+        t.get_text() for t in fig.legends[0].get_texts()]
+    assert fig.axes[0].get_ylabel() == "prefix reuse (cached / prompt tokens)"
+    assert overlapping_texts(fig) == [] and leaders_through_texts(fig) == [] and data_outside_axes(fig) == []
+
+
 def test_compare_intervals_stop_at_zero_ms_and_at_a_hit_rate_of_one():
     fig = draw_compare(_aggregated([("a", 100, 300, 0.95, 0.2, True), ("b", 500, 50, 0.5, 0.1, False)]),
                        capacity_requests=3.95, title="t")
