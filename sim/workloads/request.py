@@ -36,7 +36,8 @@ class Request:
       `(key, n)` is the n tokens `(key, 0) .. (key, n - 1)`, so two prompts share their first t tokens exactly when
       their runs agree token by token up to t. Empty: derived from `block_hashes` (each block a run of its own key,
       the partial last block unique to the request; see `sim.engines.sglang.tokens`).
-    Output tokens are sampled, hence unique to the request.
+    Output tokens are sampled, hence unique to the request, unless the request belongs to a session whose later
+    prompts resend them: then `output_block_hashes` and `output_key` name them (see those fields).
     """
 
     request_id: int
@@ -53,12 +54,29 @@ class Request:
     """Excluded from statistics (a warm-up, or a request of the discarded start of a steady-state run)."""
     token_runs: tuple[tuple[Hashable, int], ...] = ()
     """The prompt's tokens as runs `(key, count)` (see the class docstring); counts sum to `prompt_tokens`."""
+    session_id: int | None = None
+    """The session (a chat, an agent run; a subagent is a session of its own) the request belongs to; None: none."""
+    turn: int = 0
+    """The request's index in its session (0: the first)."""
+    output_block_hashes: tuple[BlockHash, ...] = ()
+    """Hashes of the full blocks that hold output tokens, block indices `len(block_hashes)` to
+    `(prompt_tokens + output_tokens) // block_size - 1` (the first also holds the prompt's partial last block), so
+    that a later prompt continuing this sequence shares them. Empty: the outputs are the request's own."""
+    output_key: Hashable | None = None
+    """Token identity of the outputs for token-granular caches: output token j is `(output_key, j)`, and a later
+    prompt that contains the n outputs has the run `(output_key, n)`. None: the outputs are the request's own."""
+    num_context_tokens: int = 0
+    """Leading prompt tokens that earlier requests of its session left cacheable (whole blocks of what the engine
+    computed of them): what a cache that kept the session's context would hit."""
 
     def __post_init__(self) -> None:
         if self.prompt_tokens < 1:
             raise ValueError(f"request {self.request_id}: prompt_tokens must be >= 1, got {self.prompt_tokens}")
         if self.output_tokens < 1:
             raise ValueError(f"request {self.request_id}: output_tokens must be >= 1, got {self.output_tokens}")
+        if self.num_context_tokens > self.prompt_tokens:
+            raise ValueError(f"request {self.request_id}: num_context_tokens {self.num_context_tokens} exceeds "
+                             f"prompt_tokens {self.prompt_tokens}")
         runs = self.token_runs
         if runs and sum([n for _, n in runs]) != self.prompt_tokens:
             raise ValueError(f"request {self.request_id}: token_runs cover {sum(n for _, n in runs)} "
