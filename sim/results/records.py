@@ -55,6 +55,14 @@ class RequestRecord:
     """Prompt tokens the chosen worker's cache held at that moment (-1 when `believed_tokens` is -1)."""
     cpu_cached_tokens: int = 0
     """Of `cached_tokens`, those loaded from the host (CPU) KV tier; the rest were on the GPU."""
+    session_id: int | None = None
+    """The session the request belongs to (`Request.session_id`; a subagent is a session of its own); None: none."""
+    turn: int = 0
+    """The request's index in its session (`Request.turn`, 0: the first)."""
+    context_tokens: int = 0
+    """Leading prompt tokens that earlier requests of its session left cacheable (`Request.num_context_tokens`):
+    whole blocks (pages) of what the engine computed of them, short of the prompt's last token, so what a cache
+    that had kept the session's context would hit."""
 
     @property
     def ttft_s(self) -> float:
@@ -85,6 +93,39 @@ class RequestRecord:
     def is_cpu_hit(self) -> bool:
         """Part of the hit came from the host tier (a load-back): its TTFT includes the copy."""
         return self.cpu_cached_tokens > 0
+
+    # --- the session's context at this request's arrival -----------------------------------------------------------
+    #
+    #     prompt:  | context_tokens (earlier turns' prompt + output blocks) | this turn's new tokens |
+    #     cached:  | GPU part (cached - cpu_cached) | CPU part (cpu_cached) |
+    #
+    # The hit is a prefix of the prompt and its GPU part a prefix of the hit (the host tier loads the continuation),
+    # so the context found is min(hit, context) and the context the GPU alone held is min(GPU part, context).
+
+    @property
+    def context_hit_tokens(self) -> int:
+        """Of `context_tokens`, those cached at first admission (from either tier)."""
+        return min(self.cached_tokens, self.context_tokens)
+
+    @property
+    def gpu_context_hit_tokens(self) -> int:
+        """Of `context_tokens`, those found on the GPU (without the host tier's load-back)."""
+        return min(self.cached_tokens - self.cpu_cached_tokens, self.context_tokens)
+
+    @property
+    def reprefill_tokens(self) -> int:
+        """Context tokens prefilled again because the session's KV was gone: max(0, context - cached)."""
+        return self.context_tokens - self.context_hit_tokens
+
+    @property
+    def context_survived(self) -> bool:
+        """The request has a context and found all of it cached (cached >= context: a longer hit still counts)."""
+        return self.context_tokens > 0 and self.cached_tokens >= self.context_tokens
+
+    @property
+    def gpu_context_survived(self) -> bool:
+        """The request has a context and found all of it on the GPU, without the host tier's help."""
+        return self.context_tokens > 0 and self.cached_tokens - self.cpu_cached_tokens >= self.context_tokens
 
     @property
     def is_full_hit(self) -> bool:
@@ -119,6 +160,9 @@ class RequestRecord:
             believed_tokens=routing[2],
             held_tokens=routing[3],
             cpu_cached_tokens=state.num_cpu_hit_tokens,
+            session_id=req.session_id,
+            turn=req.turn,
+            context_tokens=req.num_context_tokens,
         )
 
 
