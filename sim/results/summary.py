@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, fields
 from functools import reduce
 
 from sim.engines.interface import EngineCounters
-from sim.results.records import RunResult, Slo, booked_add, booked_fraction, total_counters
+from sim.results.records import RequestRecord, RunResult, Slo, booked_add, booked_fraction, total_counters
 from sim.results.stats import NAN, per_second, percentile, ratio
 
 
@@ -120,6 +121,212 @@ class RequestRates(HitRates):
         return jain_index(self.requests_per_worker)
 
 
+class ContextRates:
+    """The session figures, derived in this one place from the counters every session summary keeps
+    (`SessionCounts`, for a run's and a replay's requests alike): `context_requests`, `context_tokens`,
+    `context_hit_tokens`, `gpu_context_hit_tokens`, `survived_requests`, `gpu_survived_requests`.
+
+    "gpu_" is the same figure without the host (CPU) KV tier: what the GPU alone held when the request arrived (the
+    host tier's load-back not counted). It is read off the same run, not a run without the tier."""
+
+    __slots__ = ()
+
+    @property
+    def gap_survival(self) -> float:
+        """Requests that found their whole context cached / requests with a context (turns after the first)."""
+        return ratio(self.survived_requests, self.context_requests)
+
+    @property
+    def gpu_gap_survival(self) -> float:
+        """Requests that found their whole context on the GPU / requests with a context."""
+        return ratio(self.gpu_survived_requests, self.context_requests)
+
+    @property
+    def context_hit_rate(self) -> float:
+        """Context tokens found cached / context tokens: the gap survival weighted by tokens."""
+        return ratio(self.context_hit_tokens, self.context_tokens)
+
+    @property
+    def reprefill_tokens(self) -> int:
+        """Context tokens prefilled again because the session's KV was gone (from both tiers)."""
+        return self.context_tokens - self.context_hit_tokens
+
+    @property
+    def gpu_reprefill_tokens(self) -> int:
+        """Context tokens the GPU no longer held (prefilled again, or loaded back from the host tier)."""
+        return self.context_tokens - self.gpu_context_hit_tokens
+
+
+@dataclass(slots=True)
+class SessionCounts(HitRates, ContextRates):
+    """Counters of a set of session requests (a run's or a replay's, or one turn's of them), accumulated request by
+    request (`add`) and summed (`merge`); the rates are `HitRates`' and `ContextRates`'."""
+
+    requests: int = 0
+    """Requests of a session."""
+    hit_requests: int = 0
+    """Of those, requests with any cached prompt token at first admission."""
+    full_hit_requests: int = 0
+    """Of those, requests whose whole shareable prefix was cached."""
+    cpu_hit_requests: int = 0
+    """Of those, requests whose hit came partly from the host (CPU) KV tier."""
+    prompt_tokens: int = 0
+    """Prompt tokens of the requests."""
+    cached_tokens: int = 0
+    """Of those, tokens cached at each request's first admission."""
+    cpu_cached_tokens: int = 0
+    """Of `cached_tokens`, those loaded from the host tier."""
+    context_requests: int = 0
+    """Requests with a context (`RequestRecord.context_tokens` > 0): a session's turns after its first."""
+    context_tokens: int = 0
+    """Their context tokens, summed."""
+    context_hit_tokens: int = 0
+    """Of those, tokens cached at first admission, from either tier (`RequestRecord.context_hit_tokens`)."""
+    gpu_context_hit_tokens: int = 0
+    """Of those, tokens found on the GPU (`RequestRecord.gpu_context_hit_tokens`)."""
+    survived_requests: int = 0
+    """Requests that found their whole context cached (`RequestRecord.context_survived`)."""
+    gpu_survived_requests: int = 0
+    """Requests that found their whole context on the GPU (`RequestRecord.gpu_context_survived`)."""
+
+    @property
+    def rate_span_s(self) -> float:
+        """A set of session requests has no span of its own: no throughput (NaN)."""
+        return 0.0
+
+    def add(self, r: RequestRecord) -> None:
+        self.requests += 1
+        self.hit_requests += r.is_hit
+        self.full_hit_requests += r.is_full_hit
+        self.cpu_hit_requests += r.is_cpu_hit
+        self.prompt_tokens += r.prompt_tokens
+        self.cached_tokens += r.cached_tokens
+        self.cpu_cached_tokens += r.cpu_cached_tokens
+        self.context_requests += r.context_tokens > 0
+        self.context_tokens += r.context_tokens
+        self.context_hit_tokens += r.context_hit_tokens
+        self.gpu_context_hit_tokens += r.gpu_context_hit_tokens
+        self.survived_requests += r.context_survived
+        self.gpu_survived_requests += r.gpu_context_survived
+
+    def merge(self, other: SessionCounts) -> None:
+        """Add `other`'s counters to these."""
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    @classmethod
+    def of(cls, records: Iterable[RequestRecord]) -> SessionCounts:
+        counts = cls()
+        for r in records:
+            counts.add(r)
+        return counts
+
+    @classmethod
+    def total(cls, parts: Iterable[SessionCounts]) -> SessionCounts:
+        """The counters of `parts` summed (the per-turn counters into a run's)."""
+        counts = cls()
+        for part in parts:
+            counts.merge(part)
+        return counts
+
+
+MAX_TURN = 64
+"""Turns of this index and above share one row of the per-turn figures (`turn_bucket`): a replay of sessions of any
+length keeps a bounded number of per-turn counters."""
+
+
+def turn_bucket(turn: int) -> int:
+    """The row of the per-turn figures a request of turn index `turn` (0: a session's first) counts in."""
+    return min(turn, MAX_TURN)
+
+
+@dataclass(frozen=True, slots=True)
+class SessionFigures:
+    """What a run or a replay reports of its sessions: counters over its session requests and per turn, TTFT
+    percentiles per turn, the number of sessions and their completion times. Only for runs with sessions.
+
+    A session's completion time runs from the send of its first request to the finish of its last (over the requests
+    counted). A subagent is a session of its own: its time is not added to its parent's, though a parent that waits
+    for a subagent's result finishes after it."""
+
+    counts: SessionCounts
+    """Over every session request."""
+    turns: dict[int, SessionCounts]
+    """Per turn row (`turn_bucket`), in turn order."""
+    turn_ttft_ms: dict[int, tuple[float, float]]
+    """Per turn row, TTFT p50 and p99 in ms."""
+    num_sessions: int
+    """Sessions with a request counted; -1 when unknown (a split replay: `StreamingStats.merge`)."""
+    session_time_s: tuple[float, float]
+    """Session completion time p50 and p99, in seconds (NaN when unknown)."""
+
+    def row(self) -> dict[str, float | int]:
+        """The session columns of `summary.csv` (`SESSION_COLUMNS`)."""
+        c = self.counts
+        return {
+            "sessions": self.num_sessions,
+            "session_requests": c.requests,
+            "session_time_p50_s": self.session_time_s[0],
+            "session_time_p99_s": self.session_time_s[1],
+            "context_requests": c.context_requests,
+            "context_tokens": c.context_tokens,
+            "context_hit_rate": c.context_hit_rate,
+            "reprefill_tokens": c.reprefill_tokens,
+            "gpu_reprefill_tokens": c.gpu_reprefill_tokens,
+            "survived_requests": c.survived_requests,
+            "gpu_survived_requests": c.gpu_survived_requests,
+            "gap_survival": c.gap_survival,
+            "gpu_gap_survival": c.gpu_gap_survival,
+        }
+
+    def turn_rows(self) -> list[dict[str, float | int]]:
+        """A row per turn (`turns.csv`, `TURN_COLUMNS`); the last, turn `MAX_TURN`, pools the turns from there on."""
+        return [{
+            "turn": turn,
+            "requests": c.requests,
+            "hit_requests": c.hit_requests,
+            "request_hit_rate": c.request_hit_rate,
+            "prompt_tokens": c.prompt_tokens,
+            "cached_tokens": c.cached_tokens,
+            "token_hit_rate": c.prefix_reuse,
+            "ttft_p50_ms": self.turn_ttft_ms[turn][0],
+            "ttft_p99_ms": self.turn_ttft_ms[turn][1],
+            "context_requests": c.context_requests,
+            "context_tokens": c.context_tokens,
+            "reprefill_tokens": c.reprefill_tokens,
+            "gpu_reprefill_tokens": c.gpu_reprefill_tokens,
+            "gap_survival": c.gap_survival,
+            "gpu_gap_survival": c.gpu_gap_survival,
+        } for turn, c in self.turns.items()]
+
+    @classmethod
+    def of(cls, records: Iterable[RequestRecord]) -> SessionFigures | None:
+        """The figures of `records`' session requests (exact percentiles); None when none belongs to a session."""
+        spans: dict[int, list[float]] = {}
+        turns: dict[int, list[RequestRecord]] = {}
+        for r in records:
+            if r.session_id is None:
+                continue
+            span = spans.get(r.session_id)
+            if span is None:
+                spans[r.session_id] = [r.sent_s, r.finished_s]
+            else:
+                span[0], span[1] = min(span[0], r.sent_s), max(span[1], r.finished_s)
+            turns.setdefault(turn_bucket(r.turn), []).append(r)
+        if not spans:
+            return None
+        times_s = [last - first for first, last in spans.values()]
+        per_turn = {t: SessionCounts.of(turns[t]) for t in sorted(turns)}
+        return cls(
+            counts=SessionCounts.total(per_turn.values()),
+            turns=per_turn,
+            turn_ttft_ms={t: (_percentile_ms(ttft_s, 50), _percentile_ms(ttft_s, 99))
+                          for t, ttft_s in ((t, [r.ttft_s for r in turns[t]]) for t in per_turn)},
+            num_sessions=len(spans),
+            session_time_s=(percentile(times_s, 50), percentile(times_s, 99)),
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class RequestCounts(HitRates):
     """The counters of a set of requests that hit rates and throughput need, for figures that have only those (a
@@ -169,6 +376,8 @@ class Summary(RequestRates):
       `cpu_token_hit_rate`: the loaded tokens over prompt tokens (in `token_hit_rate` too); TTFT percentiles of GPU
       hits and CPU hits apart (`ttft_ms` keys `gpu_hit_p50`, `cpu_hit_p50`, ...); blocks stored to, loaded from and
       evicted from the tier (`engine`).
+    * With sessions, `session_figures`: per turn and per session (`SessionFigures`); its columns are appended to
+      `row()` only then.
     """
 
     requests: int
@@ -217,6 +426,8 @@ class Summary(RequestRates):
     """Measured requests whose hit came partly from the host tier."""
     cpu_cached_tokens: int = 0
     """Prompt tokens loaded from the host tier (part of `cached_tokens`)."""
+    session_figures: SessionFigures | None = None
+    """Of the measured requests that belong to sessions (None: none does): per-session and per-turn figures."""
 
     @property
     def token_hit_rate(self) -> float:
@@ -279,6 +490,8 @@ class Summary(RequestRates):
             "cpu_stored_blocks": engine.cpu_stored_blocks,
             "cpu_loaded_blocks": engine.cpu_loaded_blocks,
             "cpu_evicted_blocks": engine.cpu_evicted_blocks,
+            # NOTE: only with sessions, so that the summary of a run without them keeps its columns.
+            **(self.session_figures.row() if self.session_figures is not None else {}),
         }
 
 
@@ -325,4 +538,5 @@ def summarize(result: RunResult) -> Summary:
         view_false_tokens=sum(max(0, r.believed_tokens - r.held_tokens) for r in measured),
         cpu_hit_requests=sum(1 for r in measured if r.is_cpu_hit),
         cpu_cached_tokens=sum(r.cpu_cached_tokens for r in measured),
+        session_figures=SessionFigures.of(measured),
     )
