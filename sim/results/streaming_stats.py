@@ -10,8 +10,8 @@ import math
 from dataclasses import dataclass, field
 
 from sim.results.records import RequestRecord, Slo, booked_add
-from sim.results.stats import ratio
-from sim.results.summary import RequestRates
+from sim.results.stats import NAN, ratio
+from sim.results.summary import RequestRates, SessionCounts, SessionFigures, turn_bucket
 
 _BIN_RATIO = 1.01
 _LOG_RATIO = math.log(_BIN_RATIO)
@@ -82,11 +82,83 @@ class TimeBin:
         self.ttft_ms.merge(other.ttft_ms)
 
 
+class SessionSpans:
+    """The sessions of a replay, as their requests finish: per open session, when its first request was sent and its
+    last so far finished; completion times (last finish - first send) in a histogram once a session has ended.
+
+    A replay learns that a session has ended from its driver (`end`: it returned nothing more and nothing of it is in
+    flight); records alone cannot say so. Memory stays bounded either way: with more than `max_open` sessions open,
+    the one idle longest (the map is kept in order of last activity) is ended there (`cut` counts them), so a
+    driver that never calls `end` still replays in bounded memory; a cut session that sends again counts as a new
+    one, with a shorter time.
+
+    Merging the spans of two parts of a split replay is exact while neither part has ended a session (their open
+    spans combine); a session ended in one part may be open or ended in the other, so otherwise the number of
+    sessions and their times are unknown (`known` False: -1 and NaN)."""
+
+    __slots__ = ("open", "times_ms", "ended", "cut", "max_open", "known")
+
+    def __init__(self, max_open: int = 100_000) -> None:
+        self.open: dict[int, tuple[float, float]] = {}
+        self.times_ms = LogHistogram()
+        self.ended = 0
+        self.cut = 0
+        self.max_open = max_open
+        self.known = True
+
+    def add(self, r: RequestRecord) -> None:
+        span = self.open.pop(r.session_id, None)  # re-inserted below: last activity goes to the end
+        self.open[r.session_id] = ((r.sent_s, r.finished_s) if span is None
+                                   else (min(span[0], r.sent_s), max(span[1], r.finished_s)))
+        if len(self.open) > self.max_open:
+            self._end(next(iter(self.open)))
+            self.cut += 1
+
+    def end(self, session_id: int) -> None:
+        """The session has ended: its time joins the histogram and its span is dropped (nothing if not open)."""
+        if session_id in self.open:
+            self._end(session_id)
+
+    def _end(self, session_id: int) -> None:
+        first_s, last_s = self.open.pop(session_id)
+        self.times_ms.add((last_s - first_s) * 1000)
+        self.ended += 1
+
+    def merge(self, other: SessionSpans) -> None:
+        if (self.ended and (other.ended or other.open)) or (other.ended and self.open):
+            self.known = False
+        self.known = self.known and other.known
+        for sid, (first_s, last_s) in other.open.items():
+            span = self.open.get(sid)
+            self.open[sid] = (first_s, last_s) if span is None else (min(span[0], first_s), max(span[1], last_s))
+        self.times_ms.merge(other.times_ms)
+        self.ended += other.ended
+        self.cut += other.cut
+
+    @property
+    def num_sessions(self) -> int:
+        """Sessions seen, ended or open; -1 when unknown."""
+        return self.ended + len(self.open) if self.known else -1
+
+    def time_s(self, q: float) -> float:
+        """The q-th percentile of the completion times of every session seen, the open ones up to now (NaN when
+        unknown)."""
+        if not self.known:
+            return NAN
+        times = LogHistogram()
+        times.merge(self.times_ms)
+        for first_s, last_s in self.open.values():
+            times.add((last_s - first_s) * 1000)
+        return times.percentile(q) / 1000
+
+
 @dataclass
 class StreamingStats(RequestRates):
     """What a replay reports, accumulated request by request (by send time into `bin_s`-wide bins).
 
-    The SLO counters count against `slo` exactly as a run's summary does (`sim.results.records.Slo`)."""
+    The SLO counters count against `slo` exactly as a run's summary does (`sim.results.records.Slo`). Requests of a
+    session also count per turn (at most `MAX_TURN` + 1 rows) and in their session's span (`SessionSpans`, at most
+    `max_open_sessions` open), so memory stays bounded however many sessions and turns the replay has."""
 
     num_workers: int
     """Workers of the replay (the length of the per-worker lists)."""
@@ -138,10 +210,19 @@ class StreamingStats(RequestRates):
     prompt_tokens_per_worker: list[int] = field(default_factory=list)
     bins: dict[int, TimeBin] = field(default_factory=dict)
     """Per time bin (send time // `bin_s`), its requests' counts and TTFTs."""
+    turns: dict[int, SessionCounts] = field(default_factory=dict)
+    """Per turn row (`turn_bucket`: at most `MAX_TURN` + 1 rows), the counters of its session requests."""
+    turn_ttft_ms: dict[int, LogHistogram] = field(default_factory=dict)
+    """Per turn row, its session requests' TTFTs."""
+    max_open_sessions: int = 100_000
+    """Sessions whose span is kept open at most (`SessionSpans`)."""
+    sessions: SessionSpans = field(init=False)
+    """The sessions' spans and completion times."""
 
     def __post_init__(self) -> None:
         self.requests_per_worker = [0] * self.num_workers
         self.prompt_tokens_per_worker = [0] * self.num_workers
+        self.sessions = SessionSpans(self.max_open_sessions)
 
     def add(self, r: RequestRecord) -> None:
         self.requests += 1
@@ -178,6 +259,30 @@ class StreamingStats(RequestRates):
         b.prompt_tokens += r.prompt_tokens
         b.cached_tokens += r.cached_tokens
         b.ttft_ms.add_to_bin(ttft_bin)
+        if r.session_id is not None:
+            turn = turn_bucket(r.turn)
+            if turn not in self.turns:
+                self.turns[turn], self.turn_ttft_ms[turn] = SessionCounts(), LogHistogram()
+            self.turns[turn].add(r)
+            self.turn_ttft_ms[turn].add_to_bin(ttft_bin)
+            self.sessions.add(r)
+
+    def end_session(self, session_id: int) -> None:
+        """For the driver of a replay of sessions: `session_id` has ended (nothing more of it will be sent), so its
+        span can be dropped (`SessionSpans.end`)."""
+        self.sessions.end(session_id)
+
+    def session_figures(self) -> SessionFigures | None:
+        """What the replay reports of its sessions, as a run's summary does (None: no request of a session)."""
+        if not self.turns:
+            return None
+        turns = dict(sorted(self.turns.items()))
+        return SessionFigures(
+            counts=SessionCounts.total(turns.values()), turns=turns,
+            turn_ttft_ms={t: (self.turn_ttft_ms[t].percentile(50), self.turn_ttft_ms[t].percentile(99)) for t in turns},
+            num_sessions=self.sessions.num_sessions,
+            session_time_s=(self.sessions.time_s(50), self.sessions.time_s(99)),
+        )
 
     def merge(self, other: StreamingStats) -> None:
         """Fold in the statistics of other requests of the same replay (another process's workers)."""
@@ -209,6 +314,10 @@ class StreamingStats(RequestRates):
             self.prompt_tokens_per_worker[w] += other.prompt_tokens_per_worker[w]
         for key, theirs in other.bins.items():
             self.bins.setdefault(key, TimeBin()).merge(theirs)
+        for turn, theirs in other.turns.items():
+            self.turns.setdefault(turn, SessionCounts()).merge(theirs)
+            self.turn_ttft_ms.setdefault(turn, LogHistogram()).merge(other.turn_ttft_ms[turn])
+        self.sessions.merge(other.sessions)
 
     @property
     def span_s(self) -> float:
