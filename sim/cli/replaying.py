@@ -14,9 +14,11 @@ from sim.cli.app import (
     router_list, scenario_option, setup_text, slo_option, with_slo,
 )
 from sim.cli.render import Table, format_option
+from sim.cli.turn_table import show_turns, turn_files
 from sim.results.figures import replay_figure
 from sim.results.report import csv_bytes, write_atomic
 from sim.scenario import Scenario, ScenarioError
+from sim.scenario import cpu_kv_gib as cpu_kv_gib_of
 from sim.routing.spec import router_label, router_overrides
 
 
@@ -163,11 +165,14 @@ def replay(trace_file, trace_path, workers, kv_tokens, kv_blocks, kv_bytes, rout
     except (ScenarioError, TraceError) as err:
         raise click.ClickException(str(err)) from None
     st = result.stats
+    sessions = st.session_figures()
     row = {
         **result.row(),
         "wall_s": wall_s, "jobs": result.jobs, "workers": workers, "kv_blocks_per_worker": scenario.num_blocks, "block_size": B,
         "router": router_label(scenario.router.name, scenario.router.options), "engine": scenario.engine.kind,
         "kv_tokens_per_worker": scenario.capacity_tokens,
+        # NOTE: only with sessions, so that a replay without them keeps its columns.
+        **(sessions.row() if sessions is not None else {}),
     }
     kv = next((f"--{name}" for name, value in (("kv-tokens", kv_tokens), ("kv-blocks", kv_blocks),
                                                 ("kv-bytes", kv_bytes)) if value is not None), "the scenario's")
@@ -190,6 +195,10 @@ def replay(trace_file, trace_path, workers, kv_tokens, kv_blocks, kv_bytes, rout
         load.add_row(str(w.worker), str(n), f"{tokens / max(1, st.prompt_tokens):.3f}",
                      fmt(worker_rows[-1]["token_hit_rate"]), str(w.engine.preemptions))
     console.print(load)
+    show_turns(sessions, host_tier=cpu_kv_gib_of(scenario) > 0)
+    if st.sessions.cut:
+        console.print(f"{st.sessions.cut:,} sessions closed early: more than {st.max_open_sessions:,} were open at "
+                      f"once, so the longest idle ones were ended at their last request so far", highlight=False)
     console.print(f"{st.requests} requests in {wall_s:.2f} s wall = {st.requests / wall_s:.0f} requests/s")
     console.data([row], list(row))
     if out_dir:
@@ -198,4 +207,8 @@ def replay(trace_file, trace_path, workers, kv_tokens, kv_blocks, kv_bytes, rout
         write_atomic(out / "workers.csv", csv_bytes(worker_rows, list(worker_rows[0])))
         write_atomic(out / "replay.png", replay_figure(st, title=f"{Path(trace).name}: {workers} workers, "
                                                                   f"{scenario.router.name}"))
-        console.print(f"wrote {out / 'summary.csv'}, {out / 'workers.csv'} and {out / 'replay.png'}")
+        turns = turn_files(sessions)
+        for name, data in turns.items():
+            write_atomic(out / name, data)
+        written = [str(out / name) for name in ("summary.csv", "workers.csv", "replay.png", *turns)]
+        console.print(f"wrote {', '.join(written[:-1])} and {written[-1]}")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import asdict
 from pathlib import Path
 
 import click
@@ -19,9 +18,10 @@ from sim.cli.app import (
 )
 from sim.cli import render
 from sim.cli.render import Table, format_option
+from sim.cli.turn_table import show_turns, turn_files
 from sim.results.figures import engine_figure, hit_rate_figure, ttft_cdf_figure
 from sim.results.output_set import write_output_set
-from sim.results.report import SUMMARY_COLUMNS, aggregate, csv_bytes, write_atomic
+from sim.results.report import aggregate, csv_bytes, request_rows, summary_columns, write_atomic
 from sim.scenario import ScenarioError
 from sim.scenario import cpu_kv_gib as cpu_kv_gib_of
 from sim.studies.reference import measured
@@ -142,13 +142,14 @@ def sweep(ctx, scenario_path, prefixes, workers, concurrency, routers, engines, 
                   f"{capacity_text(capacity)}", highlight=False)
     if note := kv_rule_note(base, kv):
         console.print(note, highlight=False)
-    console.data(rows, SUMMARY_COLUMNS)
+    columns = summary_columns(rows)
+    console.data(rows, columns)
     if errors:
         rmse = math.sqrt(sum(e * e for e in errors) / len(errors))
         console.print(f"request hit rate vs measured over {len(errors)} points: RMSE {100 * rmse:.2f} pp, "
                       f"max |error| {100 * max(abs(e) for e in errors):.2f} pp")
     if out is not None:
-        files = {"summary.csv": csv_bytes(rows, SUMMARY_COLUMNS)}
+        files = {"summary.csv": csv_bytes(rows, columns)}
         shown = {k: v for k, v in reference.items()
                  if k[0] in {p.workers for p in points} and k[2] in {p.concurrency for p in points}}
         # NOTE: the reference was measured with the scenario's own router and engine; its points are drawn beside
@@ -228,7 +229,8 @@ def run_command(scenario_file, scenario_path, prefixes, workers, concurrency, ro
                         f"router={scenario.router.name}, seed={scenario.seed}")
     table.add_column("metric", justify="left", key=True)
     table.add_column("value")
-    for key in SUMMARY_COLUMNS[SUMMARY_COLUMNS.index("requests"):]:
+    columns = summary_columns([row])
+    for key in columns[columns.index("requests"):]:
         table.add_row(key, fmt(row[key], ".4g"))
     table.add_row("formula min(1, C/N)", f"{formula_hit_rate(scenario.kv_capacity_requests, scenario.workload.prefixes):.3f}")
     console.print(table)
@@ -250,16 +252,18 @@ def run_command(scenario_file, scenario_path, prefixes, workers, concurrency, ro
                               *((str(e.cpu_stored_blocks), str(e.cpu_loaded_blocks), str(e.cpu_evicted_blocks))
                                 if tier else ()))
     console.print(workers_table)
-    console.data([row], SUMMARY_COLUMNS)
+    show_turns(summary.session_figures, host_tier=tier)
+    console.data([row], columns)
     if out_dir:
         out = Path(out_dir)
-        write_atomic(out / "summary.csv", csv_bytes([row], SUMMARY_COLUMNS))
-        records = [asdict(r) | {"ttft_ms": r.ttft_s * 1000, "e2e_ms": r.e2e_s * 1000,
-                                "tpot_ms": float("nan") if r.tpot_s is None else r.tpot_s * 1000}
-                   for r in result.records]
-        columns = list(records[0]) if records else []
-        write_atomic(out / "requests.csv", csv_bytes(records, columns))
-        console.print(f"wrote {out / 'summary.csv'} and {out / 'requests.csv'} ({len(records)} requests)")
+        write_atomic(out / "summary.csv", csv_bytes([row], columns))
+        records, record_columns = request_rows(result.records)
+        write_atomic(out / "requests.csv", csv_bytes(records, record_columns))
+        turns = turn_files(summary.session_figures)
+        for name, data in turns.items():
+            write_atomic(out / name, data)
+        written = [str(out / name) for name in ("summary.csv", "requests.csv", *turns)]
+        console.print(f"wrote {', '.join(written[:-1])} and {written[-1]} ({len(records)} requests)")
 
 
 def _default_text(info) -> str:

@@ -12,8 +12,10 @@ import os
 import tempfile
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 
+from sim.results.records import RequestRecord
 from sim.results.stats import over_runs
 
 TIER_COLUMNS = (
@@ -36,6 +38,41 @@ SUMMARY_COLUMNS = (
     *TIER_COLUMNS,
 )
 """A run's summary columns; columns added later are appended, so old positions never move (last: `TIER_COLUMNS`)."""
+
+SESSION_COLUMNS = (
+    "sessions", "session_requests", "session_time_p50_s", "session_time_p99_s", "context_requests", "context_tokens",
+    "context_hit_rate", "reprefill_tokens", "gpu_reprefill_tokens", "survived_requests", "gpu_survived_requests",
+    "gap_survival", "gpu_gap_survival",
+)
+"""The session columns (`SessionFigures.row`), appended to the summary's only when the run has sessions
+(`summary_columns`), so that a summary without sessions keeps its columns."""
+
+TURN_COLUMNS = (
+    "turn", "requests", "hit_requests", "request_hit_rate", "prompt_tokens", "cached_tokens", "token_hit_rate",
+    "ttft_p50_ms", "ttft_p99_ms", "context_requests", "context_tokens", "reprefill_tokens", "gpu_reprefill_tokens",
+    "gap_survival", "gpu_gap_survival",
+)
+"""The columns of `turns.csv`, a row per turn (`SessionFigures.turn_rows`)."""
+
+REQUEST_SESSION_COLUMNS = ("session_id", "turn", "context_tokens")
+"""The record's session fields, appended to `requests.csv` only when a request belongs to a session."""
+
+
+def summary_columns(rows: Sequence[dict[str, object]]) -> tuple[str, ...]:
+    """The columns of a summary of `rows`: `SUMMARY_COLUMNS`, then `SESSION_COLUMNS` when a row has sessions."""
+    return SUMMARY_COLUMNS + (SESSION_COLUMNS if any("sessions" in row for row in rows) else ())
+
+
+def request_rows(records: Sequence[RequestRecord]) -> tuple[list[dict[str, object]], list[str]]:
+    """The rows and columns of `requests.csv`: a record's fields, its TTFT, E2E and TPOT in ms, then its session
+    fields when any request belongs to a session."""
+    rows = [asdict(r) | {"ttft_ms": r.ttft_s * 1000, "e2e_ms": r.e2e_s * 1000,
+                         "tpot_ms": float("nan") if r.tpot_s is None else r.tpot_s * 1000}
+            for r in records]
+    columns = [c for c in rows[0] if c not in REQUEST_SESSION_COLUMNS] if rows else []
+    if any(r.session_id is not None for r in records):
+        columns += REQUEST_SESSION_COLUMNS
+    return rows, columns
 
 AGGREGATED_COLUMNS = (
     "request_hit_rate", "full_hit_rate", "token_hit_rate", "ttft_p50_ms", "ttft_p99_ms", "throughput_rps",
