@@ -98,7 +98,8 @@ def trace_overrides(base: Scenario, *, block_size: int | None, kv_tokens: int | 
 @click.option("--bin", "bin_s", type=click.FloatRange(min=0.001), default=60.0, show_default=True,
               help="Seconds of trace time per point of the figure.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
-              help="Write DIR/summary.csv (one row), DIR/workers.csv and DIR/replay.png.")
+              help="Write DIR/summary.csv (one row), DIR/workers.csv and DIR/replay.png; with sessions also "
+                   "DIR/turns.csv (a row per turn).")
 @click.option("--reuse-breakdown/--no-reuse-breakdown", default=None,
               help="Book reuse available and captured (default: the scenario's, on). It keeps every block hash ever "
                    "sent: turn it off for traces of millions of requests to keep memory bounded by the caches.")

@@ -188,7 +188,8 @@ def sweep(ctx, scenario_path, prefixes, workers, concurrency, routers, engines, 
 @click.option("--slo", callback=slo_option, default=None, help=SLO_HELP)
 @hardware_options
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
-              help="Write DIR/summary.csv (one row) and DIR/requests.csv (a row per request, warm-ups flagged).")
+              help="Write DIR/summary.csv (one row) and DIR/requests.csv (a row per request, warm-ups flagged); "
+                   "with sessions also DIR/turns.csv (a row per turn).")
 @format_option("the row of summary.csv")
 def run_command(scenario_file, scenario_path, prefixes, workers, concurrency, router, engine, cpu_kv_gib, seed, slo,
                 model, gpu, kv_gib, out_dir) -> None:
