@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from sim.results.records import RequestRecord, Slo, booked_add
 from sim.results.stats import NAN, ratio
-from sim.results.summary import RequestRates, SessionCounts, SessionFigures, turn_bucket
+from sim.results.summary import HitCounts, RequestRates, SessionCounts, SessionFigures, turn_bucket
 
 _BIN_RATIO = 1.01
 _LOG_RATIO = math.log(_BIN_RATIO)
@@ -153,12 +153,13 @@ class SessionSpans:
 
 
 @dataclass
-class StreamingStats(RequestRates):
+class StreamingStats(HitCounts, RequestRates):
     """What a replay reports, accumulated request by request (by send time into `bin_s`-wide bins).
 
-    The SLO counters count against `slo` exactly as a run's summary does (`sim.results.records.Slo`). Requests of a
-    session also count per turn (at most `MAX_TURN` + 1 rows) and in their session's span (`SessionSpans`, at most
-    `max_open_sessions` open), so memory stays bounded however many sessions and turns the replay has."""
+    The hit counters are `HitCounts`' (keyword arguments). The SLO counters count against `slo` exactly as a run's
+    summary does (`sim.results.records.Slo`). Requests of a session also count per turn (at most `MAX_TURN` + 1
+    rows) and in their session's span (`SessionSpans`, at most `max_open_sessions` open), so memory stays bounded
+    however many sessions and turns the replay has."""
 
     num_workers: int
     """Workers of the replay (the length of the per-worker lists)."""
@@ -166,20 +167,6 @@ class StreamingStats(RequestRates):
     """Width of the time bins of the figure, in seconds of send time."""
     slo: Slo = Slo()
     """The objectives the SLO counters count against."""
-    requests: int = 0
-    """Requests served."""
-    hit_requests: int = 0
-    """Of those, requests with any cached prompt token at first admission."""
-    full_hit_requests: int = 0
-    """Of those, requests whose whole shareable prefix was cached (none in a trace, which declares no prefix)."""
-    cpu_hit_requests: int = 0
-    """Requests whose hit came partly from the host (CPU) KV tier."""
-    prompt_tokens: int = 0
-    """Prompt tokens of the requests."""
-    cached_tokens: int = 0
-    """Of those, tokens cached at each request's first admission."""
-    cpu_cached_tokens: int = 0
-    """Of `cached_tokens`, those loaded from the host tier."""
     available_tokens: int = 0
     """Prompt tokens one infinite cache shared by the cluster would hit (-1: not booked)."""
     captured_tokens: int = 0
@@ -225,13 +212,7 @@ class StreamingStats(RequestRates):
         self.sessions = SessionSpans(self.max_open_sessions)
 
     def add(self, r: RequestRecord) -> None:
-        self.requests += 1
-        self.hit_requests += r.is_hit
-        self.full_hit_requests += r.is_full_hit
-        self.cpu_hit_requests += r.is_cpu_hit
-        self.prompt_tokens += r.prompt_tokens
-        self.cached_tokens += r.cached_tokens
-        self.cpu_cached_tokens += r.cpu_cached_tokens
+        HitCounts.add(self, r)
         self.available_tokens = booked_add(self.available_tokens, r.available_tokens)
         self.captured_tokens = booked_add(self.captured_tokens, r.captured_tokens)
         if r.believed_tokens >= 0:
@@ -288,13 +269,7 @@ class StreamingStats(RequestRates):
         """Fold in the statistics of other requests of the same replay (another process's workers)."""
         if (other.num_workers, other.bin_s, other.slo) != (self.num_workers, self.bin_s, self.slo):
             raise ValueError("merging statistics of different shapes (workers, time bins or SLO)")
-        self.requests += other.requests
-        self.hit_requests += other.hit_requests
-        self.full_hit_requests += other.full_hit_requests
-        self.cpu_hit_requests += other.cpu_hit_requests
-        self.prompt_tokens += other.prompt_tokens
-        self.cached_tokens += other.cached_tokens
-        self.cpu_cached_tokens += other.cpu_cached_tokens
+        HitCounts.merge(self, other)
         self.available_tokens = booked_add(self.available_tokens, other.available_tokens)
         self.captured_tokens = booked_add(self.captured_tokens, other.captured_tokens)
         self.view_checked += other.view_checked

@@ -157,17 +157,17 @@ class ContextRates:
         return self.context_tokens - self.gpu_context_hit_tokens
 
 
-@dataclass(slots=True)
-class SessionCounts(HitRates, ContextRates):
-    """Counters of a set of session requests (a run's or a replay's, or one turn's of them), accumulated request by
-    request (`add`) and summed (`merge`); the rates are `HitRates`' and `ContextRates`'."""
+@dataclass(slots=True, kw_only=True)
+class HitCounts(HitRates):
+    """The counters `HitRates` derives its rates from, accumulated request by request (`add`) and summed (`merge`):
+    a replay's (`StreamingStats`) and a set of session requests' (`SessionCounts`)."""
 
     requests: int = 0
-    """Requests of a session."""
+    """Requests counted."""
     hit_requests: int = 0
     """Of those, requests with any cached prompt token at first admission."""
     full_hit_requests: int = 0
-    """Of those, requests whose whole shareable prefix was cached."""
+    """Of those, requests whose whole shareable prefix was cached (none in a trace, which declares no prefix)."""
     cpu_hit_requests: int = 0
     """Of those, requests whose hit came partly from the host (CPU) KV tier."""
     prompt_tokens: int = 0
@@ -176,6 +176,27 @@ class SessionCounts(HitRates, ContextRates):
     """Of those, tokens cached at each request's first admission."""
     cpu_cached_tokens: int = 0
     """Of `cached_tokens`, those loaded from the host tier."""
+
+    def add(self, r: RequestRecord) -> None:
+        self.requests += 1
+        self.hit_requests += r.is_hit
+        self.full_hit_requests += r.is_full_hit
+        self.cpu_hit_requests += r.is_cpu_hit
+        self.prompt_tokens += r.prompt_tokens
+        self.cached_tokens += r.cached_tokens
+        self.cpu_cached_tokens += r.cpu_cached_tokens
+
+    def merge(self, other: HitCounts) -> None:
+        """Add `other`'s hit counters to these."""
+        for f in fields(HitCounts):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+
+@dataclass(slots=True, kw_only=True)
+class SessionCounts(HitCounts, ContextRates):
+    """Counters of a set of session requests (a run's or a replay's, or one turn's of them): the hit counters and
+    the context counters, every one a count that sums; the rates are `HitRates`' and `ContextRates`'."""
+
     context_requests: int = 0
     """Requests with a context (`RequestRecord.context_tokens` > 0): a session's turns after its first."""
     context_tokens: int = 0
@@ -195,13 +216,7 @@ class SessionCounts(HitRates, ContextRates):
         return 0.0
 
     def add(self, r: RequestRecord) -> None:
-        self.requests += 1
-        self.hit_requests += r.is_hit
-        self.full_hit_requests += r.is_full_hit
-        self.cpu_hit_requests += r.is_cpu_hit
-        self.prompt_tokens += r.prompt_tokens
-        self.cached_tokens += r.cached_tokens
-        self.cpu_cached_tokens += r.cpu_cached_tokens
+        HitCounts.add(self, r)  # NOTE: not super(): slotted dataclasses are rebuilt, which breaks its zero-arg form
         self.context_requests += r.context_tokens > 0
         self.context_tokens += r.context_tokens
         self.context_hit_tokens += r.context_hit_tokens
@@ -210,8 +225,8 @@ class SessionCounts(HitRates, ContextRates):
         self.gpu_survived_requests += r.gpu_context_survived
 
     def merge(self, other: SessionCounts) -> None:
-        """Add `other`'s counters to these."""
-        for f in fields(self):
+        """Add `other`'s counters (hit and context) to these."""
+        for f in fields(SessionCounts):
             setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
     @classmethod
