@@ -61,8 +61,8 @@ class RequestRecord:
     """The request's index in its session (`Request.turn`, 0: the first)."""
     context_tokens: int = 0
     """Leading prompt tokens that earlier requests of its session left cacheable (`Request.num_context_tokens`):
-    whole blocks (pages) of what the engine computed of them, short of the prompt's last token, so what a cache
-    that had kept the session's context would hit."""
+    whole blocks (pages) of what the engine computed of them, so what a cache that had kept the session's context
+    would hit (a turn adds tokens after it, so it ends before the prompt's last token, which is never a hit)."""
 
     @property
     def ttft_s(self) -> float:
