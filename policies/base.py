@@ -4,7 +4,7 @@ the hooks' bookkeeping (subclasses add theirs in `after_dispatch`, `after_first_
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -13,6 +13,14 @@ from sim.config import ProblemsError, validation_problems
 from sim.routing.interface import ClusterView, PrefixState, PrefixStateSpec, StateMode
 from sim.routing.knobs import Knob
 from sim.workloads.request import Request
+
+
+def session_key(request: Request) -> Hashable | None:
+    """What a router that follows a session header (its value) keys on: `("session", session_id)`, or, for a request
+    of a workload without sessions, its `prefix_id` (kvsim's stand-in from before requests had sessions: each
+    shared-prefix group taken as one client's session, so that such workloads route as they always did; tagging
+    sessions keeps a session and a prefix group of the same number apart). None: no session header."""
+    return request.prefix_id if request.session_id is None else ("session", request.session_id)
 
 
 class RouterOptions(BaseModel):

@@ -6,6 +6,9 @@ Read from github:vllm-project/production-stack @a6c01db05f65f556235413ba8dbcfb0c
 `loadaware` (LoadAwareRouter, PR #1035, merged 2026-08-09, after that snapshot) was read from the merged
 `routing_logic.py` as stored in the code index and from the PR thread. The session ring follows uhashring
 (github:ultrabug/uhashring @9c0e25c11b957f3ced5e2d4cccad9605ae8c3109, `uhashring/ring.py`, `ring_meta.py`).
+The session key: `RoutingInterface.extract_session_id` reads the `--session-key` header (then the body field of that
+name); the router refuses to start `session` without `--session-key` (`parsers/parser.py`); the tutorials and the
+multi-round QA benchmark send `x-user-id` (`tutorials/08-benchmark-multi-round-qa-multi-gpu.md`).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from collections import deque
 
 from pydantic import Field
 
-from policies.base import PrefixStateOptions, RouterBase, RouterOptions
+from policies.base import PrefixStateOptions, RouterBase, RouterOptions, session_key
 from sim.routing.interface import ClusterView, PrefixStateSpec
 from sim.routing.knobs import FloatKnob, IntKnob
 from sim.workloads.request import Request
@@ -86,9 +89,10 @@ class SessionOptions(ProductionStackOptions):
 
 
 class VllmRouterSession(_ProductionStackRouter):
-    """production-stack `session` (SessionRouter): the session id (kvsim: `request.prefix_id`; the `--session-key`
-    header or body field) is placed on a uhashring `HashRing()` of the endpoints; no session id -> `_qps_routing`.
-    No load bound: a session always goes to its ring node.
+    """production-stack `session` (SessionRouter): the session id (the `--session-key` header, else the body field;
+    kvsim: `policies.base.session_key`, the request's session, or its `prefix_id` in a workload without sessions) is
+    placed on a uhashring `HashRing()` of the endpoints (`hash_ring.get_node(session_id)`); no session id ->
+    `_qps_routing`. No load bound and no state: a session always goes to its ring node, whatever the load or the gap.
 
     Ring, as uhashring's default MetaRing: endpoint e gets `vnodes` points md5(f"{e}-{i}") (128-bit int),
     i = 0..vnodes-1; a key k goes to the point at bisect_right(points, md5(str(k))), wrapping to the first point.
@@ -114,9 +118,10 @@ class VllmRouterSession(_ProductionStackRouter):
         return self._owners[0 if pos == len(self._points) else pos]
 
     def choose(self, request: Request, view: ClusterView) -> int:
-        if request.prefix_id is None:
+        key = session_key(request)
+        if key is None:
             return self.qps_routing(self._now_s)
-        return self.ring_node(request.prefix_id)
+        return self.ring_node(key)
 
 
 class PrefixAwareOptions(ProductionStackOptions):
@@ -169,7 +174,7 @@ class VllmRouterPrefixAware(_ProductionStackRouter):
 
 class LoadAwareOptions(ProductionStackOptions, PrefixStateOptions):
     loadaware_beta: float = Field(1.0, description="--loadaware-beta / LOADAWARE_BETA: weight of the relative-load penalty (1.0: 100 % above the fleet mean costs one full cache hit).")
-    session_key: bool = Field(False, description="--session-key set: the no-holder fallback hashes request.prefix_id on the session ring (as `session`); False: it is _qps_routing.")
+    session_key: bool = Field(False, description="--session-key set: the no-holder fallback hashes the request's session (its prefix_id in a workload without sessions) on the session ring, as `session`; False: it is _qps_routing.")
 
 
 class VllmRouterLoadAware(_ProductionStackRouter):
@@ -217,8 +222,9 @@ class VllmRouterLoadAware(_ProductionStackRouter):
     def choose(self, request: Request, view: ClusterView) -> int:
         scores, matched = self.scores(request)
         if max(matched) == 0:  # the controller names no holder
-            if self._ring is not None and request.prefix_id is not None:
-                return self._ring.ring_node(request.prefix_id)
+            key = session_key(request)
+            if self._ring is not None and key is not None:
+                return self._ring.ring_node(key)
             return self.qps_routing(self._now_s)
         best = 0
         for w in range(1, self.num_workers):

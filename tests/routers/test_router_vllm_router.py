@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
+from dataclasses import replace
 
 from policies.vllm_router import VllmRouterLoadAware, VllmRouterPrefixAware, VllmRouterSession
 from sim.workloads.request import Request
@@ -65,6 +66,21 @@ def test_session_follows_the_uhashring_ring_and_never_reads_load():
     homes = {s: send(r, prompt(100 + s, s), view) for s in range(60)}
     assert all(send(r, prompt(200 + s, s), view) == homes[s] for s in range(60))  # sticky, whatever the load
     assert len(set(homes.values())) == 6
+
+
+def test_session_keys_on_the_session_id_and_falls_back_to_the_prefix_without_one():
+    # Two sessions of the same prefix 7 go to their own ring nodes, every turn; a request of a workload without
+    # sessions keys on its prefix_id as before (kvsim's stand-in); neither -> _qps_routing (the first endpoint
+    # without stats).
+    view = FakeView(6)
+    r = build(VllmRouterSession, view=view)
+    homes = {s: naive_ring_node(("session", s), 6) for s in range(40)}
+    assert len(set(homes.values())) == 6
+    for turn in range(3):
+        assert all(send(r, replace(prompt(100 * turn + s, 7), session_id=s), view) == homes[s] for s in range(40))
+    assert send(r, prompt(500, 7), view) == naive_ring_node(7, 6)
+    fresh = build(VllmRouterSession, view=view)
+    assert send(fresh, anonymous(1), view) == 0
 
 
 def test_session_vnodes_option_changes_the_ring():
@@ -176,6 +192,7 @@ def test_loadaware_with_no_holder_falls_back_to_qps_or_the_session_ring():
     ringed = build(VllmRouterLoadAware, n=3, view=view, session_key=True)
     assert ringed.route(prompt(9, 7), view) == naive_ring_node(7, 3)
     assert ringed.route(anonymous(9), view) == 0
+    assert ringed.route(replace(prompt(9, 7), session_id=5), view) == naive_ring_node(("session", 5), 3)
 
 
 def test_loadaware_reads_events_with_lag():
