@@ -48,6 +48,42 @@ each (block, worker) entry expires `router_ttl_s` (120) after it was last insert
 not; expired when now >= insert + ttl); above `router_max_tree_size` (2^20) entries it is pruned to
 floor(`router_prune_target_ratio` (0.8) x max), earliest-expiring first and, among equal expiries, the deepest
 block first (`BlockEntry` orders by `seq_position` in a max-heap).
+
+Session affinity, as Dynamo 1.6.1 has it: `RouterConfig(session_affinity_ttl_secs=None, session_affinity_mode="hard")`
+and `KvRouterConfig(enable_session_prefix_index=False)` (`dynamo/_core.pyi` of PyPI `ai-dynamo-runtime` 1.6.1; flags
+`--router-session-affinity-ttl-secs`, `--router-session-affinity-mode`, `--enable-session-prefix-index`). The session
+is the `X-Dynamo-Session-ID` header (kvsim: `request.session_id`; a request without one is routed as before). Read in
+`lib/kv-router/src/services/selection/affinity.rs` @0a2aa91 (`SessionAffinity::try_acquire`, `commit`,
+`AffinityLease::release` / `rebind`), `lib/kv-router/src/scheduling/selector/mod.rs` (`uses_exclusive_affinity_target`:
+true for the default selector), `lib/llm/src/kv_router/routing_host.rs` (hard passes the binding as `pinned_worker`,
+soft as `affinity_target`), and the docs' "Session Affinity" (`docs/components/router/router-configuration.md`). The
+1.6.1 wheel ships no source; its strings name these files and carry their messages ("session affinity miss: pin
+expired (idle past TTL), re-selecting worker", "Session affinity hit: reusing pinned worker"). The affinity.rs read
+is a later revision (it adds a manual clock for simulation hosts); the rules below are the ones both share. With
+`session_affinity_ttl_s` = T:
+
+    binding:   session -> (worker, version, active requests, idle deadline)
+    live:      active > 0 or now < idle deadline          (expired: no request in flight and now >= deadline)
+    route:     live binding, hard -> its worker, exactly: pinned, the costs are not compared (lmetric's picker and its
+                                     hot-spot window do not run)
+               live binding, soft -> its worker as an advisory target: the default selector narrows the candidates
+                                     to it while it is eligible, so it is chosen; lmetric (a custom policy upstream)
+                                     ignores the target and picks as usual
+               none or expired    -> the usual choice
+    dispatch:  none or expired    -> bind the chosen worker: active 1, idle deadline now + T, a new version
+               live               -> active + 1; soft and dispatched elsewhere -> rebind there, a new version
+    complete:  active - 1; if the binding is still at the version this request took, idle deadline = now + T
+
+So T is an idle timeout from the end of the session's last response; a request in flight keeps the binding, and an
+arrival does not refresh it. Hard and soft differ only when the bound worker is not eligible: gone (hard invalidates
+the binding and selects again; soft selects elsewhere and rebinds) or over a busy threshold. kvsim has neither (a
+fixed worker set, no busy thresholds), so with the default cost both modes choose alike; with lmetric soft is advisory.
+`enable_session_prefix_index` keeps per session and worker the frontier of the session's blocks
+(`lib/kv-router/src/session_prefix_index.rs`), fed from routing matches and stored-block events that carry the session
+id, written after the worker is chosen ("Indexing failures never affect routing", `KvRouter::find_best_match`) and read
+by lineage queries and KV-hint policies, never by the cost: kvsim takes the option and routes the same. Not modelled:
+the 65,536-binding cap (a full table routes without affinity), bindings synchronised between router replicas over the
+event plane (here each replica keeps its own), and separate prefill/decode bindings.
 """
 
 from __future__ import annotations
@@ -55,6 +91,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Hashable
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -79,6 +116,9 @@ class KvAwareOptions(PrefixStateOptions):
     router_max_tree_size: int = Field(2**20, ge=1, description="state=approximate: (block, worker) entries above which the index is pruned (Dynamo --router-max-tree-size).")
     router_prune_target_ratio: float = Field(0.8, gt=0, le=1, description="state=approximate: prune to this fraction of the max size, earliest-expiring first (Dynamo --router-prune-target-ratio).")
     router_predicted_ttl_s: float | None = Field(None, gt=0, description="state=events: also count the router's own choices for this long (Dynamo --router-predicted-ttl-secs); null = off.")
+    session_affinity_ttl_s: int | None = Field(None, ge=1, le=31_536_000, description="Session affinity with this idle TTL (s) from the end of a session's last response (Dynamo --router-session-affinity-ttl-secs); null = off.")
+    session_affinity_mode: Literal["hard", "soft"] = Field("hard", description="How a live binding is used (Dynamo --router-session-affinity-mode): hard pins the worker; soft passes it as a target the default cost keeps while eligible and lmetric ignores (then the binding follows the dispatch).")
+    enable_session_prefix_index: bool = Field(False, description="Dynamo --enable-session-prefix-index: a per-session lineage index written after routing, read by KV-hint policies, not by the cost (kvsim routes the same).")
 
     @model_validator(mode="after")
     def _predicted_needs_events(self) -> KvAwareOptions:
@@ -114,6 +154,17 @@ class _HotspotDetector:
         return self.arrivals[cls] / len(window)
 
 
+@dataclass(slots=True)
+class _SessionBinding:
+    """A session's binding (Dynamo's `AffinityEntry::Bound`): its worker, version, requests in flight (leases) and the
+    time from which, with none in flight, it has expired."""
+
+    worker: int
+    version: int
+    active_requests: int
+    idle_deadline_s: float
+
+
 class KvAwareRouter(RouterBase):
     """Dynamo's KV router: default cost (see the module docstring for the arithmetic) or lmetric.
 
@@ -144,6 +195,10 @@ class KvAwareRouter(RouterBase):
         self._chosen_overlap: dict[int, int] = {}
         self._hotspots = (_HotspotDetector(opts.lmetric_window_requests)
                           if opts.router_selection_policy == "lmetric" and opts.lmetric_hotspot_detection else None)
+        self._sessions: dict[int, _SessionBinding] = {}
+        self._leases: dict[int, tuple[int, int]] = {}  # request id -> (session, the binding version it took)
+        self._binding_versions = 0
+        self._next_reap_s = 0.0
 
     def prefix_state_spec(self) -> PrefixStateSpec:
         opts = self.options
@@ -185,12 +240,60 @@ class KvAwareRouter(RouterBase):
 
     def route(self, request: Request, view: ClusterView) -> int:
         costs, overlap = self.costs(request, view)
-        if self.options.router_selection_policy == "lmetric":
+        bound = self._live_binding(request, view.now_s)
+        lmetric = self.options.router_selection_policy == "lmetric"
+        if bound is not None and (self.options.session_affinity_mode == "hard" or not lmetric):
+            worker = bound.worker  # hard: pinned; soft: the default selector's exclusive affinity target
+        elif lmetric:
             worker = self._lmetric_pick(request, costs, overlap)
         else:
             worker = self._select(costs)
         self._chosen_overlap[request.request_id] = overlap[worker]
         return worker
+
+    # ------------------------------------------------------------------ session affinity
+    def _live_binding(self, request: Request, now_s: float) -> _SessionBinding | None:
+        """The session's binding if affinity is on and it has not expired (module docstring)."""
+        if self.options.session_affinity_ttl_s is None or request.session_id is None:
+            return None
+        binding = self._sessions.get(request.session_id)
+        if binding is None or (binding.active_requests == 0 and binding.idle_deadline_s <= now_s):
+            return None
+        return binding
+
+    def _commit_session(self, request: Request, worker: int) -> None:
+        now_s = self.view.now_s
+        self._reap(now_s)
+        binding = self._live_binding(request, now_s)
+        if binding is None:
+            self._binding_versions += 1
+            binding = _SessionBinding(worker, self._binding_versions, 0, now_s + self.options.session_affinity_ttl_s)
+            self._sessions[request.session_id] = binding
+        elif binding.worker != worker:  # only soft with lmetric dispatches a bound session elsewhere
+            self._binding_versions += 1
+            binding.worker, binding.version = worker, self._binding_versions
+        binding.active_requests += 1
+        self._leases[request.request_id] = (request.session_id, binding.version)
+
+    def _release_session(self, request: Request) -> None:
+        lease = self._leases.pop(request.request_id, None)
+        if lease is None:
+            return
+        binding = self._sessions.get(lease[0])
+        if binding is None or binding.active_requests == 0:
+            return
+        binding.active_requests -= 1
+        if binding.version == lease[1]:
+            binding.idle_deadline_s = self.view.now_s + self.options.session_affinity_ttl_s
+
+    def _reap(self, now_s: float) -> None:
+        """Forget expired bindings every min(T, 30 s) (Dynamo's reaper period), so that ended sessions do not
+        accumulate; an expired binding routes as none whether or not it was reaped yet."""
+        if now_s < self._next_reap_s:
+            return
+        self._next_reap_s = now_s + min(self.options.session_affinity_ttl_s, 30)
+        self._sessions = {s: b for s, b in self._sessions.items()
+                          if b.active_requests or b.idle_deadline_s > now_s}
 
     def _lmetric_pick(self, request: Request, scores: list[float], overlap: list[int]) -> int:
         best = min(range(self.num_workers), key=scores.__getitem__)  # first minimum: the lowest worker wins ties
@@ -232,6 +335,8 @@ class KvAwareRouter(RouterBase):
         self._pending_prefill[request.request_id] = tokens
         self._prefill_tokens[worker] += tokens
         self._active[worker].add(request.block_hashes)
+        if self.options.session_affinity_ttl_s is not None and request.session_id is not None:
+            self._commit_session(request, worker)
 
     def after_first_token(self, request: Request, worker: int) -> None:
         self._prefill_tokens[worker] -= self._pending_prefill.pop(request.request_id, 0)
@@ -239,3 +344,4 @@ class KvAwareRouter(RouterBase):
     def after_complete(self, request: Request, worker: int) -> None:
         self.after_first_token(request, worker)
         self._active[worker].remove(request.block_hashes)
+        self._release_session(request)

@@ -6,6 +6,7 @@ and predicted TTL."""
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 
@@ -339,3 +340,138 @@ def test_same_seed_same_choices_with_the_new_options():
     for options in ({"overlap_score_credit": 0.5, "temperature": 0.5}, {"router_selection_policy": "lmetric"}):
         assert choices(3, **options) == choices(3, **options)
     assert choices(3, temperature=0.5) != choices(4, temperature=0.5)
+
+
+# ---------------------------------------------------------------------------------------------- session affinity
+def turn(rid, session, prefix=7):
+    """A prompt of prefix `prefix` sent by session `session` (Dynamo: the X-Dynamo-Session-ID header)."""
+    return replace(prompt(rid, prefix), session_id=session)
+
+
+def finish(r, request, worker, view, at_s):
+    view.now_s = at_s
+    r.on_first_token(request, worker)
+    r.on_complete(request, worker)
+
+
+def busy_holder(mode="hard", ttl_s=60, **options):
+    """Worker 1 holds prefix 7. Session 1's first turn goes there by cost and completes at t=10; then another prompt
+    still in prefill on worker 1 makes the cost prefer worker 0: 148.1875 + 148 = 296.1875 against
+    (2371 + 2371) / 16 - 127 + 148 + 148 = 465.375."""
+    view = holding(2, {1: 127})
+    r = build(KvAwareRouter, n=2, view=view, session_affinity_ttl_s=ttl_s, session_affinity_mode=mode, **options)
+    first = turn(1, session=1)
+    assert send(r, first, view) == 1
+    finish(r, first, 1, view, at_s=10.0)
+    r.on_dispatch(prompt(50, 3), 1)
+    return r, view
+
+
+def test_session_affinity_defaults_are_dynamos_off():
+    o = build(KvAwareRouter).options
+    assert (o.session_affinity_ttl_s, o.session_affinity_mode, o.enable_session_prefix_index) == (None, "hard", False)
+    with pytest.raises(ValueError, match="session_affinity_ttl_s"):
+        build(KvAwareRouter, session_affinity_ttl_s=0)
+    with pytest.raises(ValueError, match="session_affinity_mode"):
+        build(KvAwareRouter, session_affinity_mode="sticky")
+
+
+def test_hard_affinity_keeps_a_session_on_its_worker_against_the_cost():
+    r, view = busy_holder()
+    costs, _ = r.costs(turn(2, session=1), view)
+    assert costs == [296.1875, 465.375]
+    view.now_s = 20.0
+    assert send(r, turn(2, session=1), view) == 1  # pinned: the cost is not compared
+    assert send(r, turn(3, session=2), view) == 0  # another session, unbound: the cost
+    off, view = busy_holder(ttl_s=None)
+    view.now_s = 20.0
+    assert send(off, turn(2, session=1), view) == 0  # affinity off: the session is not followed
+
+
+def test_the_ttl_is_idle_time_from_the_last_response_and_requests_in_flight_hold_the_binding():
+    # Bound at t=0, the first turn completes at t=10: idle deadline 70. At t=69.9 the session is still bound, and
+    # that arrival does not move the deadline; while it is in flight nothing expires (t=150 and its completion at
+    # t=200 -> deadline 260). At t=260 (>= the deadline, nothing in flight) the binding has expired: the cost
+    # decides (worker 0) and binds anew.
+    r, view = busy_holder()
+    view.now_s = 69.9
+    second = turn(2, session=1)
+    assert send(r, second, view) == 1
+    assert r._sessions[1].idle_deadline_s == 70.0 and r._sessions[1].active_requests == 1
+    view.now_s = 150.0
+    third = turn(3, session=1)
+    assert send(r, third, view) == 1
+    finish(r, second, 1, view, at_s=200.0)
+    finish(r, third, 1, view, at_s=200.0)
+    assert (r._sessions[1].idle_deadline_s, r._sessions[1].active_requests) == (260.0, 0)
+    view.now_s = 259.9
+    assert r.route(turn(4, session=1), view) == 1
+    view.now_s = 260.0
+    assert send(r, turn(5, session=1), view) == 0
+    assert r._sessions[1].worker == 0 and r._sessions[1].idle_deadline_s == 320.0
+
+
+def test_soft_and_hard_choose_alike_with_the_default_cost():
+    # The default selector narrows the candidates to an eligible affinity target, and every worker is eligible
+    # here (no busy thresholds, a fixed worker set): soft keeps the session where hard pins it. Session 1 (bound to
+    # worker 1) at t=20 and t=80 (its deadline 81); session 2, new at t=30 (cost: worker 0), has expired at t=95
+    # (deadline 91) and the cost places it again.
+    def choices(mode):
+        r, view = busy_holder(mode)
+        picks = []
+        for i, t in enumerate((20.0, 30.0, 80.0, 95.0)):
+            view.now_s = t
+            q = turn(10 + i, session=1 + i % 2)
+            picks.append(send(r, q, view))
+            finish(r, q, picks[-1], view, at_s=t + 1)
+        return picks
+
+    assert choices("soft") == choices("hard") == [1, 0, 1, 0]
+
+
+def lmetric_busy_holder(mode):
+    """lmetric without its hot-spot detector: session 1's first turn goes to worker 1 (339 x 1 < 2371 x 1), then
+    seven more requests in flight there make 339 x 8 = 2712 > 2371: lmetric's own choice is worker 0."""
+    view = holding(2, {1: 127})
+    r = build(KvAwareRouter, n=2, view=view, router_selection_policy="lmetric", lmetric_hotspot_detection=False,
+              session_affinity_ttl_s=60, session_affinity_mode=mode)
+    first = turn(1, session=1)
+    assert send(r, first, view) == 1
+    for i in range(7):
+        r.on_dispatch(prompt(60 + i, 3), 1)
+    return r, view, first
+
+
+def test_with_lmetric_hard_pins_and_soft_is_advisory_and_the_binding_follows_the_dispatch():
+    r, view, _ = lmetric_busy_holder("hard")
+    assert send(r, turn(2, session=1), view) == 1
+    r, view, first = lmetric_busy_holder("soft")
+    view.now_s = 1.0
+    second = turn(2, session=1)
+    assert send(r, second, view) == 0  # lmetric ignores the target; the session rebinds to worker 0
+    binding = r._sessions[1]
+    assert (binding.worker, binding.version, binding.active_requests, binding.idle_deadline_s) == (0, 2, 2, 60.0)
+    # The first turn (version 1) completes: one request fewer, but the deadline is the rebound version's to move.
+    finish(r, first, 1, view, at_s=5.0)
+    assert (binding.active_requests, binding.idle_deadline_s) == (1, 60.0)
+    finish(r, second, 0, view, at_s=8.0)
+    assert (binding.active_requests, binding.idle_deadline_s) == (0, 68.0)
+
+
+def test_requests_without_a_session_and_the_session_prefix_index_route_as_before():
+    def choices(**options):
+        view = holding(3, {1: 127, 2: 60})
+        r = build(KvAwareRouter, n=3, seed=4, view=view, **options)
+        picks = []
+        for i in range(30):
+            view.now_s = i * 0.5
+            q = prompt(i, 7 if i % 3 else i)
+            picks.append(send(r, q, view))
+            if i % 4 == 3:
+                finish(r, q, picks[-1], view, at_s=view.now_s)
+        return picks
+
+    base = choices()
+    assert choices(session_affinity_ttl_s=30) == base
+    assert choices(session_affinity_ttl_s=30, session_affinity_mode="soft", enable_session_prefix_index=True) == base
+    assert choices(enable_session_prefix_index=True) == base
