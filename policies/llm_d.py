@@ -31,10 +31,15 @@ Scorers (`framework/plugins/scheduling/scorer/...`), Q = waiting queue and U = K
                                                rank r -> max(0, 1 - r / (n - 1)) (r of a used pod = #never-used +
                                                its position among all LRU keys); after a cold request the chosen
                                                pod becomes most recent (LRU of `lruSize` 1024 pods).
-    session-affinity-scorer                    `encoded_endpoint_header` strategy (the default): the client echoes
-                                               the pod named on the session's last response; that pod 1.0, others 0.
-                                               Session = request.prefix_id (None: no header, all 0); the header is
-                                               learnt when the response starts (first token).
+    session-affinity-scorer                    the session's pod 1.0 if it is a candidate, every other 0 (all 0
+      (session_affinity_weight)                without a session, an unknown one, or a pod filtered out or gone).
+                                               Session: `policies.base.session_key` (the request's session; its
+                                               prefix_id in a workload without sessions). The pod, by
+                                               `session_affinity_strategy`: `encoded_endpoint_header` (default,
+                                               stateless) the pod named in the x-session-token header of the
+                                               session's last response, which the client echoes (learnt when that
+                                               response starts: its first token); `session_id` the router's own
+                                               binding (below).
 
 In-flight tokens (`requestcontrol/dataproducer/inflightload/producer.go`, addEstimatedOutputTokens=false): at
 dispatch the chosen pod gains the request's *uncached* prompt tokens per the approximate producer,
@@ -69,6 +74,19 @@ the legacy `precise-prefix-cache-scorer` since #1107, 2026-05-14): min(depth / f
 NOTE: the guides' `blockSize: 64  # must match vLLM --block-size` presumes an engine with 64-token blocks; here the
 router's keys are the engine's own blocks whatever their size (with vLLM's 16, 16-token keys), which is what "must
 match" means. Newer producers re-chunk event token ids at their own block size; not modelled.
+
+session-affinity-scorer, `session_id` strategy (`framework/plugins/scheduling/scorer/sessionaffinity/
+session_id_header.go`, `.../util/sessionaffinity/session_id.go` SessionIDHeader, PR #2238, 2026-08-05): a store
+session -> (pod, last seen), written only at PreRequest (dispatch):
+
+    no binding                          -> bind to the chosen pod, last seen = now
+    bound to the chosen pod             -> last seen = now
+    bound elsewhere, that pod was not   -> migrate: bind to the chosen pod, last seen = now
+      among this request's candidates
+    bound elsewhere, that pod was a     -> unchanged (not even last seen: another scorer outweighed the session)
+      candidate
+    sweep every `session_eviction_sweep_s` (10) from the start: drop bindings with sweep time - last seen >
+      `session_eviction_ttl_s` (300); a lookup never checks expiry, so a binding lives until the first sweep past it.
 
 prefix-cache-affinity-filter (`framework/plugins/scheduling/filter/prefixcacheaffinity/plugin.go`), on the
 approximate producer's fraction f_e = matched_e / total_blocks:
@@ -106,9 +124,10 @@ The decode-filter of the guides keeps every worker here (no P/D roles).
 Older form (GIE / inference-scheduler @520af47): the approximate producer hashed request *characters* (JSON of the
 chat messages) in blocks of blockSizeTokens x 4 = 64 characters (16 tokens), at most 256 blocks, with no 64-token
 floor: `min_block_size_tokens=16, max_prefix_tokens_to_match=0, max_prefix_blocks_to_match=256` reproduces it.
-Not modelled: the session_id strategy of session affinity (server-side binding, TTL 300 s); the speculative TTL's
-2 s cleanup ticker (entries live 2..4 s upstream, exactly 2 s here); the union (not max) of speculative and event
-entries in one index; the session header and no-hit LRU being shared by the client / per replica.
+Not modelled: the session-affinity-filter (the same pod as a hard pin; the scorer is the soft preference); the
+speculative TTL's 2 s cleanup ticker (entries live 2..4 s upstream, exactly 2 s here); the union (not max) of
+speculative and event entries in one index; the session header being the client's across EPP replicas (here each
+replica learns its own; the no-hit LRU is per replica upstream too).
 """
 
 from __future__ import annotations
@@ -119,7 +138,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from policies.base import LoadOptions, RouterBase
+from policies.base import LoadOptions, RouterBase, session_key
 from sim.routing.interface import ClusterView, PrefixState, PrefixStateSpec
 from sim.routing.routing_history import RoutingHistory
 from sim.routing.knobs import FloatKnob
@@ -151,7 +170,7 @@ class LlmdOptions(LoadOptions):
     active_request_weight: float = Field(0.0, ge=0, description="active-request-scorer weight (router in-flight requests).")
     token_load_weight: float = Field(0.0, ge=0, description="token-load-scorer weight (router in-flight uncached prompt tokens).")
     no_hit_lru_weight: float = Field(0.0, ge=0, description="no-hit-lru-scorer weight.")
-    session_affinity_weight: float = Field(0.0, ge=0, description="session-affinity-scorer weight (session = prefix_id).")
+    session_affinity_weight: float = Field(0.0, ge=0, description="session-affinity-scorer weight (the session: its session_id; its prefix_id in a workload without sessions).")
     # ---- prefix producers
     prefix_cache: Literal["approximate", "precise"] = Field(
         "approximate", description="What the prefix-cache-scorer reads: approx-prefix-cache-producer (routing history) or precise-prefix-cache-producer (KV events).")
@@ -174,6 +193,10 @@ class LlmdOptions(LoadOptions):
     no_hit_lru_size: int = Field(1024, ge=1, description="no-hit-lru-scorer lruSize (pods).")
     no_hit_lru_source: Literal["approximate", "prefix_cache"] = Field(
         "approximate", description="Whose matches decide 'cold': the approximate producer (the default DataKey) or the prefix-cache scorer's producer.")
+    session_affinity_strategy: Literal["encoded_endpoint_header", "session_id"] = Field(
+        "encoded_endpoint_header", description="session-affinity-scorer strategy: the pod the session's last response named (x-session-token, echoed by the client), or the router's own session -> pod binding (x-session-id).")
+    session_eviction_ttl_s: float = Field(300.0, gt=0, description="session_id strategy: sessionIdConfig.evictionTtlSeconds, how long a binding survives unused.")
+    session_eviction_sweep_s: float = Field(10.0, gt=0, description="session_id strategy: sessionIdConfig.evictionSweepSeconds, how often expired bindings are swept.")
     # ---- prefix-cache-affinity-filter
     affinity_filter: bool = Field(False, description="Run prefix-cache-affinity-filter before the scorers.")
     affinity_threshold: float = Field(0.80, le=1.0, description="filter affinityThreshold (prefix match fraction to be sticky).")
@@ -271,7 +294,10 @@ class LlmdRouter(RouterBase):
         self._pending_tokens: dict[int, tuple[int, int]] = {}
         self._cold: dict[int, bool] = {}
         self._lru: OrderedDict[int, None] = OrderedDict()  # no-hit LRU, oldest first
-        self._session_pod: dict[Hashable, int] = {}
+        self._session_pod: dict[Hashable, int] = {}  # encoded_endpoint_header: the pod each session's client echoes
+        self._bindings: dict[Hashable, tuple[int, float]] = {}  # session_id: session -> (pod, last seen s)
+        self._swept_s = 0.0  # the last sweep applied (sweeps run at multiples of session_eviction_sweep_s)
+        self._bound_absent: tuple[int, bool] | None = None  # (request id, its binding's pod was not a candidate)
         self._pending_uncached: tuple[int, list[int]] | None = None
         self._needs_approx = ((o.prefix_cache == "approximate" and o.prefix_cache_weight > 0) or o.affinity_filter
                               or o.token_load_weight > 0
@@ -361,7 +387,7 @@ class LlmdRouter(RouterBase):
             self._cold[request.request_id] = cold
             add(o.no_hit_lru_weight, self._no_hit_lru_scores(candidates) if cold else (lambda w: 0.5))
         if o.session_affinity_weight > 0:
-            pod = self._session_pod.get(request.prefix_id) if request.prefix_id is not None else None
+            pod = self._session_target(request, candidates, view.now_s)
             add(o.session_affinity_weight, lambda w: 1.0 if w == pod else 0.0)
         if approx is not None:
             self._pending_uncached = (request.request_id, uncached)
@@ -407,6 +433,47 @@ class LlmdRouter(RouterBase):
                     return candidates
         return sticky
 
+    def _session_target(self, request: Request, candidates: list[int], now_s: float) -> int | None:
+        """The pod the session-affinity scorer gives 1.0 (None: none). With the session_id strategy, also notes for
+        PreRequest whether the session's bound pod was among the candidates."""
+        key = session_key(request)
+        if key is None:
+            return None
+        if self.options.session_affinity_strategy == "encoded_endpoint_header":
+            return self._session_pod.get(key)  # a pod not among the candidates scores nowhere
+        self._sweep_bindings(now_s)
+        binding = self._bindings.get(key)
+        if binding is None:
+            return None
+        absent = binding[0] not in candidates
+        self._bound_absent = (request.request_id, absent)
+        return None if absent else binding[0]
+
+    def _sweep_bindings(self, now_s: float) -> None:
+        """Apply the last eviction sweep due by `now_s`. The ticker runs every `session_eviction_sweep_s` from the
+        start; a binding's last-seen time changes only at a dispatch, which applies the sweeps due first, so the
+        latest sweep removes exactly what the ones skipped since would have."""
+        o = self.options
+        sweep_s = int(now_s / o.session_eviction_sweep_s) * o.session_eviction_sweep_s
+        if sweep_s <= self._swept_s:
+            return
+        self._swept_s = sweep_s
+        ttl = o.session_eviction_ttl_s
+        self._bindings = {k: b for k, b in self._bindings.items() if not sweep_s - b[1] > ttl}
+
+    def _bind_session(self, request: Request, worker: int) -> None:
+        """session_id strategy's PreRequest: the only place bindings change (module docstring)."""
+        key = session_key(request)
+        if key is None:
+            return
+        now_s = self.view.now_s
+        noted, self._bound_absent = self._bound_absent, None
+        binding = self._bindings.get(key)
+        if binding is None or binding[0] == worker:
+            self._bindings[key] = (worker, now_s)
+        elif noted is not None and noted == (request.request_id, True):
+            self._bindings[key] = (worker, now_s)  # the bound pod was not a candidate: the session migrates
+
     def _precise_scores(self, request: Request, view: ClusterView) -> list[float]:
         block = view.cache_block_size()
         depths = [t // block for t in self.prefix_tokens(request)]
@@ -441,6 +508,9 @@ class LlmdRouter(RouterBase):
             self._inflight_tokens[worker] += tokens
             self._pending_tokens[request.request_id] = (worker, tokens)
             self._pending_uncached = None
+        o = self.options
+        if o.session_affinity_weight > 0 and o.session_affinity_strategy == "session_id":
+            self._bind_session(request, worker)
         if self._cold.pop(request.request_id, False):
             self._lru[worker] = None
             self._lru.move_to_end(worker)
@@ -451,8 +521,10 @@ class LlmdRouter(RouterBase):
         pending = self._pending_tokens.pop(request.request_id, None)
         if pending is not None:
             self._inflight_tokens[pending[0]] -= pending[1]
-        if request.prefix_id is not None:
-            self._session_pod[request.prefix_id] = worker
+        o = self.options
+        key = session_key(request)
+        if o.session_affinity_weight > 0 and o.session_affinity_strategy == "encoded_endpoint_header" and key is not None:
+            self._session_pod[key] = worker  # the response's x-session-token, which the client sends next time
 
     def after_complete(self, request: Request, worker: int) -> None:
         pending = self._pending_tokens.pop(request.request_id, None)  # a response that ended without a first token

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 
@@ -231,6 +232,78 @@ def test_session_affinity_prefers_the_pod_named_on_the_last_response():
     r.on_first_token(first, w)
     assert r.scores(req(3, 100, prefix=4), view)[1] == {x: (1.0 if x == w else 0.0) for x in range(3)}
     assert r.scores(req(4, 100, prefix=None, prefix_id=None), view)[1] == {0: 0.0, 1: 0.0, 2: 0.0}
+
+
+def in_session(request, session):
+    return replace(request, session_id=session)
+
+
+def test_session_affinity_follows_the_session_not_the_prefix():
+    # Sessions 1 and 2 share prefix 4. Session 1's response named worker w; session 2 has had no response: its
+    # requests score 0 everywhere, whatever worker its prefix group used.
+    view = FakeView(3)
+    r = build(LlmdRouter, n=3, view=view, **{**ONLY, "session_affinity_weight": 1})
+    first = in_session(req(1, 100, prefix=4), 1)
+    w = send(r, first, view)
+    r.on_first_token(first, w)
+    assert r.scores(in_session(req(2, 100, prefix=4), 1), view)[1] == {x: (1.0 if x == w else 0.0) for x in range(3)}
+    assert r.scores(in_session(req(3, 100, prefix=4), 2), view)[1] == {0: 0.0, 1: 0.0, 2: 0.0}
+    assert r.scores(req(4, 100, prefix=4), view)[1] == {0: 0.0, 1: 0.0, 2: 0.0}  # prefix group 4's stand-in key
+
+
+SESSION_ID = {**ONLY, "session_affinity_weight": 1, "session_affinity_strategy": "session_id"}
+
+
+def test_session_id_strategy_binds_at_dispatch_and_its_options_default_to_upstreams():
+    view = FakeView(3)
+    r = build(LlmdRouter, n=3, view=view, **SESSION_ID)
+    assert (r.options.session_eviction_ttl_s, r.options.session_eviction_sweep_s) == (300.0, 10.0)
+    w = send(r, in_session(req(1, 100), 9), view)  # unbound: every pod 0, the picker places it; bound now
+    assert r._bindings == {("session", 9): (w, 0.0)}
+    assert r.scores(in_session(req(2, 100), 9), view)[1] == {x: (1.0 if x == w else 0.0) for x in range(3)}
+
+
+def busy_bound(view, refresh):
+    """Session 9 bound to worker 0 at t=0. At t=15 worker 0 has two requests in flight and the active-request scorer
+    (weight 2) outweighs the session (weight 1): the request goes to the idle worker 1 and the binding keeps worker 0
+    without being refreshed. With `refresh`, both are idle at t=15 and the session's request goes to worker 0 and
+    refreshes it."""
+    r = build(LlmdRouter, n=2, view=view, **{**SESSION_ID, "active_request_weight": 2})
+    assert send(r, in_session(req(1, 100), 9), view) in (0, 1)
+    r._bindings[("session", 9)] = (0, 0.0)
+    r.in_flight[:] = [0, 0] if refresh else [2, 0]
+    view.now_s = 15.0
+    q = in_session(req(2, 100), 9)
+    assert r.scores(q, view)[1] == ({0: 3.0, 1: 2.0} if refresh else {0: 1.0, 1: 2.0})
+    assert send(r, q, view) == (0 if refresh else 1)
+    assert r._bindings[("session", 9)] == (0, 15.0 if refresh else 0.0)
+    return r
+
+
+@pytest.mark.parametrize("refresh", [False, True])
+def test_session_id_bindings_are_swept_every_10_s_once_unused_for_more_than_300_s(refresh):
+    # Last seen t=0 (outweighed at t=15): the sweep at t=300 keeps it (300 - 0 is not > 300), the one at t=310
+    # drops it; lookups between sweeps never check expiry. Last seen t=15: it lives until the sweep at t=320.
+    view = FakeView(2)
+    r = busy_bound(view, refresh)
+    r.in_flight[:] = [0, 0]
+    for t, bound in ((309.9, True), (310.0, refresh), (319.9, refresh), (320.0, False)):
+        view.now_s = t
+        scores = r.scores(in_session(req(3, 100), 9), view)[1]
+        assert (scores[0] == 3.0) is bound, t
+
+
+def test_session_id_migrates_only_when_its_pod_is_not_a_candidate():
+    # Session 9 is bound to worker 1, but worker 0 holds the whole prompt of prefix 7 and the optimized-baseline
+    # affinity filter keeps only worker 0: the bound pod was filtered out, so PreRequest moves the binding there.
+    r, view = _sticky_router(preset="optimized-baseline", session_affinity_weight=1,
+                             session_affinity_strategy="session_id")
+    r._bindings[("session", 9)] = (1, 0.0)
+    view.now_s = 3.0
+    q = in_session(prompt(1, 7, shared_blocks=148), 9)
+    assert r.scores(q, view) == ([0], {0: 1 - 64 / 4194304})  # token load (its partial block) + session 0
+    assert send(r, q, view) == 0
+    assert r._bindings[("session", 9)] == (0, 3.0)
 
 
 # ---------------------------------------------------------------------------------------------- affinity filter
