@@ -23,6 +23,18 @@ outstanding (the first such in pool order), as if pipelined. With a closed loop 
 
 `connections=0` is a new connection per request: a uniform random pod each time, the `random` router (same draws).
 httpcore's idle-connection cap (`max_keepalive_connections`) is not modelled: at 100 it is above any pool here.
+
+Sessions. A request with a `session_id` is sent by its session's own client: an agent run (a coding agent process
+holds its own OpenAI client) or a chat client per user keeps one pool per session, and a session's turns go one after
+another, so each turn reuses the connection the last one left idle -- the same pod -- unless it has been idle too
+long: the next turn then opens a new connection on a new random pod. Session clients take the same pool rules with
+`session_keepalive_expiry_s` (5 s) as their idle limit: httpx closes a connection idle for 5 s (`Limits`
+keepalive_expiry 5.0, which the OpenAI client keeps) and vLLM's API server closes it after 5 s too (uvicorn
+`timeout_keep_alive` = `VLLM_HTTP_TIMEOUT_KEEP_ALIVE`, default 5, `vllm/envs.py`), so a think time or tool call
+longer than 5 s moves the session to a random pod. `session_clients=false` sends every request through the one shared
+pool instead (a backend that serves many users' sessions through one client). Requests without a session id always
+take the shared pool. Subagents are sessions of their own, hence clients of their own here (an agent that shares one
+client between parent and subagents would mix their connections; requests do not name their parent).
 """
 
 from __future__ import annotations
@@ -48,6 +60,11 @@ class StickyOptions(RouterOptions):
                                                                      "before the next request (httpx "
                                                                      "keepalive_expiry, 5 s by default there); "
                                                                      "null = never.")
+    session_clients: bool = Field(True, description="A request with a session id goes through its session's own "
+                                                    "client (pool); false: through the shared pool like the rest.")
+    session_keepalive_expiry_s: float | None = Field(5.0, gt=0, description="keepalive_expiry_s of the session "
+                                                                            "clients (httpx's 5 s, and vLLM's "
+                                                                            "server keep-alive 5 s); null = never.")
 
 
 @dataclass(slots=True)
@@ -60,10 +77,40 @@ class Connection:
     idle_since_s: float = 0.0
 
 
-class StickyRouter(RouterBase):
-    """Keep-alive connections pinned to uniform random pods; requests take the oldest idle connection.
+class ConnectionPool:
+    """One client's pooled connections, in the order they were opened (httpcore's); `take` is the module docstring's
+    rule. Invariant: a connection is in `connections` from its first request until it closes."""
 
-    Invariant: `pool` is in opening order; a connection is in it from its first request until it closes.
+    def __init__(self) -> None:
+        self.connections: list[Connection] = []
+
+    def take(self, router: StickyRouter, now_s: float, keepalive_expiry_s: float | None) -> Connection:
+        """The connection the next request goes on (opening one, pinned to a random pod, if the rule says so)."""
+        if keepalive_expiry_s is not None:
+            self.connections = [c for c in self.connections
+                                if c.active_requests or now_s - c.idle_since_s < keepalive_expiry_s]
+        idle = next((c for c in self.connections if c.active_requests == 0), None)
+        if idle is not None:
+            return idle
+        if len(self.connections) < router.options.connections:
+            connection = Connection(pod=router.rng.randrange(router.num_workers))
+            self.connections.append(connection)
+            router.connections_opened += 1
+            return connection
+        return min(self.connections, key=lambda c: c.active_requests)  # first least-busy in pool order
+
+    def release(self, connection: Connection, now_s: float, max_requests: int | None) -> None:
+        connection.active_requests -= 1
+        if connection.active_requests == 0:
+            connection.idle_since_s = now_s
+            if max_requests is not None and connection.served_requests >= max_requests:
+                self.connections.remove(connection)
+
+
+class StickyRouter(RouterBase):
+    """Keep-alive connections pinned to uniform random pods; requests take their client's oldest idle connection.
+
+    Clients: `shared` (requests without a session, or all with `session_clients=false`) and one pool per session.
     """
 
     name = "sticky"
@@ -72,51 +119,46 @@ class StickyRouter(RouterBase):
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
-        self.pool: list[Connection] = []
-        self._on: dict[int, Connection] = {}  # request id -> the connection carrying it
+        self.shared = ConnectionPool()
+        self.session_pools: dict[int, ConnectionPool] = {}
+        self._on: dict[int, tuple[ConnectionPool, Connection]] = {}  # request id -> its client and connection
         self.connections_opened = 0
         """Connections opened so far (each a fresh random pod)."""
         self.ignores_cluster_state = self.options.connections == 0  # a new connection per request reads nothing
+
+    @property
+    def pool(self) -> list[Connection]:
+        """The shared client's connections, in pool order."""
+        return self.shared.connections
 
     def route(self, request: Request, view: ClusterView) -> int:
         opts = self.options
         if opts.connections == 0:
             return self.rng.randrange(self.num_workers)
-        if opts.keepalive_expiry_s is not None:
-            self._expire(view.now_s)
-        idle = next((c for c in self.pool if c.active_requests == 0), None)
-        if idle is not None:
-            connection = idle
-        elif len(self.pool) < opts.connections:
-            connection = Connection(pod=self.rng.randrange(self.num_workers))
-            self.pool.append(connection)
-            self.connections_opened += 1
+        if request.session_id is not None and opts.session_clients:
+            client = self.session_pools.setdefault(request.session_id, ConnectionPool())
+            expiry = opts.session_keepalive_expiry_s
         else:
-            connection = min(self.pool, key=lambda c: c.active_requests)  # first least-busy in pool order
-        self._on[request.request_id] = connection
+            client, expiry = self.shared, opts.keepalive_expiry_s
+        connection = client.take(self, view.now_s, expiry)
+        self._on[request.request_id] = (client, connection)
         return connection.pod
 
-    def _expire(self, now_s: float) -> None:
-        expiry = self.options.keepalive_expiry_s
-        self.pool = [c for c in self.pool if c.active_requests or now_s - c.idle_since_s < expiry]
-
     def after_dispatch(self, request: Request, worker: int) -> None:
-        connection = self._on.get(request.request_id)
-        if connection is not None:
-            connection.active_requests += 1
-            connection.served_requests += 1
+        taken = self._on.get(request.request_id)
+        if taken is not None:
+            taken[1].active_requests += 1
+            taken[1].served_requests += 1
 
     def after_complete(self, request: Request, worker: int) -> None:
-        connection = self._on.pop(request.request_id, None)
-        if connection is None:
+        taken = self._on.pop(request.request_id, None)
+        if taken is None:
             return
-        connection.active_requests -= 1
-        if connection.active_requests == 0 and self.options.keepalive_expiry_s is not None:
-            connection.idle_since_s = self.view.now_s
-        limit = self.options.max_requests_per_connection
-        if limit is not None and connection.served_requests >= limit and connection.active_requests == 0:
-            self.pool.remove(connection)
+        client, connection = taken
+        client.release(connection, self.view.now_s, self.options.max_requests_per_connection)
+        if client is not self.shared and not client.connections:
+            del self.session_pools[request.session_id]  # an ended session's client holds nothing
 
     def pods(self) -> list[int]:
-        """The pod of each open connection, in pool order."""
+        """The pod of each open connection of the shared client, in pool order."""
         return [c.pod for c in self.pool]

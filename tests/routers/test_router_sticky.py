@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -127,3 +128,59 @@ def test_same_seed_same_choices():
         return out
 
     assert choices(5) == choices(5) and choices(5) != choices(6)
+
+
+# ---------------------------------------------------------------------------------------------- sessions
+def of_session(rid, session):
+    return replace(prompt(rid, 0), session_id=session)
+
+
+def test_each_session_is_its_own_client_and_keeps_its_connection_between_turns():
+    # Sessions 1 and 2 alternate turns, one in flight each: each opens one connection (draws 1 and 2 of the seed)
+    # and every later turn reuses it (gaps under 5 s). A request without a session takes the shared pool (draw 3).
+    view = FakeView(6)
+    r = build(StickyRouter, seed=7, view=view)
+    one, two, shared = pods_of(7, 6, 3)
+    picks = {1: [], 2: []}
+    for turn in range(4):
+        for session in (1, 2):
+            view.now_s = turn * 4.0 + session * 0.1
+            q = of_session(10 * turn + session, session)
+            picks[session].append(send(r, q, view))
+            r.on_complete(q, picks[session][-1])
+    assert picks == {1: [one] * 4, 2: [two] * 4}
+    assert send(r, prompt(99, 0), view) == shared and r.pods() == [shared]
+    assert r.connections_opened == 3
+
+
+def test_a_session_idle_for_5_s_moves_to_a_new_random_pod():
+    # httpx's keepalive_expiry and vLLM's server keep-alive are 5 s: a turn 4.9 s after the last response reuses the
+    # connection, one 5 s after it opens a new one on the seed's next draw.
+    view = FakeView(6)
+    r = build(StickyRouter, seed=2, view=view)
+    first, second = pods_of(2, 6, 2)
+    for i, (at_s, pod) in enumerate(((0.0, first), (4.9, first), (9.9, second))):
+        view.now_s = at_s
+        q = of_session(i, 5)
+        assert send(r, q, view) == pod, at_s
+        r.on_complete(q, pod)
+    assert r.connections_opened == 2
+
+
+def test_session_options_default_and_switch_off():
+    r = build(StickyRouter)
+    assert (r.options.session_clients, r.options.session_keepalive_expiry_s) == (True, 5.0)
+    # session_clients=false: sessions share the one pool, as requests without a session do.
+    view = FakeView(6)
+    shared = build(StickyRouter, seed=7, view=view, session_clients=False)
+    plain = build(StickyRouter, seed=7, view=view)
+    a, b = of_session(0, 1), of_session(1, 2)
+    assert [send(shared, a, view), send(shared, b, view)] == [send(plain, prompt(0, 0), view),
+                                                            send(plain, prompt(1, 0), view)]
+    assert not shared.session_pools and shared.connections_opened == 2
+    never = build(StickyRouter, seed=2, view=view, session_keepalive_expiry_s=None)
+    q = of_session(0, 5)
+    w = send(never, q, view)
+    never.on_complete(q, w)
+    view.now_s = 1e6
+    assert send(never, of_session(1, 5), view) == w
