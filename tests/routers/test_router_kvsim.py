@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -161,6 +162,44 @@ def test_claims_match_live_homes_and_choices_respect_the_load_bound(ops, load_fa
             claims[home] += tokens
         assert claims == r._claimed
         assert all(view.now_s - seen < 2.0 for _, _, seen in r._homes.values())
+
+
+def test_session_affinity_prefers_the_sessions_last_worker_within_the_bounds():
+    # Session 3's first turn (prefix 7, held by worker 1) goes to worker 1. Worker 2 then caches the session's whole
+    # context as the router believes it (a longer match than worker 1's 127 blocks): without session affinity the
+    # longest match wins (worker 2); with it, the session's worker while it is eligible (worker 1).
+    def second_turn(**options):
+        view = holding(3, {1: [7]})
+        r = build(KvsimRouter, n=3, view=view, **options)
+        first = replace(prompt(1, 7), session_id=3)
+        assert send(r, first, view) == 1
+        r.on_first_token(first, 1)
+        r.on_complete(first, 1)
+        view.cached[2].update(first.block_hashes)
+        view.cached[2].update(("u", 2, i) for i in range(148))
+        second = replace(prompt(2, 7), session_id=3)
+        return r, view, second
+
+    r, view, second = second_turn()
+    assert r.route(second, view) == 2
+    r, view, second = second_turn(session_affinity=True)
+    assert r.route(second, view) == 1
+    # Outside the load bound (load_factor 1.5: capacity ceil(1.5 x 4 / 3) = 2, worker 1 carries 3) the session's
+    # worker is not eligible and the usual rule decides; a request without a session ignores the option.
+    r.in_flight[:] = [0, 3, 0]
+    r.options = r.options.model_copy(update={"load_factor": 1.5})
+    assert r.route(second, view) == 2
+    r.in_flight[:] = [0, 0, 0]
+    assert r.route(replace(second, session_id=None), view) == 2
+
+
+def test_session_affinity_is_off_by_default_and_forgets_a_session_after_the_home_ttl():
+    assert build(KvsimRouter).options.session_affinity is False
+    view = holding(3, {1: [7]})
+    r = build(KvsimRouter, n=3, view=view, session_affinity=True, home_ttl_s=60)
+    send(r, replace(prompt(1, 7), session_id=3), view)
+    assert r._session_target(replace(prompt(2, 7), session_id=3), 59.9) == 1
+    assert r._session_target(replace(prompt(2, 7), session_id=3), 60.0) is None and not r._session_worker
 
 
 @pytest.mark.slow
