@@ -8,7 +8,7 @@ import simpy
 
 from sim.cluster.device import Device
 from sim.cluster.host_link import HostLinkQueue
-from sim.cluster.reuse import ReuseLedger
+from sim.cluster.reuse import ReuseLedger, computed_block_hashes
 from sim.cluster.worker import Worker
 from sim.engines.interface import CacheListener, EngineLoad, ServedRequest
 from sim.engines.registry import build_engine
@@ -162,8 +162,8 @@ class Cluster:
         for scraper in self._scrapers.values():
             scraper.wake()
         ledger = self._ledger
-        available, captured = (-1, -1) if ledger is None else ledger.dispatch(request.block_hashes,
-                                                                            request.prompt_tokens, worker)
+        available, captured = (-1, -1) if ledger is None else ledger.dispatch(
+            computed_block_hashes(request, ledger.block_size), request.prompt_tokens, worker)
         believed = self.router.believed_prefix_tokens(request)
         held = -1 if believed is None else self.cached_prefix_tokens(worker, request)
         self._pending[request.request_id] = (env.now, on_done, (available, captured,
@@ -176,7 +176,8 @@ class Cluster:
         """`request` went to a worker another process simulates (a split replay): book its reuse history only, so
         that every process's reuse available is over the whole stream."""
         if self._ledger is not None:
-            self._ledger.dispatch(request.block_hashes, request.prompt_tokens, worker)
+            self._ledger.dispatch(computed_block_hashes(request, self._ledger.block_size), request.prompt_tokens,
+                                  worker)
 
     def _after(self, delay_s: float, action) -> None:
         if delay_s > 0:

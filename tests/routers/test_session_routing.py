@@ -43,16 +43,17 @@ def test_session_routers_keep_each_session_on_one_worker(router, options):
     used, records = workers_per_session(router, options)
     assert all(len(w) == 1 for w in used.values()), used
     assert len({w[0] for w in used.values()}) > 1  # sessions spread over the workers
-    # Every later turn finds at least the previous turn's prompt cached on its worker (its context's prefix).
+    # Every later turn finds its whole context cached on its worker: the previous turn's prompt and output.
     by_id = {r.request_id: r for r in records}
     for r in records:
         if r.request_id % SHAPE.turns:
-            assert r.cached_tokens >= by_id[r.request_id - 1].prompt_tokens
+            assert r.cached_tokens >= r.context_tokens > by_id[r.request_id - 1].prompt_tokens
 
 
-@pytest.mark.parametrize("router, moved", [("random", 10), ("kv-aware", 7)])
+@pytest.mark.parametrize("router, moved", [("random", 10), ("kv-aware", 5)])
 def test_without_session_affinity_sessions_move(router, moved):
-    # Random scatters 10 of the 12 sessions; Dynamo's cost alone moves 7 of the 12 when a session's worker is busier.
+    # Random scatters 10 of the 12 sessions; Dynamo's cost alone moves 5 of the 12 when a session's worker is busier
+    # (7 before the engines cached output blocks: the previous turn's output now adds to the overlap at home).
     used, _ = workers_per_session(router, {})
     assert sum(len(w) > 1 for w in used.values()) == moved
 

@@ -154,5 +154,7 @@ def prompt_tokens(request: Request, block_size: int) -> Tokens:
 
 
 def output_tokens(request: Request, num_tokens: int) -> Tokens:
-    """The first `num_tokens` sampled output tokens of `request`: unique to it (sampling is random)."""
-    return Tokens([(("out", request.request_id), 0, num_tokens)])
+    """The first `num_tokens` sampled output tokens of `request`: unique to it (sampling is random), unless a later
+    turn of its session resends them (`Request.output_key` names them then)."""
+    key = request.output_key
+    return Tokens([(("out", request.request_id) if key is None else key, 0, num_tokens)])

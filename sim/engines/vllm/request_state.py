@@ -27,18 +27,28 @@ class RequestState(ServedRequest):
         return self.num_output_tokens >= self.request.output_tokens
 
     def block_hash(self, index: int) -> BlockHash:
-        """Hash of full block `index`; blocks that hold sampled tokens are unique to this request."""
-        hashes = self.request.block_hashes
+        """Hash of full block `index`: the prompt's, then the outputs' (`Request.output_block_hashes`, when a later
+        turn of the session resends them), else a key of this request's own."""
+        request = self.request
+        hashes = request.block_hashes
         if index < len(hashes):
             return hashes[index]
-        # NOTE: sampled tokens are random, so a block touching them is never shared with another request; a
-        # preempted request that recomputes itself still finds these blocks under the same keys.
-        return ("out", self.request.request_id, index)
+        out = request.output_block_hashes
+        if index - len(hashes) < len(out):
+            return out[index - len(hashes)]
+        # NOTE: sampled tokens are random, so a block touching them is never shared with another request (unless
+        # its session resends them: output_block_hashes); a preempted request that recomputes itself still finds
+        # these blocks under the same keys.
+        return ("out", request.request_id, index)
 
     def block_hashes(self, start: int, stop: int) -> list[BlockHash]:
         """Hashes of full blocks start..stop-1 (see `block_hash`)."""
-        prompt = self.request.block_hashes
+        request = self.request
+        prompt = request.block_hashes
         if stop <= len(prompt):
             return list(prompt[start:stop])
-        rid = self.request.request_id
-        return list(prompt[start:]) + [("out", rid, i) for i in range(max(start, len(prompt)), stop)]
+        known = prompt + request.output_block_hashes if request.output_block_hashes else prompt
+        if stop <= len(known):
+            return list(known[start:stop])
+        rid = request.request_id
+        return list(known[start:]) + [("out", rid, i) for i in range(max(start, len(known)), stop)]
