@@ -133,3 +133,30 @@ def _fork_after_turn0() -> TokenSequence:
     child = seq.fork(("sub", 1))
     child.append(("task", 1), 6)
     return child
+
+
+def test_the_host_tier_returns_the_previous_prompt_but_not_its_outputs():
+    # vLLM's OffloadingConnector stores prompt chunks only (offload_prompt_only, its default): turn 0 (32 system +
+    # 40 user = 72 tokens, 30 outputs) stores its 4 full prompt blocks. Two 150-token requests then evict it from
+    # the 19-block GPU cache. Turn 1's context is 6 blocks (101 computed tokens); it loads the 4 prompt blocks
+    # (64 tokens) from the host and recomputes the 2 output blocks.
+    from sim.cluster.host_link import HostLinkQueue
+    from sim.workloads.request import Request
+
+    kv = 1024
+    spec = VllmEngineSpec(kv_cache_bytes=20 * 16 * kv, cpu_kv_bytes=64 * 16 * kv, vllm_version="0.33.0")
+    serve = Serve(VllmEngine(spec, kv_bytes_per_token=kv,
+                             host_link=HostLinkQueue(bandwidth_bytes_per_s=16e6, latency_s=1e-3)))
+    seq = TokenSequence(("lineage", 0), block_size=16, system_key=("system", 0), system_tokens=32)
+    seq.append(("user", 0), 40)
+    turn0 = seq.request(0, output_tokens=30, output_key=("out", 0), session_id=0, turn=0)
+    seq.append(("user", 1), 20)
+    turn1 = seq.request(1, output_tokens=5, output_key=("out", 1), session_id=0, turn=1)
+    serve.send(turn0)
+    assert serve.worker.engine.counters().cpu_stored_blocks == 4
+    for i in range(2):
+        serve.send(Request(10 + i, 150, 2, tuple(("flood", i, j) for j in range(150 // 16))))
+    assert turn1.num_context_tokens == 96
+    assert serve.send(turn1) == 64
+    (state,) = [s for s in serve.done if s.request is turn1]
+    assert state.num_cpu_hit_tokens == 64

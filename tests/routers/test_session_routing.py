@@ -64,3 +64,22 @@ def test_sticky_sessions_move_only_after_a_pause_of_5_s():
     paused = {s for s, thinks in enumerate(think_times(SHAPE)) if max(thinks[1:]) >= 5.0}
     moved = {s for s, w in used.items() if len(w) > 1}
     assert moved and moved <= paused
+
+
+@pytest.mark.parametrize("state, sees_outputs", [("events", True), ("approximate", False)])
+def test_what_a_router_believes_of_a_session_context_depends_on_its_view(state, sees_outputs):
+    # One session's turns on a 4-worker kv-aware router. KV events report every block the engine cached, output
+    # blocks included, so the router believes the next turn's whole context is on its worker; Dynamo's approximate
+    # index records only what it routed (the prompts), so it believes the previous prompt's blocks and no more.
+    scenario, _ = load_scenario()
+    scenario = scenario.with_overrides(**{"cluster.deployments": [], "cluster.workers": 4, "router.name": "kv-aware",
+                                          "router.options": {"state": state}})
+    shape = SessionShape(sessions=1, turns=3, groups=1)
+    records = sorted(drive_sessions(scenario, shape), key=lambda r: r.request_id)
+    B = scenario.engine.block_size
+    for previous, r in zip(records, records[1:]):
+        assert r.worker == previous.worker and r.held_tokens == r.context_tokens
+        expected = r.context_tokens if sees_outputs else previous.prompt_tokens // B * B
+        assert r.believed_tokens == expected
+        # The reuse available counts the previous turn's computed outputs as history, as the engines cache them.
+        assert r.available_tokens == r.captured_tokens == r.context_tokens
