@@ -29,13 +29,15 @@ Run from the repository root (the mocker runs in a subprocess with the side venv
     .venv/bin/python benchmarks/studies/mocker-cross-check/sessions.py --workloads chat --workers 4 --repeats 1
 
 Options: --workloads LIST (synthetic,chat,agent), --workers LIST (4,8), --repeats N (kv routers: mocker runs and
-kvsim seeds, default 3), --sessions N (per workload, default 60), --mocker-python PATH, --out DIR (trace files,
+kvsim seeds, default 3), --sessions N (per workload, default 60), --rate-scale X (session rates x X, default 1),
+--num-gpu-blocks N (per worker, both sides; default 146), --mocker-python PATH, --out DIR (trace files,
 default sessions_traces/ beside this script, git-ignored), --jsonl PATH (also append every run as a JSON line).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import random
@@ -91,7 +93,8 @@ class Shape:
 SHAPES = {
     "synthetic": Shape("synthetic", 2.0, (4, 4), (320, 320), (64, 64), 1.0, constant=True),
     "chat": Shape("chat", 1.0, (3, 6), (64, 384), (32, 192), 3.0),
-    "agent": Shape("agent", 0.6, (4, 8), (128, 512), (48, 160), 1.0),
+    # 0.3 agents/s keeps 4 workers of 146 blocks out of saturation (--rate-scale 2 saturates them: see the docs)
+    "agent": Shape("agent", 0.3, (4, 8), (128, 512), (48, 160), 1.0),
 }
 
 
@@ -248,7 +251,7 @@ def run_kvsim(kind: str, plans: list[Plan], workers: int, router: str, seed: int
     return {"wall_s": wall, "requests": len(records), "reuse": sum(r.cached_tokens for r in records) / prompt,
             "reuse_later_turns": sum(r.cached_tokens for r in later) / max(1, sum(r.prompt_tokens for r in later)),
             "ttft_p50_ms": ttft[len(ttft) // 2], "prompt_tokens": prompt,
-            "duration_s": max(r.finished_s for r in records)}
+            "preempted": sum(r.num_preemptions > 0 for r in records), "duration_s": max(r.finished_s for r in records)}
 
 
 # ---------------------------------------------------------------------------------------------------- the mocker
@@ -272,7 +275,8 @@ def mocker_summary(result, wall: float) -> dict:
             "reuse_from_records": sum(r["reused_input_tokens"] for r in rows) / prompt,
             "reuse_later_turns": (sum(r["reused_input_tokens"] for r in later) / sum(r["input_length"] for r in later))
             if later else None,
-            "ttft_p50_ms": s["median_ttft_ms"], "prompt_tokens": prompt, "duration_s": s["duration_ms"] / 1000}
+            "ttft_p50_ms": s["median_ttft_ms"], "prompt_tokens": prompt,
+            "preempted": sum((r.get("readmission_count") or 0) > 0 for r in rows), "duration_s": s["duration_ms"] / 1000}
 
 
 def mocker_main(argv: list[str]) -> int:
@@ -351,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mocker-python", default=str(REPO / ".venv-dynamo" / "bin" / "python"))
     p.add_argument("--out", type=Path, default=HERE / "sessions_traces")
     p.add_argument("--jsonl", type=Path, default=None)
+    p.add_argument("--rate-scale", type=float, default=1.0, help="multiplies every workload's session rate")
     p.add_argument("--num-gpu-blocks", type=int, default=NUM_GPU_BLOCKS,
                    help="GPU blocks per worker, both sides (default 146: the fitted step times' capacity)")
     a = p.parse_args(argv)
@@ -365,6 +370,8 @@ def main(argv: list[str] | None = None) -> int:
         worker_counts = [int(w) for w in a.workers.split(",")]
     except ValueError:
         raise SystemExit(f"--workers: a comma-separated list of integers, got {a.workers!r}") from None
+    if not a.rate_scale > 0:
+        raise SystemExit(f"--rate-scale must be > 0, got {a.rate_scale}")
     if a.repeats < 1 or a.sessions < 1:
         raise SystemExit("--repeats and --sessions must be >= 1")
     if not Path(a.mocker_python).exists():
@@ -381,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
 
     table = []
     for kind in kinds:
-        shape = SHAPES[kind]
+        shape = dataclasses.replace(SHAPES[kind], rate_per_s=SHAPES[kind].rate_per_s * a.rate_scale)
         plans = make_plans(shape, a.sessions)
         trace = a.out / f"{kind}.{FORMATS[kind]}.jsonl"
         write_trace(kind, plans, trace)
