@@ -293,9 +293,30 @@ def kv_rule_note(scenario: Scenario, kv: str) -> str | None:
     if kv != "vLLM's rule":
         return None
     budget = scenario.kv_budget()
-    return (f"KV per worker: {_kv_gib(scenario):.3g} GiB = {scenario.num_blocks:,} blocks "
-            f"({scenario.kv_capacity_requests:.1f} prompts of {scenario.workload.prompt_tokens:,.0f} tokens), vLLM's "
+    prompts = ("" if scenario.has_sessions else f" ({scenario.kv_capacity_requests:.1f} prompts of "
+                                                 f"{scenario.workload.prompt_tokens:,.0f} tokens)")
+    return (f"KV per worker: {_kv_gib(scenario):.3g} GiB = {scenario.num_blocks:,} blocks{prompts}, vLLM's "
             f"memory rule: {budget.text()} (docs/time/models.md; --kv-gib sets it)")
+
+
+def workload_text(scenario: Scenario) -> str:
+    """The workload a summary's title names: `N=7, concurrency=8`, or a sessions workload's style, sessions,
+    groups and arrivals (`agent sessions: 40, 2 groups, 4 at once`)."""
+    w = scenario.workload
+    if not scenario.has_sessions:
+        return f"N={w.prefixes}, concurrency={w.concurrency}"
+    arrivals = (f"{w.concurrent_sessions} at once" if w.concurrent_sessions is not None
+                else f"{w.session_rate_per_s:g}/s")
+    return f"{w.style} sessions: {w.sessions:,}, {w.groups} group{'s' * (w.groups > 1)}, {arrivals}"
+
+
+def workload_keys(scenario: Scenario) -> tuple[int, int]:
+    """A summary row's `prefixes` and `concurrency`: a shared-prefix workload's N and requests in flight; a
+    sessions workload's groups (its shared system prompts) and sessions at once (0: Poisson session starts)."""
+    w = scenario.workload
+    if not scenario.has_sessions:
+        return w.prefixes, w.concurrency
+    return w.groups, w.concurrent_sessions or 0
 
 
 def scenario_option(uses: str = "", default: str = "the built-in service-baseline scenario") -> Callable:
