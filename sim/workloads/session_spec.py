@@ -186,9 +186,10 @@ class SessionsSpec(ConfigModel):
         if self.context_limit_tokens is None and self.on_context_limit != "truncate":
             raise ValueError("on_context_limit: used only with context_limit_tokens")
         if self.context_limit_tokens is not None and self.context_limit_tokens < self.turn_floor_tokens:
+            summary = " a summary," * (self.on_context_limit == "compact")
             raise ValueError(f"context_limit_tokens: {self.context_limit_tokens} cannot hold one turn: a system "
-                             f"prompt, the newest message{' and a summary' * (self.on_context_limit == 'compact')} "
-                             f"and an output need up to {self.turn_floor_tokens} tokens")
+                             f"prompt,{summary} the newest message and an output need up to "
+                             f"{self.turn_floor_tokens} tokens")
         return self
 
     @property

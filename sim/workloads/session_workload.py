@@ -117,7 +117,7 @@ class SessionWorkload:
 class _Session:
     """One session's plan (a `Session`): its main thread and, while one runs, the subagent it waits for."""
 
-    __slots__ = ("source", "ids", "session_id", "start_s", "group", "turns", "main", "child", "ready_s")
+    __slots__ = ("source", "ids", "session_id", "start_s", "group", "turns", "main", "child", "ready_s", "__weakref__")
 
     def __init__(self, source: SessionWorkload, ids: _Ids, index: int, start_s: float, group: int,
                  turns: int) -> None:
