@@ -72,7 +72,7 @@ def sweep(ctx, scenario_path, prefixes, workers, concurrency, routers, engines, 
     from sim.cli.study_runs import resume_command, run_sweep_points
     from sim.studies.sweep import sweep_points
 
-    base, path = load_or_exit(scenario_path, gpu)
+    base, path = load_or_exit(scenario_path, gpu, shared_prefix="sweep")
     base = on_hardware(with_slo(base, slo), model, gpu, kv_gib)
     measurements = reference_measurements(base, path)
     reference = measured(measurements, "request_hit_rate")
