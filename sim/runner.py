@@ -11,13 +11,14 @@ import simpy
 
 from policies import ROUTERS
 from sim.config import Problem, ProblemsError, suggestion
-from sim.cluster.arrivals import closed_loop, one_at_a_time, poisson
+from sim.cluster.arrivals import closed_loop, one_at_a_time, poisson, sessions
 from sim.cluster.cluster import Cluster
 from sim.results.records import RequestRecord, RunResult
 from sim.routing.interface import Router
 from sim.routing.replicas import ReplicatedRouter
 from sim.routing.spec import RouterSpec
 from sim.scenario import Scenario, ScenarioError
+from sim.workloads.session_workload import SessionWorkload
 from sim.workloads.shared_prefix import RequestStream, rng_for, shared_prefix_stream
 
 
@@ -78,13 +79,19 @@ def build_router(scenario: Scenario) -> Router:
 
 
 def run(scenario: Scenario, stream: RequestStream | None = None, *, fast_forward: bool = True) -> RunResult:
-    """Simulate one scenario: warm-ups one at a time, then the measured requests (closed loop or Poisson).
+    """Simulate one scenario: warm-ups one at a time, then the measured requests (closed loop or Poisson); a
+    sessions workload is driven by the session driver (`sim.cluster.arrivals.sessions`: Poisson session starts or
+    C sessions at once), with no warm-up.
 
     `stream` replaces the scenario's generated workload (e.g. the requests of a measured run). `fast_forward`
     advances decode-only stretches as one event (same results; off only to check that)."""
     env = simpy.Environment()
     cluster = Cluster(env, scenario, build_router(scenario), fast_forward=fast_forward)
-    if stream is None:
+    if scenario.has_sessions:
+        if stream is not None:
+            raise ScenarioError(f"scenario {scenario.name!r}: a sessions workload is not replaced by a request stream")
+        stream = RequestStream((), ())
+    elif stream is None:
         stream = shared_prefix_stream(scenario.workload, block_size=scenario.engine.block_size, seed=scenario.seed)
     records: list[RequestRecord] = []
     marks: dict[str, object] = {}
@@ -94,7 +101,11 @@ def run(scenario: Scenario, stream: RequestStream | None = None, *, fast_forward
         marks["start_s"] = env.now
         marks["warm"] = cluster.counters()
         workload = scenario.workload
-        if workload.arrival_rate_rps is None:
+        if scenario.has_sessions:
+            source = SessionWorkload(workload, block_size=scenario.engine.block_size, seed=scenario.seed)
+            yield env.process(sessions(env, cluster, source, records.append,
+                                       concurrency=workload.concurrent_sessions))
+        elif workload.arrival_rate_rps is None:
             yield env.process(closed_loop(env, cluster, stream.requests, workload.concurrency, records))
         else:
             yield env.process(poisson(env, cluster, stream.requests, workload.arrival_rate_rps,

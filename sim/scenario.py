@@ -25,7 +25,8 @@ from sim.timing.architecture import ModelArchitecture, load_architecture
 from sim.timing.hardware import HardwareProfile, hardware_profile
 from sim.timing.memory import KvBudget, device_memory_bytes, vllm_kv_budget, weights_bytes
 from sim.timing.spec import LinearTimeModelSpec, ModelSpec, RooflineTimeModelSpec, TimeModelSpec, known_hardware
-from sim.workloads.spec import WorkloadSpec
+from sim.workloads.session_spec import SessionsSpec
+from sim.workloads.spec import SharedPrefixSpec
 
 BUILTIN_SCENARIO = "service-baseline"
 
@@ -86,6 +87,10 @@ def _engine_spec_type():
 
 
 EngineSpec = _engine_spec_type()
+
+WorkloadSpec = Annotated[Union[SharedPrefixSpec, SessionsSpec], Field(discriminator="kind")]  # noqa: UP007
+"""The `workload:` section's type, by `kind` (absent: shared-prefix, what every file meant before sessions)."""
+WORKLOAD_KINDS = ("sessions", "shared-prefix")
 
 
 class DeviceSpec(ConfigModel):
@@ -213,7 +218,21 @@ class Scenario(ConfigModel):
         # NOTE: scenario files written before there were several engines have no engine.kind: they mean vLLM.
         if isinstance(data, dict) and isinstance(data.get("engine"), dict) and "kind" not in data["engine"]:
             data = {**data, "engine": {"kind": "vllm", **data["engine"]}}
+        if isinstance(data, dict) and isinstance(data.get("workload"), dict) and "kind" not in data["workload"]:
+            data = {**data, "workload": {"kind": "shared-prefix", **data["workload"]}}
         return data
+
+    @property
+    def has_sessions(self) -> bool:
+        """Whether the workload is of kind sessions (chats, agents) rather than shared-prefix."""
+        return self.workload.kind == "sessions"
+
+    def shared_prefix_only(self, what: str) -> None:
+        """Raise a ScenarioError naming `what` (an option, a command) when the workload is of kind sessions: for
+        what only a shared-prefix workload has (its prefixes N, its request stream, its formula)."""
+        if self.has_sessions:
+            raise ScenarioError(f"{what}: the scenario {self.name!r} has a sessions workload (workload.kind: "
+                                f"sessions); {what} needs a shared-prefix one (workload.kind: shared-prefix)")
 
     @property
     def capacity_tokens(self) -> int:
@@ -232,7 +251,9 @@ class Scenario(ConfigModel):
 
     @property
     def kv_capacity_requests(self) -> float:
-        """C of the formula min(1, C/N): KV tokens per worker / mean prompt tokens (`capacity_requests`)."""
+        """C of the formula min(1, C/N): KV tokens per worker / mean prompt tokens (`capacity_requests`); a
+        shared-prefix workload's only (`shared_prefix_only`)."""
+        self.shared_prefix_only("the formula min(1, C/N)")
         return capacity_requests(self.engine.kv_cache_bytes, self.model.kv_bytes_per_token, self.workload.prompt_tokens)
 
     @model_validator(mode="after")
@@ -438,7 +459,16 @@ class Scenario(ConfigModel):
 
     @model_validator(mode="after")
     def _fits(self) -> Scenario:
-        self.engine.check_fits(self.workload.max_request_tokens, self.model.kv_bytes_per_token)
+        w = self.workload
+        try:
+            self.engine.check_fits(w.max_request_tokens, self.model.kv_bytes_per_token)
+        except ValueError as err:
+            if not self.has_sessions:
+                raise
+            # NOTE: a session's longest request is its context limit, or without one the bound of its history.
+            bound = ("workload.context_limit_tokens" if w.context_limit_tokens is not None else
+                     "without workload.context_limit_tokens, a session's history may grow to that")
+            raise ValueError(f"{err} ({bound}): lower workload.context_limit_tokens or raise the engine's") from None
         return self
 
     @model_validator(mode="after")
@@ -451,8 +481,20 @@ class Scenario(ConfigModel):
         Python objects: the engines' per-block state, the requests with their block hashes, the clients)."""
         w = self.workload
         blocks = self.num_blocks if self.engine.kind == "vllm" else 0
-        requests = w.num_requests + w.warmup_per_prefix * w.prefixes
         hashes_per_request = w.max_request_tokens // getattr(self.engine, "block_size", 1)
+        if self.has_sessions:
+            # NOTE: a run keeps every request's record, but only the running sessions' sequences (their hashes).
+            running = w.concurrent_sessions or min(w.sessions, 1024)
+            requests = round(w.sessions * w.mean_requests_per_session)
+            return {
+                f"cluster.workers={self.cluster.workers}": self.cluster.workers * _WORKER_BYTES,
+                f"{blocks} KV blocks per worker (engine.kv_cache_bytes) x {self.cluster.workers} workers":
+                    self.cluster.workers * blocks * _BLOCK_BYTES,
+                f"{requests} requests (workload.sessions x turns)": requests * _REQUEST_BYTES,
+                f"{running} running sessions' contexts (workload.concurrent_sessions, context_limit_tokens)":
+                    running * 2 * hashes_per_request * _HASH_BYTES,
+            }
+        requests = w.num_requests + w.warmup_per_prefix * w.prefixes
         return {
             f"cluster.workers={self.cluster.workers}": self.cluster.workers * _WORKER_BYTES,
             f"{blocks} KV blocks per worker (engine.kv_cache_bytes) x {self.cluster.workers} workers":
@@ -561,11 +603,29 @@ _LEADING_PATH = re.compile(r"[A-Za-z_][\w-]*(?:\.[\w-]+)*")
 
 
 def scenario_problems(err: ValidationError) -> list[Problem]:
-    """Every problem of a scenario that failed validation, located as the file writes it (`validation_problems`)."""
-    kinds = [str(e["input"].get("kind")) for e in err.errors()
-             if e["type"] == "union_tag_invalid" and tuple(e["loc"]) == ("engine",)]
-    return [Problem(("engine", "kind"), f"unknown engine {kinds[0]!r}; {suggestion(kinds[0], sorted(ENGINES))}")
-            if kinds and problem.loc == ("engine",) else problem for problem in validation_problems(err, Scenario)]
+    """Every problem of a scenario that failed validation, located as the file writes it (`validation_problems`):
+    an unknown engine or workload kind at its `kind` key, and a section's rule whose message names its field first
+    (`think_time_s: ...`) at that field."""
+    unknown = {}
+    for e in err.errors():
+        if e["type"] == "union_tag_invalid" and tuple(e["loc"]) in (("engine",), ("workload",)):
+            unknown[tuple(e["loc"])] = str(e["input"].get("kind"))
+    problems = []
+    for problem in validation_problems(err, Scenario):
+        if problem.loc == ("engine",) and ("engine",) in unknown:
+            kind = unknown[("engine",)]
+            problem = Problem(("engine", "kind"), f"unknown engine {kind!r}; {suggestion(kind, sorted(ENGINES))}")
+        elif problem.loc == ("workload",) and ("workload",) in unknown:
+            kind = unknown[("workload",)]
+            problem = Problem(("workload", "kind"),
+                              f"unknown workload kind {kind!r}; {suggestion(kind, WORKLOAD_KINDS)}")
+        elif problem.loc == ("workload",) and (head := _FIELD_HEAD.match(problem.message)):
+            problem = Problem(("workload", head.group(1)), problem.message[head.end():])
+        problems.append(problem)
+    return problems
+
+
+_FIELD_HEAD = re.compile(r"([a-z_]+): ")
 
 
 def _where(problem: Problem, marks: Marks) -> yaml.Mark | None:

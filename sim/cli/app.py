@@ -293,9 +293,30 @@ def kv_rule_note(scenario: Scenario, kv: str) -> str | None:
     if kv != "vLLM's rule":
         return None
     budget = scenario.kv_budget()
-    return (f"KV per worker: {_kv_gib(scenario):.3g} GiB = {scenario.num_blocks:,} blocks "
-            f"({scenario.kv_capacity_requests:.1f} prompts of {scenario.workload.prompt_tokens:,.0f} tokens), vLLM's "
+    prompts = ("" if scenario.has_sessions else f" ({scenario.kv_capacity_requests:.1f} prompts of "
+                                                 f"{scenario.workload.prompt_tokens:,.0f} tokens)")
+    return (f"KV per worker: {_kv_gib(scenario):.3g} GiB = {scenario.num_blocks:,} blocks{prompts}, vLLM's "
             f"memory rule: {budget.text()} (docs/time/models.md; --kv-gib sets it)")
+
+
+def workload_text(scenario: Scenario) -> str:
+    """The workload a summary's title names: `N=7, concurrency=8`, or a sessions workload's style, sessions,
+    groups and arrivals (`agent sessions: 40, 2 groups, 4 at once`)."""
+    w = scenario.workload
+    if not scenario.has_sessions:
+        return f"N={w.prefixes}, concurrency={w.concurrency}"
+    arrivals = (f"{w.concurrent_sessions} at once" if w.concurrent_sessions is not None
+                else f"{w.session_rate_per_s:g}/s")
+    return f"{w.style} sessions: {w.sessions:,}, {w.groups} group{'s' * (w.groups > 1)}, {arrivals}"
+
+
+def workload_keys(scenario: Scenario) -> tuple[int, int]:
+    """A summary row's `prefixes` and `concurrency`: a shared-prefix workload's N and requests in flight; a
+    sessions workload's groups (its shared system prompts) and sessions at once (0: Poisson session starts)."""
+    w = scenario.workload
+    if not scenario.has_sessions:
+        return w.prefixes, w.concurrency
+    return w.groups, w.concurrent_sessions or 0
 
 
 def scenario_option(uses: str = "", default: str = "the built-in service-baseline scenario") -> Callable:
@@ -315,16 +336,24 @@ def positional_or_option(positional, option, argument: str, option_name: str):
     return positional or option
 
 
-def load_or_exit(path: str | None, gpu: tuple[str, int] | None = None) -> tuple[Scenario, Path]:
+def load_or_exit(path: str | None, gpu: tuple[str, int] | None = None, *,
+                 shared_prefix: str | None = None) -> tuple[Scenario, Path]:
     """The scenario file at `path` (the built-in one for None), its router's name and options checked too, or the
     error naming the file and every problem with its line. With `gpu` (--gpu) its devices are not checked against
-    the model's weights: --gpu replaces them, and `on_hardware` checks the new ones."""
+    the model's weights: --gpu replaces them, and `on_hardware` checks the new ones. With `shared_prefix` (a
+    command's name), a sessions workload is refused in one line: the command varies or measures what only a
+    shared-prefix workload has (its prefixes N, its request stream, the formula min(1, C/N))."""
     from sim.runner import router_problems
 
     try:
-        return load_scenario(path, checks=(router_problems,), check_devices=gpu is None)
+        scenario, file = load_scenario(path, checks=(router_problems,), check_devices=gpu is None)
     except ScenarioError as err:
         raise click.ClickException(str(err)) from None
+    if shared_prefix is not None and scenario.has_sessions:
+        raise click.ClickException(
+            f"kvsim {shared_prefix}: {file.name} has a sessions workload (workload.kind: sessions); {shared_prefix} "
+            f"works on a shared-prefix workload (workload.kind: shared-prefix). Run sessions with `kvsim run`")
+    return scenario, file
 
 
 def reference_measurements(scenario: Scenario, scenario_path: Path) -> list[Measurement]:

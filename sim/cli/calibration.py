@@ -86,7 +86,7 @@ def calibrate(ctx, scenario_path, measured_path, run_paths, ttft_source, fit_par
 
     checked_out_file(out_path)
     checked_out_file(report_path, "--report")
-    base, path = load_or_exit(scenario_path)
+    base, path = load_or_exit(scenario_path, shared_prefix="calibrate")
     own_reference = reference_path(base, path)
     ref_path = Path(measured_path) if measured_path else (own_reference if not run_paths else None)
     if ref_path is None and not run_paths:

@@ -106,7 +106,7 @@ def compare(ctx, scenario_path, prefixes, workers, concurrency, routers, engine,
                 command=resume_command(ctx))
 
     if trace_path is None:
-        base, _ = load_or_exit(scenario_path)
+        base, _ = load_or_exit(scenario_path, shared_prefix="compare")
         base = with_slo(on_engine(base, engine), slo)
         rows = _run_builtin(base, prefixes, workers, concurrency, routers, repeats, seed, runs)
         capacity = base.kv_capacity_requests

@@ -97,7 +97,7 @@ def _plan_base(scenario_path, prefixes, zipf, workers, concurrency, cpu_kv_gib, 
     """The scenario both subcommands plan on, with the command's what-ifs applied, or a one-line error."""
     if kv_gib is not None and vary == "kv-gib":
         raise click.UsageError("--kv-gib fixes the GPU KV per worker; --vary kv-gib searches it: give one")
-    base, _ = load_or_exit(scenario_path, gpu)
+    base, _ = load_or_exit(scenario_path, gpu, shared_prefix="plan")
     base = on_hardware(with_slo(on_engine(base, engine), slo), model, gpu, kv_gib)
     if cpu_kv_gib is not None and vary == "cpu-kv-gib":
         raise click.UsageError("--cpu-kv-gib fixes the host tier; --vary cpu-kv-gib searches it: give one")

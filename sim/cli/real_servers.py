@@ -62,7 +62,7 @@ def measure(endpoints, prefixes, concurrency, requests, scenario_path, router, p
     from sim.servers.run_csv import sidecar_path, write_run_bytes
 
     checked_out_file(out_path)
-    base, _ = load_or_exit(scenario_path)
+    base, _ = load_or_exit(scenario_path, shared_prefix="measure")
     allowed = [n for n in router_names()]
     if router not in allowed:
         raise click.BadParameter(f"unknown router {router}; allowed: {', '.join(allowed)}", param_hint="--router")
@@ -148,7 +148,7 @@ def validate(run_files, run_paths, scenario_path, routing, ttft_source, toleranc
         raise UsageExit("give the measured runs: RUN.csv... or --runs FILE (repeatable)")
     checked_out_file(out_path)
 
-    base, _ = load_or_exit(scenario_path)
+    base, _ = load_or_exit(scenario_path, shared_prefix="validate")
     loaded = []
     for path in runs:
         try:

@@ -14,7 +14,7 @@ from sim.cli.app import (
     CPU_KV_DETAIL, CPU_KV_HELP, ENGINE_HELP, SLO_HELP, capacity_text, checked_out_dir, console, engine_list,
     executor_options, fmt, gib_list, hardware_options, hit_rates_legend, int_list, kv_origin, kv_rule_note,
     load_or_exit, main, on_cpu_kv, on_engine, on_hardware, one_engine, positional_or_option, reference_measurements,
-    router_list, scenario_option, setup_text, slo_option, with_slo,
+    router_list, scenario_option, setup_text, slo_option, with_slo, workload_keys, workload_text,
 )
 from sim.cli import render
 from sim.cli.render import Table, format_option
@@ -72,7 +72,7 @@ def sweep(ctx, scenario_path, prefixes, workers, concurrency, routers, engines, 
     from sim.cli.study_runs import resume_command, run_sweep_points
     from sim.studies.sweep import sweep_points
 
-    base, path = load_or_exit(scenario_path, gpu)
+    base, path = load_or_exit(scenario_path, gpu, shared_prefix="sweep")
     base = on_hardware(with_slo(base, slo), model, gpu, kv_gib)
     measurements = reference_measurements(base, path)
     reference = measured(measurements, "request_hit_rate")
@@ -177,9 +177,12 @@ def sweep(ctx, scenario_path, prefixes, workers, concurrency, routers, engines, 
 @main.command(name="run")
 @click.argument("scenario_file", required=False, type=click.Path(dir_okay=False), metavar="[SCENARIO]")
 @scenario_option(" (or give it as SCENARIO)")
-@click.option("--prefixes", type=click.IntRange(min=1), default=None, help="Distinct shared prefixes N. Default: the scenario's.")
+@click.option("--prefixes", type=click.IntRange(min=1), default=None,
+              help="Distinct shared prefixes N (a shared-prefix workload only). Default: the scenario's.")
 @click.option("--workers", type=click.IntRange(min=1), default=None, help="Number of workers. Default: the scenario's.")
-@click.option("--concurrency", type=click.IntRange(min=1), default=None, help="Requests in flight. Default: the scenario's.")
+@click.option("--concurrency", type=click.IntRange(min=1), default=None,
+              help="Requests in flight; with a sessions workload, sessions at once (a closed loop, replacing "
+                   "Poisson session starts). Default: the scenario's.")
 @click.option("--router", callback=router_list, default=None, help="Router: NAME or NAME:key=value,... (see `kvsim routers`). "
               "Default: the scenario's.")
 @click.option("--engine", callback=one_engine, default=None, help=ENGINE_HELP)
@@ -196,7 +199,9 @@ def run_command(scenario_file, scenario_path, prefixes, workers, concurrency, ro
     """Run one point of a scenario and print its summary.
 
     The scenario is SCENARIO or --scenario FILE (default: the built-in service-baseline); goodput counts the
-    requests that meet --slo or the scenario's slo block.
+    requests that meet --slo or the scenario's slo block. A sessions workload (chat, agent: scenarios/chat.yaml,
+    scenarios/agent.yaml) also prints a row per turn (hit rates, TTFT, re-prefilled tokens, gap survival) and
+    writes DIR/turns.csv.
     """
     from sim.runner import run
     from sim.results.summary import summarize
@@ -205,10 +210,16 @@ def run_command(scenario_file, scenario_path, prefixes, workers, concurrency, ro
     out = checked_out_dir(out_dir)
     base, _ = load_or_exit(scenario_path, gpu)
     base = on_cpu_kv(on_hardware(with_slo(on_engine(base, engine), slo), model, gpu, kv_gib), cpu_kv_gib)
-    overrides = {k: v for k, v in {
-        "workload.prefixes": prefixes, "cluster.workers": workers, "workload.concurrency": concurrency,
-        "seed": seed,
-    }.items() if v is not None}
+    overrides: dict = {k: v for k, v in {"cluster.workers": workers, "seed": seed}.items() if v is not None}
+    if base.has_sessions:
+        if prefixes is not None:
+            raise click.UsageError("--prefixes: a sessions workload has no shared prefixes N; its system prompts "
+                                   "are workload.groups in the scenario file")
+        if concurrency is not None:
+            overrides.update({"workload.concurrent_sessions": concurrency, "workload.session_rate_per_s": None})
+    else:
+        overrides.update({k: v for k, v in {"workload.prefixes": prefixes, "workload.concurrency": concurrency}.items()
+                          if v is not None})
     if router is not None:
         if len(router) != 1:
             raise click.BadParameter("give one router", param_hint="--router")
@@ -220,23 +231,30 @@ def run_command(scenario_file, scenario_path, prefixes, workers, concurrency, ro
         raise click.ClickException(str(err)) from None
     summary = summarize(result)
     host_gib = cpu_kv_gib_of(scenario)
-    row = {"workers": result.num_workers, "prefixes": scenario.workload.prefixes,
-           "concurrency": scenario.workload.concurrency, "router": router_label(scenario.router.name, scenario.router.options),
+    prefixes_key, concurrency_key = workload_keys(scenario)
+    row = {"workers": result.num_workers, "prefixes": prefixes_key,
+           "concurrency": concurrency_key, "router": router_label(scenario.router.name, scenario.router.options),
            "engine": scenario.engine.kind, "cpu_kv_gib": host_gib, "repeat": 0, "seed": scenario.seed,
            **summary.row()}
     kv = kv_origin(model, gpu, kv_gib)
     table = Table(title=f"{scenario.name}: {setup_text(scenario, kv)}; {result.num_workers} workers, "
-                        f"N={scenario.workload.prefixes}, concurrency={scenario.workload.concurrency}, "
-                        f"router={scenario.router.name}, seed={scenario.seed}")
+                        f"{workload_text(scenario)}, router={scenario.router.name}, seed={scenario.seed}")
     table.add_column("metric", justify="left", key=True)
     table.add_column("value")
     columns = summary_columns([row])
     for key in columns[columns.index("requests"):]:
         table.add_row(key, fmt(row[key], ".4g"))
-    table.add_row("formula min(1, C/N)", f"{formula_hit_rate(scenario.kv_capacity_requests, scenario.workload.prefixes):.3f}")
-    console.print(table)
-    console.print(f"{hit_rates_legend('request_hit_rate', 'token_hit_rate')}; in the formula min(1, C/N), "
-                  f"{capacity_text(scenario.kv_capacity_requests)}", highlight=False)
+    if scenario.has_sessions:
+        console.print(table)
+        console.print(f"{hit_rates_legend('request_hit_rate', 'token_hit_rate')}; with sessions, summary.csv's "
+                      f"prefixes are workload.groups and concurrency workload.concurrent_sessions (0: Poisson "
+                      f"session starts)", highlight=False)
+    else:
+        table.add_row("formula min(1, C/N)",
+                      f"{formula_hit_rate(scenario.kv_capacity_requests, scenario.workload.prefixes):.3f}")
+        console.print(table)
+        console.print(f"{hit_rates_legend('request_hit_rate', 'token_hit_rate')}; in the formula min(1, C/N), "
+                      f"{capacity_text(scenario.kv_capacity_requests)}", highlight=False)
     if note := kv_rule_note(scenario, kv):
         console.print(note, highlight=False)
     workers_table = Table(title="per worker (measured phase)")

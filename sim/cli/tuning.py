@@ -60,7 +60,7 @@ def parse_pareto_option(ctx: click.Context, param: click.Parameter, value: str |
 
 def tuning_base(scenario_path, prefixes, workers, concurrency, engine, slo=None) -> Scenario:
     """The scenario with the command's what-ifs applied, or a one-line error."""
-    base, _ = load_or_exit(scenario_path)
+    base, _ = load_or_exit(scenario_path, shared_prefix="tune")
     base = with_slo(on_engine(base, engine), slo)
     overrides = {k: v for k, v in {"workload.prefixes": prefixes, "cluster.workers": workers,
                                    "workload.concurrency": concurrency}.items() if v is not None}

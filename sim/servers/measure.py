@@ -32,7 +32,7 @@ from sim.servers.openai_client import (
     served_model, server_config, sglang_server_info, stream_completion,
 )
 from sim.workloads.request import Request
-from sim.workloads.spec import WorkloadSpec
+from sim.workloads.spec import SharedPrefixSpec
 from sim.workloads.shared_prefix import prompt_token_ids, rng_for, shared_prefix_stream
 
 COUNTERS = {
@@ -62,7 +62,7 @@ SGLANG_SETUP = ("page_size", "max_total_tokens", "max_model_len", "chunked_prefi
 @dataclass
 class MeasureConfig:
     endpoints: list[Endpoint]
-    workload: WorkloadSpec
+    workload: SharedPrefixSpec
     router: str = "random"
     router_options: dict = field(default_factory=dict)
     seed: int = 0

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from itertools import accumulate
 
 from sim.workloads.request import BlockHash, Request, shareable_tokens
-from sim.workloads.spec import WorkloadSpec, sample_length
+from sim.workloads.spec import SharedPrefixSpec, sample_length
 from sim.workloads.traces import TraceRequest
 
 
@@ -62,7 +62,7 @@ class SharedPrefixRequests:
                        prefix_id=prefix_id, prefix_tokens=prefix_tokens, warmup=warmup, token_runs=runs)
 
 
-def iter_shared_prefix_requests(spec: WorkloadSpec, *, block_size: int, seed: int,
+def iter_shared_prefix_requests(spec: SharedPrefixSpec, *, block_size: int, seed: int,
                                 num_requests: int | None = None) -> Iterator[Request]:
     """The requests of `spec`, lazily: warm-ups (one per prefix, in prefix order, flagged), then `num_requests`
     (default: the spec's) with prefixes drawn by popularity and lengths drawn per prefix (prefix) and per
@@ -98,7 +98,7 @@ def iter_shared_prefix_requests(spec: WorkloadSpec, *, block_size: int, seed: in
         rid += 1
 
 
-def shared_prefix_stream(spec: WorkloadSpec, *, block_size: int, seed: int) -> RequestStream:
+def shared_prefix_stream(spec: SharedPrefixSpec, *, block_size: int, seed: int) -> RequestStream:
     """`iter_shared_prefix_requests` materialised: warm-ups (sent one at a time) and the measured requests, of
     which the first `discard_first` are flagged as warm-ups (excluded from statistics) but sent like the rest."""
     made = list(iter_shared_prefix_requests(spec, block_size=block_size, seed=seed))
@@ -108,7 +108,7 @@ def shared_prefix_stream(spec: WorkloadSpec, *, block_size: int, seed: int) -> R
     return RequestStream(warmups, tuple(main))
 
 
-def poisson_requests(spec: WorkloadSpec, *, block_size: int, seed: int, rate_rps: float,
+def poisson_requests(spec: SharedPrefixSpec, *, block_size: int, seed: int, rate_rps: float,
                      num_requests: int) -> Iterator[TraceRequest]:
     """A synthetic timed stream for `replay`: the spec's requests (no warm-ups) at Poisson arrivals, lazily."""
     gaps = rng_for(seed, "arrivals")

@@ -1,5 +1,6 @@
-"""The `workload:` section of a scenario: a shared-prefix workload's shape, and the token-length distributions it
-draws from (`sim.workloads.shared_prefix` turns it into requests)."""
+"""The `workload:` section of a scenario, by `kind`: a shared-prefix workload's shape (`sim.workloads.shared_prefix`
+turns it into requests) or a sessions workload's (`sim.workloads.session_workload`: chats and agent loops, see
+`sim.workloads.session_spec`), and the token-length distributions they draw from."""
 
 from __future__ import annotations
 
@@ -66,11 +67,14 @@ def sample_length(length: Length, rng) -> int:
     return min(max(value, length.low), length.high)
 
 
-class WorkloadSpec(ConfigModel):
+class SharedPrefixSpec(ConfigModel):
     """A shared-prefix workload: N prefixes with a popularity, each request a prefix + its own tail + outputs.
 
     The reference experiment is the special case of uniform popularity, fixed lengths and a closed loop.
     """
+
+    kind: Literal["shared-prefix"] = Field("shared-prefix", description=(
+        "The workload's kind: shared-prefix (this one; the default when a file gives no kind) or sessions."))
 
     prefixes: int = Field(ge=1, description="Distinct shared prefixes N.")
     popularity: Literal["uniform", "zipf", "weights"] = Field("uniform", description="How a request's prefix is drawn.")
@@ -87,7 +91,7 @@ class WorkloadSpec(ConfigModel):
     arrival_rate_rps: float | None = Field(None, gt=0, description="Open loop: Poisson arrivals at this rate (requests/s) instead of a closed loop.")
 
     @model_validator(mode="after")
-    def _check(self) -> WorkloadSpec:
+    def _check(self) -> SharedPrefixSpec:
         for name, least in (("prefix_tokens", 0), ("tail_tokens", 0), ("output_tokens", 1)):
             if length_min(getattr(self, name)) < least:
                 raise ValueError(f"{name} must be >= {least} tokens, got {getattr(self, name)}")
@@ -117,11 +121,17 @@ class WorkloadSpec(ConfigModel):
 
     def popularity_weights(self) -> list[float]:
         """Probability of each prefix id (rank order: prefix 0 is the most popular under Zipf)."""
-        if self.popularity == "uniform":
-            raw = [1.0] * self.prefixes
-        elif self.popularity == "zipf":
-            raw = [(k + 1) ** -self.zipf_exponent for k in range(self.prefixes)]
-        else:
-            raw = list(self.weights)
-        total = sum(raw)
-        return [w / total for w in raw]
+        return rank_weights(self.prefixes, self.popularity, self.zipf_exponent, self.weights)
+
+
+def rank_weights(n: int, popularity: str, zipf_exponent: float = 1.0,
+                 weights: list[float] | None = None) -> list[float]:
+    """Probability of each of `n` ranks: uniform, zipf (rank k proportional to (k + 1)^-s) or the given weights."""
+    if popularity == "uniform":
+        raw = [1.0] * n
+    elif popularity == "zipf":
+        raw = [(k + 1) ** -zipf_exponent for k in range(n)]
+    else:
+        raw = list(weights)
+    total = sum(raw)
+    return [w / total for w in raw]

@@ -25,7 +25,8 @@ def test_scenarios_lists_every_built_in_scenario_a_line_each():
     lines = res.output.splitlines()
     assert [line.split()[0] for line in lines] == builtin_scenario_names() == sorted(
         p.stem for p in scenarios_dir().glob("*.yaml"))
-    assert "service-baseline" in lines[0] and "Qwen3-0.6B (114,688 KV bytes/token) on vLLM 0.31.0" in lines[0]
+    (baseline,) = [line for line in lines if line.split()[0] == "service-baseline"]
+    assert "Qwen3-0.6B (114,688 KV bytes/token) on vLLM 0.31.0" in baseline
 
 
 def test_export_writes_the_built_in_file_with_its_shipped_files_as_kvsim_paths():
