@@ -87,8 +87,6 @@ def compare(ctx, scenario_path, prefixes, workers, concurrency, routers, engine,
     from sim.studies.compare import aggregate_routers, compare_columns
 
     if trace_path is None:
-        if prefixes is None:
-            raise click.UsageError("give --prefixes (the built-in workload) or --trace FILE")
         for name, value in (("--kv-tokens", kv_tokens), ("--limit", limit)):
             if value is not None:
                 raise click.UsageError(f"{name} goes with --trace")
@@ -105,11 +103,21 @@ def compare(ctx, scenario_path, prefixes, workers, concurrency, routers, engine,
     runs = dict(out=out, resume=resume, executor_kind=executor_kind, jobs=jobs, dask_scheduler=dask_scheduler,
                 command=resume_command(ctx))
 
+    primary = "prefix_reuse"
     if trace_path is None:
-        base, _ = load_or_exit(scenario_path, shared_prefix="compare")
+        base, _ = load_or_exit(scenario_path)
         base = with_slo(on_engine(base, engine), slo)
+        if base.has_sessions:
+            # NOTE: sessions: the point is (workers, groups, sessions at once); no formula, the bound is the reuse
+            # available, as for a trace.
+            prefixes = prefixes or [base.workload.groups]
+            concurrency = concurrency or [base.workload.concurrent_sessions or 0]
+            capacity, primary = None, "token_hit_rate"
+        else:
+            if prefixes is None:
+                raise click.UsageError("give --prefixes (the built-in workload) or --trace FILE")
+            capacity = base.kv_capacity_requests
         rows = _run_builtin(base, prefixes, workers, concurrency, routers, repeats, seed, runs)
-        capacity = base.kv_capacity_requests
         what = f"{base.name}"
         setup = setup_text(base, workers=workers)
     else:
@@ -127,8 +135,10 @@ def compare(ctx, scenario_path, prefixes, workers, concurrency, routers, engine,
 
     from sim.studies.tune import default_objective
 
-    aggregated = aggregate_routers(rows, capacity_requests=capacity, objective=default_objective(base).column)
-    _print_tables(aggregated, what=f"{what}: {setup}", capacity=capacity, repeats=repeats)
+    aggregated = aggregate_routers(rows, capacity_requests=capacity, primary_metric=primary,
+                                   objective=default_objective(base).column)
+    _print_tables(aggregated, what=f"{what}: {setup}", capacity=capacity, repeats=repeats,
+                  sessions=primary == "token_hit_rate")
     console.data(aggregated, compare_columns(aggregated))
     if out is not None:
         extra = [k for k in dict.fromkeys(k for r in rows for k in r) if k not in SUMMARY_COLUMNS]
@@ -190,7 +200,8 @@ def _run_trace(base, trace_path, block_size, trace_block_size, speed, limit, wor
         raise click.ClickException(str(err)) from None
 
 
-def _print_tables(aggregated: list[dict], *, what: str, capacity: float | None, repeats: int) -> None:
+def _print_tables(aggregated: list[dict], *, what: str, capacity: float | None, repeats: int,
+                  sessions: bool = False) -> None:
     from sim.studies.compare import POINT_KEYS, interval_of, lead
 
     trace = capacity is None
@@ -201,7 +212,11 @@ def _print_tables(aggregated: list[dict], *, what: str, capacity: float | None, 
     for (workers, n, conc), block in points.items():
         first = block[0]
         runs = f"mean ± 95% CI over {repeats} runs" if repeats > 1 else "1 run: no interval"
-        if trace:
+        if sessions:
+            title = f"{what}: {workers} workers, {n} groups, {f'{conc} sessions at once' if conc else 'Poisson sessions'} ({runs})"
+            caption = (f"bound: reuse available (one infinite cache shared by the workers) = {fmt(first['bound'])}; "
+                       "of bound = token hit / bound")
+        elif trace:
             title = f"{what}, {workers} workers ({runs})"
             caption = (f"bound: reuse available (one infinite cache shared by the workers) = {fmt(first['bound'])}; "
                        "of bound = prefix reuse / bound")
@@ -211,7 +226,8 @@ def _print_tables(aggregated: list[dict], *, what: str, capacity: float | None, 
                        f"(C: prompts one worker's KV holds); random routing min(1, C/N) = "
                        f"{first['random_expectation']:.3f}; of bound = hit rate / bound")
         table = Table(title=title, caption=caption)
-        cols = ["front", "router", "prefix reuse" if trace else "hit rate", "request hit" if trace else "token hit", "of bound", "TTFT p50 ms",
+        first_col = "token hit" if sessions else "prefix reuse" if trace else "hit rate"
+        cols = ["front", "router", first_col, "request hit" if trace else "token hit", "of bound", "TTFT p50 ms",
                 "TTFT p99 ms", "req/s", "max share", *(c[1] for c in optional)]
         for col in cols:
             named = col in ("router", "front")
@@ -233,11 +249,13 @@ def _print_tables(aggregated: list[dict], *, what: str, capacity: float | None, 
                 leader, st, others = found
                 console.print(lead_text(metric, labels, [interval_of(a, metric) for a in block], leader, st, others,
                                         repeats, what="routers"), highlight=False)
-    primary = "prefix reuse" if capacity is None else "hit rate"
+    primary = "token hit" if sessions else "prefix reuse" if capacity is None else "hit rate"
+    legend = (hit_rates_legend("request hit", "token hit") if sessions else
+              f"{hit_rates_legend('request hit', 'prefix reuse')}; {SHARED_FIRST_BLOCK}" if trace else
+              hit_rates_legend("hit rate", "token hit"))
     console.print(f"★ on the Pareto frontier: no other router has both a higher {primary} and a lower TTFT p99 "
                   "(at least as good in both, better in one); max share: the busiest worker's share of the requests; "
-                  "a router leads only when its 95 % interval does not overlap the runner-up's; "
-                  + (f"{hit_rates_legend('request hit', 'prefix reuse')}; {SHARED_FIRST_BLOCK}" if trace else
-                     hit_rates_legend("hit rate", "token hit")), highlight=False)
+                  "a router leads only when its 95 % interval does not overlap the runner-up's; " + legend,
+                  highlight=False)
     if note := own_policy_note([str(a["router"]) for a in aggregated]):
         console.print(note, highlight=False)

@@ -110,6 +110,7 @@ def run_trace(base: Scenario, points: list[TracePoint], open_trace: Callable[[],
 # --- the summary over repeats ---------------------------------------------------------------------------------------
 
 def aggregate_routers(rows: Sequence[dict[str, object]], *, capacity_requests: float | None,
+                      primary_metric: str = "prefix_reuse",
                       objective: str = "throughput_rps") -> list[dict[str, object]]:
     """Per point and router: every metric of `METRICS` the rows have as `m`, `m_sd`, `m_ci95` (mean, sd, 95 %
     t-interval half-width over repeats); `primary_metric`; `bound`, `random_expectation`, `fraction_of_bound`
@@ -118,11 +119,12 @@ def aggregate_routers(rows: Sequence[dict[str, object]], *, capacity_requests: f
     `objective_verdict` and `objective_repeats_to_separate` on it (`mark_verdicts`).
 
     With `capacity_requests` C (the built-in workload) the primary metric is the request hit rate, the bound
-    min(1, W·C/N) and the random expectation min(1, C/N); without (a trace) the primary metric is the prefix
-    reuse, the bound the reuse available and there is no random expectation. Points in ascending order, routers
+    min(1, W·C/N) and the random expectation min(1, C/N); without (a trace, sessions) the primary metric is
+    `primary_metric` (a trace's prefix reuse; a run's token_hit_rate, the same ratio), the bound the reuse available
+    and there is no random expectation. Points in ascending order, routers
     within a point by the primary metric, highest first.
     """
-    primary = "request_hit_rate" if capacity_requests is not None else "prefix_reuse"
+    primary = "request_hit_rate" if capacity_requests is not None else primary_metric
     present = [m for m in METRICS if any(m in row for row in rows)]
     groups: dict[tuple, dict[tuple, list[dict[str, object]]]] = defaultdict(lambda: defaultdict(list))
     for row in rows:

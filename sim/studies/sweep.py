@@ -39,11 +39,21 @@ class SweepPoint:
             base = with_cpu_kv_gib(base, self.cpu_kv_gib)
         return base.with_overrides(**{
             "cluster.workers": self.workers,
-            "workload.prefixes": self.prefixes,
-            "workload.concurrency": self.concurrency,
+            **workload_point(base, self.prefixes, self.concurrency),
             **router_overrides(self.router, base.router.name, base.router.options),
             "seed": self.seed,
         })
+
+
+def workload_point(base: Scenario, prefixes: int, concurrency: int) -> dict[str, object]:
+    """The overrides that put `base`'s workload at a point: a shared-prefix workload's N and C; a sessions
+    workload's groups and sessions at once (concurrency 0: its Poisson session starts, as it has them)."""
+    if not base.has_sessions:
+        return {"workload.prefixes": prefixes, "workload.concurrency": concurrency}
+    if concurrency:
+        return {"workload.groups": prefixes, "workload.concurrent_sessions": concurrency,
+                "workload.session_rate_per_s": None}
+    return {"workload.groups": prefixes}
 
 
 def sweep_points(
