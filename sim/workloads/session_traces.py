@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import math
 from array import array
+from dataclasses import replace
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -66,6 +67,34 @@ def trace_format(path: str | Path) -> str:
     except OSError as err:
         raise TraceError(f"{path}: cannot open ({err.strerror})") from None
     raise TraceError(f"{path}: no requests (an empty trace)")
+
+
+DELTA_FORMATS = ("mooncake-delta",)
+"""Formats whose lines hold a turn's new input only (the history is implied)."""
+
+
+def _content_block_hashes(runs: list[tuple[object, int]], block_size: int, num_blocks: int) -> tuple[int, ...]:
+    """Chained hashes of the first `num_blocks` full blocks of the tokens `runs`: block i's is the hash of (block
+    i - 1's, the pieces of runs that fill it), so two sequences share block i exactly when their tokens agree up to
+    its end (a 64-bit hash: a collision is as unlikely as vLLM's)."""
+    out: list[int] = []
+    prev: int | None = None
+    pieces: list[tuple[object, int, int]] = []
+    filled = 0
+    for key, n in runs:
+        offset = 0
+        while offset < n and len(out) < num_blocks:
+            take = min(block_size - filled, n - offset)
+            pieces.append((key, offset, take))
+            filled += take
+            offset += take
+            if filled == block_size:
+                prev = hash((prev, tuple(pieces)))
+                out.append(prev)
+                pieces, filled = [], 0
+        if len(out) >= num_blocks:
+            break
+    return tuple(out)
 
 
 def _own_runs(ids: list[int], start: int, stop: int, tb: int) -> list[tuple[object, int]]:
@@ -122,6 +151,8 @@ class SessionTrace:
         read_line = LINE_READERS[self.format]
         index: dict[object, int] = {}
         last_child: dict[int, int] = {}
+        last_in_session: dict[object, int] = {}
+        """For formats whose turns name their session (mooncake-delta): each session's last turn so far."""
         last_root_ts = -math.inf
         path = self.path
         try:
@@ -144,6 +175,10 @@ class SessionTrace:
                 i = len(self.offsets)
                 index[turn.key] = i
                 parent = -1 if turn.parent_key is None else index.get(turn.parent_key, -1)
+                if turn.session_key is not None:
+                    turn = self._session_turn(turn, last_in_session.get(turn.session_key, -1), path, line_no)
+                    parent = last_in_session.get(turn.session_key, -1)
+                    last_in_session[turn.session_key] = i
                 if turn.parent_key is not None and parent < 0:
                     self.orphans += 1
                     if turn.timestamp_s is None:
@@ -177,6 +212,21 @@ class SessionTrace:
         if not self.offsets:
             raise TraceError(f"{path}: no requests (an empty trace)")
         return block_tokens
+
+    def _session_turn(self, turn: TurnLine, previous: int, path: Path, line_no: int) -> TurnLine:
+        """A turn of a format that names sessions (mooncake-delta), with its times as Dynamo's mocker derives them: a
+        first turn at its timestamp (0 without one; no delay); a later one `delay` after its predecessor's
+        completion, or, without a delay, its timestamp minus its predecessor's (0 when either has none)."""
+        if previous < 0:
+            if turn.delay_s:
+                raise TraceError(f"{path}:{line_no}: field 'delay' must be 0 on a session's first turn, got "
+                                 f"{turn.delay_s * 1000:g} ms")
+            return replace(turn, timestamp_s=turn.timestamp_s or 0.0, delay_s=None)
+        delay = turn.delay_s
+        if delay is None:
+            before = self.timestamps_s[previous]
+            delay = 0.0 if turn.timestamp_s is None or math.isnan(before) else turn.timestamp_s - before
+        return replace(turn, delay_s=delay)
 
     # -- the index's questions --------------------------------------------------------------------------------
 
@@ -215,6 +265,8 @@ class SessionTrace:
         """Request `i` (see the module docstring for its hashes, output blocks and token runs)."""
         B, tb, k = self.block_size, self.trace_block_tokens, self._per_block
         turn = self._line(handle, i)
+        if self.format in DELTA_FORMATS:
+            return self._build_delta(turn, i, parent)
         ids, n_in, n_out = turn.hash_ids, turn.input_length, turn.output_length
         hashes = sub_block_hashes(ids, k, n_in // B)
         runs: list = []
@@ -263,6 +315,29 @@ class SessionTrace:
             request_id=i, prompt_tokens=n_in, output_tokens=n_out, block_hashes=hashes, num_shareable_tokens=0,
             prefix_id=ids[0] if ids else None, token_runs=tuple(runs), session_id=session_id, turn=depth,
             output_block_hashes=output_hashes, output_key=output_key, num_context_tokens=context,
+        )
+
+    def _build_delta(self, turn: TurnLine, i: int, parent: Request | None) -> Request:
+        """Request `i` of a delta format: its prompt is its parent's prompt, the parent's output, then its own new
+        tokens (runs of its ids, at whatever offset the history ends), and its blocks are named by their content
+        (`_content_block_hashes`), as Dynamo's mocker hashes the tokens it synthesises."""
+        B = self.block_size
+        runs = _own_runs(turn.hash_ids, 0, turn.input_length, self.trace_block_tokens)
+        session_id, depth, context = i, 0, 0
+        if parent is not None:
+            session_id, depth = parent.session_id, parent.turn + 1
+            runs = [*parent.token_runs, (parent.output_key, parent.output_tokens), *runs]
+            context = min((parent.prompt_tokens + parent.output_tokens - 1) // B,
+                          (parent.prompt_tokens + parent.output_tokens + turn.input_length - 1) // B) * B
+        n_in = sum(n for _, n in runs)
+        n_out = turn.output_length
+        output_key = (-1, i)  # NOTE: no str in a hashed key: str hashes change from process to process
+        blocks = _content_block_hashes([*runs, (output_key, n_out)], B, (n_in + n_out) // B)
+        return Request(
+            request_id=i, prompt_tokens=n_in, output_tokens=n_out, block_hashes=blocks[: n_in // B],
+            num_shareable_tokens=0, prefix_id=runs[0][0] if runs else None, token_runs=tuple(runs),
+            session_id=session_id, turn=depth, output_block_hashes=blocks[n_in // B:] if self.first_child[i] >= 0
+            else (), output_key=output_key, num_context_tokens=context,
         )
 
     # -- replays ----------------------------------------------------------------------------------------------

@@ -9,6 +9,11 @@ them. The formats (docs/concepts/session-traces.md lists every field):
   (text/search/image/file), `turn` (the conversation turn number) and `hash_ids` (salted SipHash ids of 16-token
   blocks). NVIDIA AIPerf reads the same fields (docs "Profile with Bailian Traces": `parent_chat_id` defaults to
   -1, `turn` to 1).
+* `mooncake-delta`: Dynamo 1.6.1's mocker format of that name (aisimulate-core's Mooncake rows, read from the wheel
+  and github.com/ai-dynamo/aisimulate `crates/core/src/replay/loadgen/{types,trace,driver}.rs`): Mooncake rows
+  (`timestamp` ms, `input_length`, `output_length`, `hash_ids`) with `session_id` (rows of one id are a session's
+  turns in file order) and `delay` (ms after the previous turn's completion), whose `hash_ids` and `input_length`
+  are the turn's **new** input only: the prompt is the previous prompt, its output, then this delta.
 * `kvsim`: kvsim's own session JSONL: `id`, `parent` (an earlier line's id, or null), `timestamp_s`, optional
   `delay_s` (the think time after the parent finished), `input_length`, `output_length`, `hash_ids` and optional
   `block_size` (tokens per hash id, 16 unless given, the same on every line).
@@ -28,7 +33,7 @@ BAILIAN_BLOCK_TOKENS = 16
 KVSIM_BLOCK_TOKENS = 16
 """Tokens per hash id of a kvsim session JSONL line without `block_size`."""
 
-SESSION_FORMATS = ("bailian", "kvsim")
+SESSION_FORMATS = ("bailian", "kvsim", "mooncake-delta")
 """Formats of session-structured traces, as `--format` names them."""
 TRACE_FORMATS = ("mooncake", *SESSION_FORMATS)
 """Every format `kvsim replay` reads (`mooncake`: one independent request per line, open loop)."""
@@ -52,6 +57,9 @@ class TurnLine:
     hash_ids: list[int]
     block_tokens: int
     """Tokens per hash id."""
+    session_key: Hashable | None = None
+    """For formats whose turns name their session instead of their parent (`mooncake-delta`): the session; its
+    turns follow each other in file order."""
 
 
 def _number(obj: dict, name: str, path: Path, line_no: int, *, optional: bool = False) -> float | None:
@@ -120,7 +128,34 @@ def kvsim_line(obj: dict, path: Path, line_no: int, block_tokens: int | None = N
     return TurnLine(key, parent, ts, delay, n_in, n_out, ids, tb)
 
 
-LINE_READERS = {"bailian": bailian_line, "kvsim": kvsim_line}
+def mooncake_delta_line(obj: dict, path: Path, line_no: int, block_tokens: int | None = None) -> TurnLine:
+    """A mooncake-delta line (see the module docstring; aliases as the mocker's: `input_tokens`, `output_tokens`,
+    `created_time`, `delay_ms`), or TraceError naming the field. Its key is its line number; its parent is found
+    by session (`TurnLine.session_key`)."""
+    for name, alias in (("input_length", "input_tokens"), ("output_length", "output_tokens"),
+                        ("timestamp", "created_time"), ("delay", "delay_ms")):
+        if name not in obj and alias in obj:
+            obj[name] = obj[alias]
+    tb = block_tokens or MOONCAKE_DELTA_BLOCK_TOKENS
+    ids = field(obj, "hash_ids", list, path, line_no)
+    if "input_length" not in obj:
+        obj["input_length"] = len(ids) * tb
+    n_in, n_out = _lengths(obj, path, line_no)
+    check_hash_ids(ids, n_in, tb, path, line_no)
+    session = obj.get("session_id")
+    if session is not None and not isinstance(session, (str, int)) or isinstance(session, bool):
+        raise TraceError(f"{path}:{line_no}: field 'session_id' must be a string, got {session!r}")
+    ts = _number(obj, "timestamp", path, line_no, optional=True)
+    delay = _number(obj, "delay", path, line_no, optional=True)
+    return TurnLine(line_no, None, None if ts is None else ts / 1000.0, None if delay is None else delay / 1000.0,
+                    n_in, n_out, ids, tb, session_key=("line", line_no) if session is None else session)
+
+
+MOONCAKE_DELTA_BLOCK_TOKENS = 512
+"""Tokens per hash id of a mooncake-delta trace unless --trace-block-size says otherwise (the mocker's
+`trace_block_size` default is Mooncake's 512)."""
+
+LINE_READERS = {"bailian": bailian_line, "kvsim": kvsim_line, "mooncake-delta": mooncake_delta_line}
 """Each session format's line reader: (object, path, line number, block tokens or None) -> TurnLine."""
 
 

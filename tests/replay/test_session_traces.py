@@ -337,3 +337,42 @@ def test_recorded_sessions_split_over_processes_like_one(tmp_path):
     two = replay(sc, trace.recorded, jobs=2)
     assert one.row()["prefix_reuse"] == two.row()["prefix_reuse"]
     assert math.isclose(one.stats.ttft_ms.percentile(50), two.stats.ttft_ms.percentile(50))
+
+
+# -- mooncake-delta (Dynamo's mocker format) ------------------------------------------------------------------
+
+
+def test_mooncake_delta_turns_resend_the_history_and_hit_what_dynamos_mocker_hits(tmp_path):
+    # The probe of benchmarks/dynamo-mocker/session-formats.md on ai-dynamo-runtime 1.6.1 (one worker, vLLM, blocks
+    # of 16): turn 0 sends 40 tokens and generates 20; turn 1 adds a 20-token delta: 80 tokens, 48 reused (the full
+    # blocks of 40 + 20 - 1 computed tokens); turn 2 adds 16 after an output of 10: 106 tokens, 80 reused.
+    path = tmp_path / "delta.jsonl"
+    path.write_text(
+        '{"session_id": "a", "timestamp": 0, "input_length": 40, "output_length": 20, "hash_ids": [1, 2, 3]}\n'
+        '{"session_id": "a", "delay": 500, "input_length": 20, "output_length": 10, "hash_ids": [4, 5]}\n'
+        '{"session_id": "a", "delay": 500, "input_length": 16, "output_length": 4, "hash_ids": [6]}\n')
+    trace = SessionTrace(path, block_size=16, fmt="mooncake-delta", trace_block_tokens=16)
+    for engine in ("vllm", "sglang"):
+        sc = scenario(engine) if engine == "vllm" else scenario(engine).with_overrides(**{"engine.page_size": 16})
+        records = sorted(replay_sessions(sc, trace.sessions(), keep_records=True).records, key=lambda r: r.request_id)
+        assert [(r.prompt_tokens, r.cached_tokens) for r in records] == [(40, 0), (80, 48), (106, 80)], engine
+        # Closed loop: each turn 500 ms (the delay, in ms) after its predecessor's last token.
+        assert records[1].sent_s == pytest.approx(records[0].finished_s + 0.5, rel=1e-12)
+        assert records[2].sent_s == pytest.approx(records[1].finished_s + 0.5, rel=1e-12)
+
+
+def test_mooncake_delta_sessions_share_a_first_delta_across_sessions_and_derive_gaps_from_timestamps(tmp_path):
+    path = tmp_path / "delta.jsonl"
+    path.write_text(
+        '{"session_id": "a", "timestamp": 0, "input_length": 32, "output_length": 3, "hash_ids": [1, 2]}\n'
+        '{"session_id": "b", "timestamp": 100, "input_length": 40, "output_length": 3, "hash_ids": [1, 2, 9]}\n'
+        '{"session_id": "a", "timestamp": 2000, "input_tokens": 5, "output_tokens": 3, "hash_ids": [7]}\n')
+    trace = SessionTrace(path, block_size=16, fmt="mooncake-delta", trace_block_tokens=16)
+    assert [trace.parent_of(i) for i in range(3)] == [None, None, 0]
+    assert trace.gap_s(2) == 2.0  # 2000 ms after the predecessor's 0, counted from its completion
+    records = sorted(replay_sessions(scenario(), trace.sessions(), keep_records=True).records,
+                     key=lambda r: r.request_id)
+    assert [r.cached_tokens for r in records] == [0, 32, 32]  # b shares a's two blocks; a's turn 1 hits 32 + 3 - 1
+    with pytest.raises(TraceError, match=r":1: field 'delay' must be 0 on a session's first turn, got 5 ms"):
+        path.write_text('{"session_id": "a", "delay": 5, "input_length": 3, "output_length": 1, "hash_ids": [1]}\n')
+        SessionTrace(path, block_size=16, fmt="mooncake-delta", trace_block_tokens=16)
