@@ -1,9 +1,12 @@
-"""Open-loop replay of timed requests (traces, synthetic Poisson streams), in one process or split over several.
+"""Replay of timed requests (traces, synthetic Poisson streams) open loop, in one process or split over several, and
+of sessions (session-structured traces) closed loop, in one process.
 
 A router that ignores the cluster's state (round-robin, random, strict prefix-hash, recorded) sends each request
 to the same worker whatever the workers do, and workers on different devices never interact. Such a replay splits
 exactly by device: every process routes the whole stream (cheap), simulates only its own devices' workers and drops
 the other requests; the statistics are then merged. Same numbers as one process, in about 1 / jobs of the time.
+A closed-loop session replay does not split: when a turn is sent depends on when its parent finished, and that
+depends on everything its worker serves, so no process could time its own workers' turns without the others'.
 This module is the replay's composition root (like `sim.runner` for runs).
 """
 
@@ -16,12 +19,14 @@ from dataclasses import dataclass
 
 import simpy
 
+from sim.cluster.arrivals import sessions as drive_sessions
 from sim.cluster.cluster import Cluster
-from sim.results.records import WorkerCounters, prefix_cache_hit_rate, total_counters
+from sim.results.records import RequestRecord, WorkerCounters, prefix_cache_hit_rate, total_counters
 from sim.results.summary import slo_columns
 from sim.runner import build_router
 from sim.scenario import Scenario
 from sim.results.streaming_stats import StreamingStats
+from sim.workloads.sessions import Session
 from sim.workloads.traces import TraceRequest
 
 Trace = Iterable[TraceRequest]
@@ -38,6 +43,9 @@ class ReplayResult:
     """Requests longer than the engine accepts (max_model_len or the whole KV cache): vLLM answers them HTTP 400."""
     jobs: int = 1
     """Processes the replay was split over."""
+    records: tuple[RequestRecord, ...] = ()
+    """Every request's record, in completion order, when the replay was asked to keep them (`keep_records`);
+    empty otherwise (a replay's memory is bounded by the caches, not by the trace)."""
 
     def row(self) -> dict[str, float | int]:
         """The replay's figures as flat columns (`kvsim replay`'s summary.csv, `kvsim compare --trace`): prefix reuse
@@ -72,19 +80,20 @@ class ReplayResult:
 
 
 def replay(scenario: Scenario, trace: Trace | Callable[[], Trace], *, bin_s: float = 60.0,
-           fast_forward: bool = True, jobs: int = 1, executor=None) -> ReplayResult:
+           fast_forward: bool = True, jobs: int = 1, executor=None, keep_records: bool = False) -> ReplayResult:
     """Replay timed requests open loop (each sent at its arrival time, routed then) through the scenario's cluster.
 
     The trace is consumed lazily and finished requests are folded into `StreamingStats` at once, so memory stays
     bounded by the caches and the requests in flight, not by the length of the trace. `trace` may be a function
     that opens the trace anew: then, with `jobs` > 1, the replay is split over up to `jobs` processes when
-    `device_groups` allows it (one process otherwise).
+    `device_groups` allows it (one process otherwise). `keep_records` keeps every request's record (one process).
     """
     if executor is not None:
         jobs = executor.jobs
-    groups = device_groups(scenario, jobs if callable(trace) else 1)
+    groups = device_groups(scenario, jobs if callable(trace) and not keep_records else 1)
     if len(groups) <= 1:
-        return _replay(scenario, trace() if callable(trace) else trace, bin_s=bin_s, fast_forward=fast_forward)
+        return _replay(scenario, trace() if callable(trace) else trace, bin_s=bin_s, fast_forward=fast_forward,
+                       keep_records=keep_records)
     if executor is not None:
         # NOTE: the parts travel to the executor's processes (or machines), so the trace opener is pickled: give a
         # module-level function or a functools.partial of one, not a lambda.
@@ -117,13 +126,48 @@ def device_groups(scenario: Scenario, jobs: int) -> list[frozenset[int]]:
     return [frozenset(g) for g in groups]
 
 
-def _replay(scenario: Scenario, trace: Trace, *, bin_s: float, fast_forward: bool,
-            owned: frozenset[int] | None = None) -> ReplayResult:
+def replay_sessions(scenario: Scenario, sessions: Iterable[Session], *, bin_s: float = 60.0,
+                    fast_forward: bool = True, keep_records: bool = False) -> ReplayResult:
+    """Replay `sessions` (in start order) closed loop through the scenario's cluster, in one process (see the module
+    docstring): each session starts at its `start_s`, and each request its completions make due is sent after its
+    delay (`sim.cluster.arrivals.sessions`). Requests longer than the engine accepts are refused (counted in
+    `rejected`), and what would have followed them in their session is never sent."""
     env = simpy.Environment()
     cluster = Cluster(env, scenario, build_router(scenario), fast_forward=fast_forward)
     stats = StreamingStats(num_workers=len(cluster.workers), bin_s=bin_s, slo=scenario.slo.to_slo())
     max_tokens = scenario.max_request_tokens
     rejected = 0
+    records: list[RequestRecord] = []
+
+    def admit(request) -> bool:
+        nonlocal rejected
+        if request.prompt_tokens + request.output_tokens > max_tokens:
+            rejected += 1
+            return False
+        return True
+
+    def on_record(record: RequestRecord) -> None:
+        stats.add(record)
+        if keep_records:
+            records.append(record)
+
+    env.process(drive_sessions(env, cluster, sessions, on_record, on_session_end=stats.end_session, admit=admit))
+    env.run()
+    return ReplayResult(stats, cluster.counters(), env.now, rejected, records=tuple(records))
+
+
+def _replay(scenario: Scenario, trace: Trace, *, bin_s: float, fast_forward: bool,
+            owned: frozenset[int] | None = None, keep_records: bool = False) -> ReplayResult:
+    env = simpy.Environment()
+    cluster = Cluster(env, scenario, build_router(scenario), fast_forward=fast_forward)
+    stats = StreamingStats(num_workers=len(cluster.workers), bin_s=bin_s, slo=scenario.slo.to_slo())
+    max_tokens = scenario.max_request_tokens
+    rejected = 0
+    records: list[RequestRecord] = []
+
+    def on_record(record: RequestRecord) -> None:
+        stats.add(record)
+        records.append(record)
 
     def arrivals():
         nonlocal rejected
@@ -142,11 +186,12 @@ def _replay(scenario: Scenario, trace: Trace, *, bin_s: float, fast_forward: boo
                     continue
             if item.arrival_s > env.now:
                 yield env.timeout(item.arrival_s - env.now)
-            cluster.dispatch(request, cluster.route(request) if worker is None else worker, stats.add)
+            cluster.dispatch(request, cluster.route(request) if worker is None else worker,
+                             on_record if keep_records else stats.add)
 
     env.process(arrivals())
     env.run()
-    return ReplayResult(stats, cluster.counters(), env.now, rejected)
+    return ReplayResult(stats, cluster.counters(), env.now, rejected, records=tuple(records))
 
 
 def _replay_split(scenario: Scenario, open_trace: Callable[[], Trace], groups: list[frozenset[int]], *,

@@ -1,4 +1,5 @@
-"""`kvsim replay`: replay a Mooncake trace open loop and report prefix reuse, TTFT and throughput."""
+"""`kvsim replay`: replay a trace (Mooncake open loop; session traces closed loop) and report prefix reuse, TTFT and
+throughput."""
 
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ from sim.cli.app import (
 )
 from sim.cli.render import Table, format_option
 from sim.cli.turn_table import show_turns, turn_files
+from sim.results.report import request_rows
+from sim.workloads.session_traces import SESSION_TIMINGS
+from sim.workloads.trace_formats import SESSION_FORMATS, TRACE_FORMATS
 from sim.results.figures import replay_figure
 from sim.results.report import csv_bytes, write_atomic
 from sim.scenario import Scenario, ScenarioError
@@ -47,6 +51,100 @@ def _counted_trace(open_trace, step):
     step(n % _PROGRESS_EVERY)
 
 
+def _session_block_tokens(path: str, fmt: str) -> int:
+    """Tokens per hash id of the session trace at `path`: Bailian's 16, a kvsim file's first line's block_size."""
+    from sim.workloads.trace_formats import BAILIAN_BLOCK_TOKENS, KVSIM_BLOCK_TOKENS, MOONCAKE_DELTA_BLOCK_TOKENS
+    from sim.workloads.traces import TraceError, json_object
+
+    if fmt == "bailian":
+        return BAILIAN_BLOCK_TOKENS
+    if fmt == "mooncake-delta":
+        return MOONCAKE_DELTA_BLOCK_TOKENS
+    try:
+        with open(path, "rb") as f:
+            first = next((line for line in f if line.strip()), b"{}")
+        size = json_object(first, Path(path), 1).get("block_size", KVSIM_BLOCK_TOKENS)
+    except (OSError, TraceError):
+        return KVSIM_BLOCK_TOKENS  # the replay's reader reports what is wrong, naming the line
+    return size if isinstance(size, int) and size > 0 else KVSIM_BLOCK_TOKENS
+
+
+def _replay_mooncake(scenario, trace, trace_block_size, speed, limit, bin_s, keep_records, jobs, executor_kind,
+                     dask_scheduler):
+    """Replay the Mooncake trace at `trace` open loop (split over processes when the router allows it)."""
+    import time as _time
+
+    from sim.replay import device_groups
+    from sim.replay import replay as run_replay
+    from sim.studies.executor import available_cores
+    from sim.workloads.traces import read_mooncake
+
+    jobs = jobs or available_cores()
+    # NOTE: --executor local keeps the forked split (the default); with --executor dask the parts of a split
+    # replay are tasks of the Dask cluster, and the trace opener travels there (a partial pickles).
+    executor = open_executor_or_exit(executor_kind, jobs, dask_scheduler) if executor_kind != "local" else None
+    open_trace = functools.partial(read_mooncake, trace, block_size=scenario.engine.block_size,
+                                   trace_block_tokens=trace_block_size, speed=speed, limit=limit)
+    with executor if executor is not None else contextlib.nullcontext():
+        parts = executor.jobs if executor is not None else jobs
+        split = len(device_groups(scenario, parts)) > 1 and not keep_records
+        # NOTE: a bar only when someone watches and the replay runs here (a split replay runs elsewhere: a
+        # spinner then); counting the trace's lines for its total is one quick pass over the file.
+        total = _count_lines(trace, limit) if err_console.is_terminal and not split else None
+        t0 = _time.perf_counter()
+        with progress_bar(f"replay ({parts} processes)" if split else "replay", total) as step:
+            opened = open_trace if total is None else functools.partial(_counted_trace, open_trace, step)
+            result = run_replay(scenario, opened, bin_s=bin_s, jobs=jobs, executor=executor,
+                                keep_records=keep_records)
+    return result, _time.perf_counter() - t0
+
+
+def _replay_session_trace(scenario, trace, fmt, timing, trace_block_size, speed, limit, bin_s, keep_records, *,
+                          jobs, executor_kind):
+    """Replay the session trace at `trace`: closed loop in one process, or recorded (open loop, split like a
+    Mooncake trace when the router allows it and no record is kept)."""
+    import time as _time
+
+    from sim.replay import replay as run_replay
+    from sim.replay import replay_sessions
+    from sim.studies.executor import available_cores
+    from sim.workloads.session_traces import SessionTrace
+
+    t0 = _time.perf_counter()
+    with progress_bar("index the trace"):
+        index = SessionTrace(trace, block_size=scenario.engine.block_size, fmt=fmt,
+                             trace_block_tokens=trace_block_size, speed=speed, limit=limit)
+    if timing == "closed-loop":
+        if (jobs or 1) > 1 or executor_kind != "local":
+            console.print("closed-loop sessions replay in one process: when a turn is sent depends on when its "
+                          "parent finished, which depends on every worker (--jobs/--executor ignored)",
+                          highlight=False)
+        with progress_bar("replay (sessions, closed loop)"):
+            result = replay_sessions(scenario, index.sessions(), bin_s=bin_s, keep_records=keep_records)
+    else:
+        # NOTE: a forked split re-reads nothing: each process walks the index it inherited.
+        with progress_bar("replay (sessions, recorded times)"):
+            result = run_replay(scenario, index.recorded, bin_s=bin_s, jobs=jobs or available_cores(),
+                                keep_records=keep_records)
+    return index, result, _time.perf_counter() - t0
+
+
+def _requests_csv(records, session_trace) -> bytes:
+    """requests.csv of a replay, by request id; with a session trace, each request's parent's request id, its gap
+    (the closed-loop delay after its parent finished) and its parent's finish time (empty for a first turn)."""
+    records = sorted(records, key=lambda r: r.request_id)
+    rows, columns = request_rows(records)
+    if session_trace is not None:
+        finished = {r.request_id: r.finished_s for r in records}
+        for row in rows:
+            parent = session_trace.parent_of(row["request_id"])
+            row["parent_request_id"] = "" if parent is None else parent
+            row["gap_s"] = "" if parent is None else session_trace.gap_s(row["request_id"])
+            row["parent_finished_s"] = "" if parent is None else finished.get(parent, "")
+        columns += ["parent_request_id", "gap_s", "parent_finished_s"]
+    return csv_bytes(rows, columns)
+
+
 def trace_base(scenario_path: str | None, engine: str | None) -> Scenario:
     """The scenario a trace is replayed on: `scenario_path` or the built-in trace-replay one, on `engine`."""
     from sim.scenario import builtin_scenario_path
@@ -75,7 +173,7 @@ def trace_overrides(base: Scenario, *, block_size: int | None, kv_tokens: int | 
 @main.command()
 @click.argument("trace_file", required=False, type=click.Path(dir_okay=False), metavar="[TRACE]")
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False), default=None, metavar="FILE",
-              help="The Mooncake JSONL trace to replay (or give it as TRACE).")
+              help="The JSONL trace to replay (or give it as TRACE): Mooncake, Qwen-Bailian or kvsim sessions.")
 @click.option("--workers", type=click.IntRange(min=1), required=True, help="Number of workers.")
 @click.option("--kv-tokens", type=click.IntRange(min=1), default=None,
               help="Usable KV capacity per worker in tokens (blocks = tokens / block size, plus vLLM's null block).")
@@ -88,18 +186,35 @@ def trace_overrides(base: Scenario, *, block_size: int | None, kv_tokens: int | 
 @click.option("--engine", callback=one_engine, default=None, help=ENGINE_HELP)
 @scenario_option(" (engine, time model and devices)",
                  default="the built-in trace-replay scenario (Dynamo mocker-like)")
+@click.option("--trace-format", "trace_fmt", type=click.Choice(("auto", *TRACE_FORMATS)), default="auto", show_default=True,
+              help="The trace's format: mooncake (timestamp ms, input_length, output_length, hash_ids; independent "
+                   "requests), bailian (Qwen-Bailian: chat_id, parent_chat_id, timestamp s, ..., 16-token hash_ids) "
+                   "kvsim (kvsim session JSONL: id, parent, timestamp_s, delay_s, ...) or mooncake-delta (Dynamo "
+                   "mocker's: Mooncake rows with session_id and delay ms, each holding a turn's new input only); "
+                   "auto: from the first line's fields (never mooncake-delta). docs/concepts/session-traces.md.")
+@click.option("--sessions", "session_timing", type=click.Choice(SESSION_TIMINGS), default=None,
+              help="How a session trace's turns are sent: closed-loop (the default: a first turn at its timestamp, a "
+                   "later turn when its parent has finished plus the recorded gap, its timestamp minus its parent's "
+                   "or its delay_s) or recorded (every turn at its timestamp, open loop). Closed loop runs in one "
+                   "process.")
 @click.option("--block-size", type=click.IntRange(min=1), default=None,
-              help="Engine block size in tokens; must divide --trace-block-size. Default: the scenario's (64).")
-@click.option("--trace-block-size", type=click.IntRange(min=1), default=512, show_default=True,
-              help="Tokens per hash id in the trace (Mooncake: 512).")
+              help="Engine block size in tokens; must divide the trace's block size. Default: the scenario's (64), or "
+                   "the trace's block size when the scenario's does not divide it (16 for Bailian).")
+@click.option("--trace-block-size", type=click.IntRange(min=1), default=None,
+              help="Tokens per hash id in the trace. Default: the format's (Mooncake 512, Bailian 16, kvsim the "
+                   "lines' block_size or 16, mooncake-delta 512).")
 @click.option("--speed", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
               help="Replay speed: arrival times are divided by it.")
-@click.option("--limit", type=click.IntRange(min=1), default=None, help="Replay only the first N requests.")
+@click.option("--limit", type=click.IntRange(min=1), default=None,
+              help="Replay only the first N requests (lines); a session trace's turns beyond them are dropped.")
 @click.option("--bin", "bin_s", type=click.FloatRange(min=0.001), default=60.0, show_default=True,
               help="Seconds of trace time per point of the figure.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Write DIR/summary.csv (one row), DIR/workers.csv and DIR/replay.png; with sessions also "
                    "DIR/turns.csv (a row per turn).")
+@click.option("--requests", "write_requests", is_flag=True, default=False,
+              help="With --out: also write DIR/requests.csv, a row per request (with a session trace, its parent's "
+                   "request id, its gap and its parent's finish time). Keeps every record in memory; one process.")
 @click.option("--reuse-breakdown/--no-reuse-breakdown", default=None,
               help="Book reuse available and captured (default: the scenario's, on). It keeps every block hash ever "
                    "sent: turn it off for traces of millions of requests to keep memory bounded by the caches.")
@@ -107,14 +222,19 @@ def trace_overrides(base: Scenario, *, block_size: int | None, kv_tokens: int | 
 @click.option("--cpu-kv-gib", "cpu_kv_gib", type=click.FloatRange(min=0), default=None, help=CPU_KV_HELP)
 @executor_options
 @format_option("the row of summary.csv")
-def replay(trace_file, trace_path, workers, kv_tokens, kv_blocks, kv_bytes, router, engine, scenario_path, block_size,
-           trace_block_size, speed, limit, bin_s, out_dir, jobs, reuse_breakdown, slo, cpu_kv_gib, executor_kind,
-           dask_scheduler) -> None:
-    """Replay a Mooncake JSONL trace open loop and report prefix reuse, TTFT and throughput.
+def replay(trace_file, trace_path, workers, kv_tokens, kv_blocks, kv_bytes, router, engine, scenario_path, trace_fmt,
+           session_timing, block_size, trace_block_size, speed, limit, bin_s, out_dir, write_requests, jobs,
+           reuse_breakdown, slo, cpu_kv_gib, executor_kind, dask_scheduler) -> None:
+    """Replay a JSONL trace and report prefix reuse, TTFT and throughput.
 
-    The trace, TRACE or --trace FILE, has a request per line: timestamp (ms), input_length, output_length, hash_ids.
-
-    Every request is sent at its timestamp (divided by --speed), routed then, and served by the scenario's
+    The trace, TRACE or --trace FILE, has a request per line. Mooncake: timestamp (ms), input_length, output_length,
+    hash_ids; every request is sent at its timestamp (divided by --speed), open loop. Session traces (--trace-format
+    bailian: Qwen-Bailian's chat_id, parent_chat_id, timestamp (s), input_length, output_length, type, turn,
+    hash_ids; --trace-format kvsim: kvsim's session JSONL; --trace-format mooncake-delta: Dynamo's mocker rows
+    with session_id, each holding a turn's new input only) link each turn to the turn it continues: its prompt holds its
+    parent's prompt and output, whose output blocks take the ids the turn gives them. They replay closed loop by
+    default (--sessions): a turn is sent when its parent has finished, plus the recorded gap (its timestamp minus
+    its parent's, or its delay_s). Requests are routed when sent and served by the scenario's
     workers (vLLM-like by default; --engine sglang for SGLang's).
     Reported: prefix reuse = cached prompt tokens / prompt tokens (Dynamo's prefix_cache_reused_ratio), vLLM's
     token hit rate (prefix_cache_hits / queries), request hit rate, TTFT, TPOT and E2E percentiles, throughput,
@@ -125,18 +245,29 @@ def replay(trace_file, trace_path, workers, kv_tokens, kv_blocks, kv_bytes, rout
     With a router that ignores the cluster's state (round-robin, random, prefix-hash without a load factor), the
     workers are split over --jobs processes, with the same results.
     """
-    import time as _time
-
-    from sim.replay import device_groups
-    from sim.replay import replay as run_replay
-    from sim.studies.executor import available_cores
-    from sim.workloads.traces import TraceError, read_mooncake
+    from sim.workloads.session_traces import trace_format
+    from sim.workloads.traces import TraceError
 
     trace = positional_or_option(trace_file, trace_path, "TRACE", "--trace")
     if trace is None:
         raise UsageExit("give the trace to replay: TRACE or --trace FILE")
     checked_out_dir(out_dir)
+    if write_requests and not out_dir:
+        raise UsageExit("--requests writes DIR/requests.csv: give --out DIR")
+    try:
+        kind = trace_format(trace) if trace_fmt == "auto" else trace_fmt
+    except TraceError as err:
+        raise click.ClickException(str(err)) from None
+    if kind == "mooncake" and session_timing is not None:
+        raise UsageExit(f"--sessions is for session traces ({', '.join(SESSION_FORMATS)}); this trace is {kind} "
+                        "(independent requests, open loop)")
     base = on_cpu_kv(with_slo(trace_base(scenario_path, engine), slo), cpu_kv_gib)
+    if kind != "mooncake" and block_size is None:
+        tb = trace_block_size or _session_block_tokens(trace, kind)
+        if tb % base.engine.block_size:
+            block_size = tb
+            console.print(f"engine block size {tb} (the trace's; the scenario's {base.engine.block_size} does not "
+                          "divide it): give --block-size for another", highlight=False)
     overrides, B = trace_overrides(base, block_size=block_size, kv_tokens=kv_tokens, kv_blocks=kv_blocks,
                                    kv_bytes=kv_bytes, reuse_breakdown=reuse_breakdown)
     overrides["cluster.workers"] = workers
@@ -144,25 +275,16 @@ def replay(trace_file, trace_path, workers, kv_tokens, kv_blocks, kv_bytes, rout
         if len(router) != 1:
             raise click.BadParameter("give one router", param_hint="--router")
         overrides.update(router_overrides(router[0], base.router.name, base.router.options))
+    session_trace = None
     try:
         scenario = base.with_overrides(**overrides)
-        jobs = jobs or available_cores()
-        # NOTE: --executor local keeps the forked split (the default); with --executor dask the parts of a split
-        # replay are tasks of the Dask cluster, and the trace opener travels there (a partial pickles).
-        executor = open_executor_or_exit(executor_kind, jobs, dask_scheduler) if executor_kind != "local" else None
-        open_trace = functools.partial(read_mooncake, trace, block_size=B, trace_block_tokens=trace_block_size,
-                                       speed=speed, limit=limit)
-        with executor if executor is not None else contextlib.nullcontext():
-            parts = executor.jobs if executor is not None else jobs
-            split = len(device_groups(scenario, parts)) > 1
-            # NOTE: a bar only when someone watches and the replay runs here (a split replay runs elsewhere: a
-            # spinner then); counting the trace's lines for its total is one quick pass over the file.
-            total = _count_lines(trace, limit) if err_console.is_terminal and not split else None
-            t0 = _time.perf_counter()
-            with progress_bar(f"replay ({parts} processes)" if split else "replay", total) as step:
-                opened = open_trace if total is None else functools.partial(_counted_trace, open_trace, step)
-                result = run_replay(scenario, opened, bin_s=bin_s, jobs=jobs, executor=executor)
-            wall_s = _time.perf_counter() - t0
+        if kind != "mooncake":
+            session_trace, result, wall_s = _replay_session_trace(
+                scenario, trace, kind, session_timing or "closed-loop", trace_block_size, speed, limit, bin_s,
+                write_requests, jobs=jobs, executor_kind=executor_kind)
+        else:
+            result, wall_s = _replay_mooncake(scenario, trace, trace_block_size or 512, speed, limit, bin_s,
+                                              write_requests, jobs, executor_kind, dask_scheduler)
     except (ScenarioError, TraceError) as err:
         raise click.ClickException(str(err)) from None
     st = result.stats
@@ -200,6 +322,11 @@ def replay(trace_file, trace_path, workers, kv_tokens, kv_blocks, kv_bytes, rout
     if st.sessions.cut:
         console.print(f"{st.sessions.cut:,} sessions closed early: more than {st.max_open_sessions:,} were open at "
                       f"once, so the longest idle ones were ended at their last request so far", highlight=False)
+    if session_trace is not None:
+        console.print(f"{len(session_trace):,} turns: {session_trace.orphans:,} whose parent is not in the file "
+                      f"(replayed as first turns), {session_trace.unlinked:,} whose prompt does not extend their "
+                      f"parent's (not linked); {'closed loop' if result.jobs == 1 and (session_timing or 'closed-loop') == 'closed-loop' else 'recorded times'}",
+                      highlight=False)
     console.print(f"{st.requests} requests in {wall_s:.2f} s wall = {st.requests / wall_s:.0f} requests/s")
     console.data([row], list(row))
     if out_dir:
@@ -211,5 +338,8 @@ def replay(trace_file, trace_path, workers, kv_tokens, kv_blocks, kv_bytes, rout
         turns = turn_files(sessions)
         for name, data in turns.items():
             write_atomic(out / name, data)
+        if write_requests:
+            turns["requests.csv"] = b""
+            write_atomic(out / "requests.csv", _requests_csv(result.records, session_trace))
         written = [str(out / name) for name in ("summary.csv", "workers.csv", "replay.png", *turns)]
         console.print(f"wrote {', '.join(written[:-1])} and {written[-1]}")

@@ -31,7 +31,9 @@ class TraceRequest:
     request: Request
 
 
-def _field(obj: dict, name: str, kind: type, path: Path, line: int):
+def field(obj: dict, name: str, kind: type, path: Path, line: int):
+    """`obj[name]` checked to be of `kind` (int, float: any finite or infinite number, list, str), or TraceError
+    naming the file, the line and the field."""
     if name not in obj:
         raise TraceError(f"{path}:{line}: missing field {name!r}")
     value = obj[name]
@@ -41,7 +43,48 @@ def _field(obj: dict, name: str, kind: type, path: Path, line: int):
         raise TraceError(f"{path}:{line}: field {name!r} must be a number, got {value!r}")
     if kind is list and not isinstance(value, list):
         raise TraceError(f"{path}:{line}: field {name!r} must be a list, got {type(value).__name__}")
+    if kind is str and not isinstance(value, str):
+        raise TraceError(f"{path}:{line}: field {name!r} must be a string, got {value!r}")
     return value
+
+
+def json_object(text: str | bytes, path: Path, line_no: int) -> dict:
+    """The JSON object on line `line_no`, or TraceError naming it (not UTF-8, not JSON, NaN or Infinity, not an
+    object)."""
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise TraceError(f"{path}:{line_no}: not UTF-8 text (byte {err.start} of the line)") from None
+    try:
+        obj = json.loads(text, parse_constant=_no_constant)
+    except TraceError as err:  # NaN, Infinity
+        raise TraceError(f"{path}:{line_no}: {err}") from None
+    except json.JSONDecodeError as err:
+        raise TraceError(f"{path}:{line_no}: not valid JSON ({err.msg})") from None
+    if not isinstance(obj, dict):
+        raise TraceError(f"{path}:{line_no}: expected a JSON object")
+    return obj
+
+
+def check_hash_ids(ids: list, n_in: int, trace_block_tokens: int, path: Path, line_no: int) -> None:
+    """TraceError unless `ids` are ceil(n_in / trace block) non-negative integers."""
+    # NOTE: type() is exact, so bools (an int subclass) fail; both checks run in C.
+    if ids and (not set(map(type, ids)) <= {int} or min(ids) < 0):
+        raise TraceError(f"{path}:{line_no}: field 'hash_ids' must hold non-negative integers")
+    if len(ids) != -(-n_in // trace_block_tokens):
+        raise TraceError(f"{path}:{line_no}: field 'hash_ids' has {len(ids)} ids; input_length {n_in} "
+                         f"needs ceil({n_in}/{trace_block_tokens}) = {-(-n_in // trace_block_tokens)}")
+
+
+def sub_block_hashes(ids: list[int], per_block: int, num_blocks: int) -> tuple[int, ...]:
+    """The first `num_blocks` engine-block hashes of trace blocks `ids`, each split into `per_block` sub-blocks."""
+    if per_block == 1:
+        return tuple(ids[:num_blocks])
+    # NOTE: sub-block j of trace block h is the int h * per_block + j: unique, and cheaper to hash than a
+    # tuple (trace ids are non-negative; kvsim's own synthetic keys are tuples, so they never collide).
+    starts = [h * per_block for h in ids[: -(-num_blocks // per_block)]]
+    return tuple(chain.from_iterable(map(range, starts, [s + per_block for s in starts])))[:num_blocks]
 
 
 def read_mooncake(path: str | Path, *, block_size: int, trace_block_tokens: int = TRACE_BLOCK_TOKENS,
@@ -73,21 +116,13 @@ def read_mooncake(path: str | Path, *, block_size: int, trace_block_tokens: int 
             text = text.strip()
             if not text:
                 continue
-            try:
-                obj = json.loads(text, parse_constant=_no_constant)
-            except TraceError as err:  # NaN, Infinity
-                raise TraceError(f"{path}:{line_no}: {err}") from None
-            except json.JSONDecodeError as err:
-                raise TraceError(f"{path}:{line_no}: not valid JSON ({err.msg})") from None
-            if not isinstance(obj, dict):
-                raise TraceError(f"{path}:{line_no}: expected a JSON object")
-            ts = _field(obj, "timestamp", float, path, line_no)
-            n_in = _field(obj, "input_length", int, path, line_no)
-            n_out = _field(obj, "output_length", int, path, line_no)
-            ids = _field(obj, "hash_ids", list, path, line_no)
-            # NOTE: type() is exact, so bools (an int subclass) fail; both checks run in C.
+            obj = json_object(text, path, line_no)
+            ts = field(obj, "timestamp", float, path, line_no)
+            n_in = field(obj, "input_length", int, path, line_no)
+            n_out = field(obj, "output_length", int, path, line_no)
+            ids = field(obj, "hash_ids", list, path, line_no)
             if ids and (not set(map(type, ids)) <= {int} or min(ids) < 0):
-                raise TraceError(f"{path}:{line_no}: field 'hash_ids' must hold non-negative integers")
+                check_hash_ids(ids, n_in, trace_block_tokens, path, line_no)
             if n_in < 1:
                 raise TraceError(f"{path}:{line_no}: field 'input_length' must be >= 1, got {n_in}")
             if not math.isfinite(ts) or ts < 0:
@@ -96,21 +131,11 @@ def read_mooncake(path: str | Path, *, block_size: int, trace_block_tokens: int 
                 raise TraceError(f"{path}:{line_no}: field 'output_length' must be >= 0, got {n_out}")
             if n_out < 1:
                 n_out = 1  # a request always samples at least one token
-            if len(ids) != -(-n_in // trace_block_tokens):
-                raise TraceError(f"{path}:{line_no}: field 'hash_ids' has {len(ids)} ids; input_length {n_in} "
-                                 f"needs ceil({n_in}/{trace_block_tokens}) = {-(-n_in // trace_block_tokens)}")
+            check_hash_ids(ids, n_in, trace_block_tokens, path, line_no)
             if last_ts is not None and ts < last_ts:
                 raise TraceError(f"{path}:{line_no}: field 'timestamp' goes backwards ({ts} after {last_ts})")
             last_ts = ts
-            full_sub_blocks = n_in // block_size
-            # NOTE: sub-block j of trace block h is the int h * per_block + j: unique, and cheaper to hash than a
-            # tuple (trace ids are non-negative; kvsim's own synthetic keys are tuples, so they never collide).
-            if per_block == 1:
-                hashes = tuple(ids[:full_sub_blocks])
-            else:
-                starts = [h * per_block for h in ids]
-                hashes = tuple(chain.from_iterable(map(range, starts, [s + per_block for s in starts])))
-                hashes = hashes[:full_sub_blocks]
+            hashes = sub_block_hashes(ids, per_block, n_in // block_size)
             # NOTE: token identities for token-granular caches: trace block h is the tokens (h, 0..511); the last
             # block has only the prompt's remaining tokens (a partial block's id names those tokens).
             last = n_in - (len(ids) - 1) * trace_block_tokens

@@ -1,0 +1,402 @@
+"""Session-structured traces replayed as sessions: each turn linked to the turn it continues, sent closed loop
+(after its parent finished, plus the recorded gap) or at its recorded time.
+
+A closed-loop replay needs lookahead: a turn's parent must know its first child's block ids (they name the parent's
+output blocks), and a turn is sent when its parent finishes, whenever that is in the file. So the file is read
+twice. The first pass (`SessionTrace.__init__`) checks every line and keeps, per request, a compact index of
+8 numbers (about 64 bytes a request, in `array`s; plus, while it runs, a dict of the chat ids): the line's byte
+offset and number, its recorded timestamp and delay, its parent and its first child and next sibling. No hash id is
+kept: a request is built from its line (read again by its offset) when it is due, with its first child's line for
+its output blocks, so memory holds the index and the requests in flight, not the trace's hash ids.
+
+Request ids are the lines' indices among the requests (0 for the first line), a session's id is its first turn's
+request id, and a turn's `Request.turn` is its depth in the session (0 for the first turn).
+
+Linking (B = engine block size, P and O the parent's input and output lengths):
+
+    parent prompt:  | full blocks 0 .. P//B - 1 | partial |
+    parent output:                             | output tokens ......... |
+    child prompt:   | the same full blocks      | child ids P//B .. (P+O)//B - 1 | the child's own tokens ... |
+                                                  ^ the parent's output_block_hashes
+
+A child is linked to its parent when its prompt is at least the parent's and its leading ids equal the parent's full
+prompt blocks; the parent's `output_block_hashes` are then its first child's ids over the blocks the parent's output
+fills (as far as the child's prompt goes). A later child of the same parent shares those output blocks only if its
+ids over them are the same. Unlinked children (a prompt that does not extend the parent's) are counted
+(`SessionTrace.unlinked`) and replayed as new prompts.
+
+Token identities (SGLang's radix tree) agree with the blocks: a root's prompt is a run per trace block (`(id, n)`,
+tokens `(id, 0 .. n - 1)`, the last possibly partial); a linked child's prompt is its parent's runs, then
+`(parent.output_key, m)` for the m parent outputs its prompt holds, then runs of its own trace blocks from there
+(a block it starts inside is the run `((id, offset), n)`). So parent and child share exactly the tokens whose
+blocks they share, plus the parent's partial last block.
+
+Timing (`timing="closed-loop"`): a first turn is sent at its recorded timestamp; a later turn `gap` seconds after
+its parent finished, where gap = `delay_s` when the line records it, else (its timestamp - its parent's timestamp).
+The parent's service time is inside that interval, but no format read here records it (the Bailian traces do not),
+and estimating it from the simulated cluster would make the think time depend on the cluster studied; so the gap is
+the whole interval, an upper bound of the think time. Every gap and timestamp is divided by `speed`.
+`timing="recorded"`: every turn is sent at its recorded timestamp (open loop), linked as above.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from dataclasses import replace
+from collections.abc import Iterator
+from pathlib import Path
+
+from sim.workloads.request import Request
+from sim.workloads.sessions import Due
+from sim.workloads.trace_formats import LINE_READERS, SESSION_FORMATS, TurnLine, detect_format
+from sim.workloads.traces import TraceError, TraceRequest, json_object, sub_block_hashes
+
+SESSION_TIMINGS = ("closed-loop", "recorded")
+"""How a session trace's turns are timed (`--sessions`)."""
+
+
+def trace_format(path: str | Path) -> str:
+    """The format of the trace at `path`, from the fields of its first line (`detect_format`)."""
+    path = Path(path)
+    try:
+        with path.open("rb") as f:
+            for line_no, raw in enumerate(f, start=1):
+                if raw.strip():
+                    return detect_format(json_object(raw, path, line_no))
+    except OSError as err:
+        raise TraceError(f"{path}: cannot open ({err.strerror})") from None
+    raise TraceError(f"{path}: no requests (an empty trace)")
+
+
+DELTA_FORMATS = ("mooncake-delta",)
+"""Formats whose lines hold a turn's new input only (the history is implied)."""
+
+
+def _content_block_hashes(runs: list[tuple[object, int]], block_size: int, num_blocks: int) -> tuple[int, ...]:
+    """Chained hashes of the first `num_blocks` full blocks of the tokens `runs`: block i's is the hash of (block
+    i - 1's, the pieces of runs that fill it), so two sequences share block i exactly when their tokens agree up to
+    its end (a 64-bit hash: a collision is as unlikely as vLLM's)."""
+    out: list[int] = []
+    prev: int | None = None
+    pieces: list[tuple[object, int, int]] = []
+    filled = 0
+    for key, n in runs:
+        offset = 0
+        while offset < n and len(out) < num_blocks:
+            take = min(block_size - filled, n - offset)
+            pieces.append((key, offset, take))
+            filled += take
+            offset += take
+            if filled == block_size:
+                prev = hash((prev, tuple(pieces)))
+                out.append(prev)
+                pieces, filled = [], 0
+        if len(out) >= num_blocks:
+            break
+    return tuple(out)
+
+
+def _own_runs(ids: list[int], start: int, stop: int, tb: int) -> list[tuple[object, int]]:
+    """Token runs of prompt tokens [start, stop) from the trace blocks `ids` of `tb` tokens: a run per block, keyed
+    by its id, or by (id, offset) for a block entered at `offset` > 0."""
+    runs = []
+    j = start // tb
+    while start < stop:
+        hi = min(stop, (j + 1) * tb)
+        offset = start - j * tb
+        runs.append((ids[j] if offset == 0 else (ids[j], offset), hi - start))
+        start, j = hi, j + 1
+    return runs
+
+
+class SessionTrace:
+    """A session trace file indexed for replay (see the module docstring). Build it once, then iterate
+    `sessions()` (closed loop) or `recorded()` (open loop); each may be iterated once per replay."""
+
+    def __init__(self, path: str | Path, *, block_size: int, fmt: str | None = None,
+                 trace_block_tokens: int | None = None, speed: float = 1.0, limit: int | None = None) -> None:
+        self.path = Path(path)
+        self.format = fmt or trace_format(self.path)
+        if self.format not in SESSION_FORMATS:
+            raise TraceError(f"{self.path}: format {self.format!r} has no sessions; session formats: "
+                             f"{', '.join(SESSION_FORMATS)}")
+        if speed <= 0:
+            raise TraceError(f"speed must be > 0, got {speed}")
+        self.block_size = block_size
+        self.speed = speed
+        self.offsets = array("q")
+        self.line_nos = array("q")
+        self.timestamps_s = array("d")
+        """Recorded send times (NaN: not recorded)."""
+        self.delays_s = array("d")
+        """Recorded gaps after the parent's finish (NaN: not recorded)."""
+        self.parents = array("q")
+        self.first_child = array("q")
+        self.next_sibling = array("q")
+        self.orphans = 0
+        """Turns whose parent is not in the file (it came before the trace's window): replayed as first turns."""
+        self.unlinked = 0
+        """Children whose prompt does not extend their parent's (counted as they are built)."""
+        self.trace_block_tokens = self._index(trace_block_tokens, limit)
+        if self.trace_block_tokens % block_size:
+            raise TraceError(f"engine block size {block_size} must divide the trace's block size "
+                             f"{self.trace_block_tokens}")
+        self._per_block = self.trace_block_tokens // block_size
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def _index(self, block_tokens: int | None, limit: int | None) -> int:
+        read_line = LINE_READERS[self.format]
+        index: dict[object, int] = {}
+        last_child: dict[int, int] = {}
+        last_in_session: dict[object, int] = {}
+        """For formats whose turns name their session (mooncake-delta): each session's last turn so far."""
+        last_root_ts = -math.inf
+        path = self.path
+        try:
+            handle = path.open("rb")
+        except OSError as err:
+            raise TraceError(f"{path}: cannot open ({err.strerror})") from None
+        with handle:
+            offset = 0
+            for line_no, raw in enumerate(handle, start=1):
+                start, offset = offset, offset + len(raw)
+                if limit is not None and len(self.offsets) >= limit:
+                    break
+                if not raw.strip():
+                    continue
+                turn = read_line(json_object(raw, path, line_no), path, line_no, block_tokens)
+                block_tokens = turn.block_tokens
+                if turn.key in index:
+                    raise TraceError(f"{path}:{line_no}: id {turn.key!r} repeats line "
+                                     f"{self.line_nos[index[turn.key]]}'s")
+                i = len(self.offsets)
+                index[turn.key] = i
+                parent = -1 if turn.parent_key is None else index.get(turn.parent_key, -1)
+                if turn.session_key is not None:
+                    turn = self._session_turn(turn, last_in_session.get(turn.session_key, -1), path, line_no)
+                    parent = last_in_session.get(turn.session_key, -1)
+                    last_in_session[turn.session_key] = i
+                if turn.parent_key is not None and parent < 0:
+                    self.orphans += 1
+                    if turn.timestamp_s is None:
+                        raise TraceError(f"{path}:{line_no}: parent {turn.parent_key!r} is not an earlier line, "
+                                         "and without it this turn needs a timestamp")
+                ts = math.nan if turn.timestamp_s is None else turn.timestamp_s
+                if parent < 0:
+                    if ts < last_root_ts:
+                        raise TraceError(f"{path}:{line_no}: first turns must be in timestamp order ({ts} after "
+                                         f"{last_root_ts})")
+                    last_root_ts = ts
+                elif turn.delay_s is None and math.isnan(self.timestamps_s[parent]):
+                    raise TraceError(f"{path}:{line_no}: its parent (line {self.line_nos[parent]}) has no timestamp, "
+                                     "so this turn needs delay_s")
+                elif not math.isnan(ts) and ts < self.timestamps_s[parent]:
+                    raise TraceError(f"{path}:{line_no}: timestamp {ts} is before its parent's "
+                                     f"({self.timestamps_s[parent]}, line {self.line_nos[parent]})")
+                self.offsets.append(start)
+                self.line_nos.append(line_no)
+                self.timestamps_s.append(ts)
+                self.delays_s.append(math.nan if turn.delay_s is None else turn.delay_s)
+                self.parents.append(parent)
+                self.first_child.append(-1)
+                self.next_sibling.append(-1)
+                if parent >= 0:
+                    if parent in last_child:
+                        self.next_sibling[last_child[parent]] = i
+                    else:
+                        self.first_child[parent] = i
+                    last_child[parent] = i
+        if not self.offsets:
+            raise TraceError(f"{path}: no requests (an empty trace)")
+        return block_tokens
+
+    def _session_turn(self, turn: TurnLine, previous: int, path: Path, line_no: int) -> TurnLine:
+        """A turn of a format that names sessions (mooncake-delta), with its times as Dynamo's mocker derives them: a
+        first turn at its timestamp (0 without one; no delay); a later one `delay` after its predecessor's
+        completion, or, without a delay, its timestamp minus its predecessor's (0 when either has none)."""
+        if previous < 0:
+            if turn.delay_s:
+                raise TraceError(f"{path}:{line_no}: field 'delay' must be 0 on a session's first turn, got "
+                                 f"{turn.delay_s * 1000:g} ms")
+            return replace(turn, timestamp_s=turn.timestamp_s or 0.0, delay_s=None)
+        delay = turn.delay_s
+        if delay is None:
+            before = self.timestamps_s[previous]
+            delay = 0.0 if turn.timestamp_s is None or math.isnan(before) else turn.timestamp_s - before
+        return replace(turn, delay_s=delay)
+
+    # -- the index's questions --------------------------------------------------------------------------------
+
+    def children(self, i: int) -> Iterator[int]:
+        """Request `i`'s children, in file order."""
+        c = self.first_child[i]
+        while c >= 0:
+            yield c
+            c = self.next_sibling[c]
+
+    def start_s(self, i: int) -> float:
+        """When request `i` is sent in a recorded replay (its timestamp / speed)."""
+        return self.timestamps_s[i] / self.speed
+
+    def gap_s(self, i: int) -> float:
+        """The closed-loop delay of child `i` after its parent finished (module docstring), over speed."""
+        delay = self.delays_s[i]
+        if math.isnan(delay):
+            delay = self.timestamps_s[i] - self.timestamps_s[self.parents[i]]
+        return delay / self.speed
+
+    def parent_of(self, i: int) -> int | None:
+        """Request `i`'s parent's request id (None: a first turn)."""
+        p = self.parents[i]
+        return None if p < 0 else p
+
+    # -- building requests ------------------------------------------------------------------------------------
+
+    def _line(self, handle, i: int) -> TurnLine:
+        handle.seek(self.offsets[i])
+        line_no = self.line_nos[i]
+        return LINE_READERS[self.format](json_object(handle.readline(), self.path, line_no), self.path, line_no,
+                                         self.trace_block_tokens)
+
+    def _build(self, handle, i: int, parent: Request | None) -> Request:
+        """Request `i` (see the module docstring for its hashes, output blocks and token runs)."""
+        B, tb, k = self.block_size, self.trace_block_tokens, self._per_block
+        turn = self._line(handle, i)
+        if self.format in DELTA_FORMATS:
+            return self._build_delta(turn, i, parent)
+        ids, n_in, n_out = turn.hash_ids, turn.input_length, turn.output_length
+        hashes = sub_block_hashes(ids, k, n_in // B)
+        runs: list = []
+        context = 0
+        session_id, depth = i, 0
+        if parent is not None:
+            session_id, depth = parent.session_id, parent.turn + 1
+            P, O = parent.prompt_tokens, parent.output_tokens
+            pb = len(parent.block_hashes)
+            if n_in >= P and hashes[:pb] == parent.block_hashes:
+                runs = list(parent.token_runs)
+                m = min(O, n_in - P)
+                end = (P + m) // B
+                out = parent.output_block_hashes
+                if parent.output_key is not None and len(out) >= end - pb and hashes[pb:end] == out[:end - pb]:
+                    runs.append((parent.output_key, m))
+                    own_from = P + m
+                else:
+                    own_from = P
+                runs += _own_runs(ids, own_from, n_in, tb)
+                computed = (parent.block_hashes + out)[: (P + O - 1) // B]
+                shared = next((j for j, (a, b) in enumerate(zip(hashes, computed)) if a != b),
+                              min(len(hashes), len(computed)))
+                context = min(shared, (n_in - 1) // B) * B
+            else:
+                self.unlinked += 1
+        if not runs:
+            runs = _own_runs(ids, 0, n_in, tb)
+        output_hashes: tuple = ()
+        output_key = None
+        child = self.first_child[i]
+        if child >= 0:
+            c = self._line(handle, child)
+            full = n_in // tb
+            if c.input_length >= n_in and c.hash_ids[:full] == ids[:full]:
+                # NOTE: only the child's full trace blocks: its sub-blocks inside its own partial last trace block
+                # take its own first child's ids in turn (as this request's do here), so they are not known yet.
+                child_hashes = sub_block_hashes(c.hash_ids, k, min(c.input_length // B, c.input_length // tb * k))
+                if len(child_hashes) >= n_in // B:
+                    # NOTE: a sub-block inside this prompt's partial last trace block takes the child's id (the
+                    # partial block's own id names fewer tokens), so that the child's prefix matches this prompt's.
+                    hashes = child_hashes[: n_in // B]
+                output_hashes = child_hashes[n_in // B: (n_in + n_out) // B]
+                output_key = ("out", i)
+        return Request(
+            request_id=i, prompt_tokens=n_in, output_tokens=n_out, block_hashes=hashes, num_shareable_tokens=0,
+            prefix_id=ids[0] if ids else None, token_runs=tuple(runs), session_id=session_id, turn=depth,
+            output_block_hashes=output_hashes, output_key=output_key, num_context_tokens=context,
+        )
+
+    def _build_delta(self, turn: TurnLine, i: int, parent: Request | None) -> Request:
+        """Request `i` of a delta format: its prompt is its parent's prompt, the parent's output, then its own new
+        tokens (runs of its ids, at whatever offset the history ends), and its blocks are named by their content
+        (`_content_block_hashes`), as Dynamo's mocker hashes the tokens it synthesises."""
+        B = self.block_size
+        runs = _own_runs(turn.hash_ids, 0, turn.input_length, self.trace_block_tokens)
+        session_id, depth, context = i, 0, 0
+        if parent is not None:
+            session_id, depth = parent.session_id, parent.turn + 1
+            runs = [*parent.token_runs, (parent.output_key, parent.output_tokens), *runs]
+            context = min((parent.prompt_tokens + parent.output_tokens - 1) // B,
+                          (parent.prompt_tokens + parent.output_tokens + turn.input_length - 1) // B) * B
+        n_in = sum(n for _, n in runs)
+        n_out = turn.output_length
+        output_key = (-1, i)  # NOTE: no str in a hashed key: str hashes change from process to process
+        blocks = _content_block_hashes([*runs, (output_key, n_out)], B, (n_in + n_out) // B)
+        return Request(
+            request_id=i, prompt_tokens=n_in, output_tokens=n_out, block_hashes=blocks[: n_in // B],
+            num_shareable_tokens=0, prefix_id=runs[0][0] if runs else None, token_runs=tuple(runs),
+            session_id=session_id, turn=depth, output_block_hashes=blocks[n_in // B:] if self.first_child[i] >= 0
+            else (), output_key=output_key, num_context_tokens=context,
+        )
+
+    # -- replays ----------------------------------------------------------------------------------------------
+
+    def sessions(self) -> Iterator[_TraceSession]:
+        """The sessions in start order, for `sim.cluster.arrivals.sessions` (closed loop)."""
+        # NOTE: not closed when the last session is drawn (its turns are still being built from it): the sessions
+        # hold the handle, and it closes when the last of them is dropped.
+        handle = self.path.open("rb")
+        for i in range(len(self)):
+            if self.parents[i] < 0:
+                yield _TraceSession(self, handle, i)
+
+    def recorded(self) -> Iterator[TraceRequest]:
+        """Every request at its recorded time, in file order (open loop), linked as in a closed-loop replay."""
+        for i in range(len(self)):
+            if math.isnan(self.timestamps_s[i]):
+                raise TraceError(f"{self.path}:{self.line_nos[i]}: --sessions recorded needs every turn's "
+                                 "timestamp_s (this one has only delay_s)")
+        waiting: dict[int, list] = {}
+        """Built requests whose children are not built yet: [request, children left]."""
+        with self.path.open("rb") as handle:
+            last_s = -math.inf
+            for i in range(len(self)):
+                p = self.parents[i]
+                parent = None
+                if p >= 0:
+                    entry = waiting[p]
+                    parent = entry[0]
+                    entry[1] -= 1
+                    if entry[1] == 0:
+                        del waiting[p]
+                request = self._build(handle, i, parent)
+                n_children = sum(1 for _ in self.children(i))
+                if n_children:
+                    waiting[i] = [request, n_children]
+                at_s = self.start_s(i)
+                if at_s < last_s:
+                    raise TraceError(f"{self.path}:{self.line_nos[i]}: --sessions recorded needs timestamps in file "
+                                     f"order ({self.timestamps_s[i]} after {last_s * self.speed})")
+                last_s = at_s
+                yield TraceRequest(at_s, request)
+
+
+class _TraceSession:
+    """One session of a `SessionTrace` (the `Session` protocol): its first turn at its timestamp, then each turn
+    its parent's completion makes due, after its gap."""
+
+    __slots__ = ("trace", "handle", "root", "session_id", "start_s")
+
+    def __init__(self, trace: SessionTrace, handle, root: int) -> None:
+        self.trace, self.handle, self.root = trace, handle, root
+        self.session_id = root
+        self.start_s = trace.start_s(root)
+
+    def first(self) -> list[Due]:
+        return [(self.trace._build(self.handle, self.root, None), 0.0)]
+
+    def after(self, done: Request, now_s: float) -> list[Due]:
+        trace = self.trace
+        return [(trace._build(self.handle, c, done), trace.gap_s(c)) for c in trace.children(done.request_id)]
+
