@@ -352,7 +352,8 @@ def load_or_exit(path: str | None, gpu: tuple[str, int] | None = None, *,
     if shared_prefix is not None and scenario.has_sessions:
         raise click.ClickException(
             f"kvsim {shared_prefix}: {file.name} has a sessions workload (workload.kind: sessions); {shared_prefix} "
-            f"works on a shared-prefix workload (workload.kind: shared-prefix). Run sessions with `kvsim run`")
+            f"works on a shared-prefix workload (workload.kind: shared-prefix). Run sessions with `kvsim run` or compare "
+            f"routers on them with `kvsim compare`")
     return scenario, file
 
 

@@ -343,7 +343,7 @@ def test_recorded_sessions_split_over_processes_like_one(tmp_path):
 
 
 def test_mooncake_delta_turns_resend_the_history_and_hit_what_dynamos_mocker_hits(tmp_path):
-    # The probe of benchmarks/dynamo-mocker/session-formats.md on ai-dynamo-runtime 1.6.1 (one worker, vLLM, blocks
+    # The probe of benchmarks/oracles/dynamo-mocker/session-formats.md on ai-dynamo-runtime 1.6.1 (one worker, vLLM, blocks
     # of 16): turn 0 sends 40 tokens and generates 20; turn 1 adds a 20-token delta: 80 tokens, 48 reused (the full
     # blocks of 40 + 20 - 1 computed tokens); turn 2 adds 16 after an output of 10: 106 tokens, 80 reused.
     path = tmp_path / "delta.jsonl"

@@ -54,7 +54,7 @@ def test_concurrency_sets_the_sessions_at_once_and_prefixes_is_refused(tmp_path)
 
 
 @pytest.mark.parametrize("command", [
-    ("sweep", "--prefixes", "3"), ("compare", "--prefixes", "3"), ("tune",), ("plan", "router", "--router", "random"),
+    ("sweep", "--prefixes", "3"), ("tune",), ("plan", "router", "--router", "random"),
     ("calibrate", "--out", "x.yaml"), ("validate", "x.csv"),
 ])
 def test_commands_of_the_shared_prefix_workload_refuse_sessions_in_one_line(tmp_path, command):
@@ -63,4 +63,22 @@ def test_commands_of_the_shared_prefix_workload_refuse_sessions_in_one_line(tmp_
     name = command[0]
     assert res.output == (f"Error: kvsim {name}: agent.yaml has a sessions workload (workload.kind: sessions); "
                           f"{name} works on a shared-prefix workload (workload.kind: shared-prefix). Run sessions "
-                          f"with `kvsim run`\n")
+                          f"with `kvsim run` or compare routers on them with `kvsim compare`\n")
+
+
+def test_compare_puts_routers_side_by_side_on_sessions(tmp_path):
+    # 24 chat sessions, 4 at once, on 2 workers: a point is (workers, groups, sessions at once); the bound is the
+    # reuse available, and vllm-router-session keeps each session on one worker where random does not.
+    text = (SCENARIOS / "chat.yaml").read_text().replace("sessions: 240", "sessions: 24")
+    text = text.replace("session_rate_per_s:", "# session_rate_per_s:")
+    scenario = tmp_path / "chat24.yaml"
+    scenario.write_text(text.replace("  kind: sessions", "  kind: sessions\n  concurrent_sessions: 4", 1))
+    res = invoke("compare", "--scenario", scenario, "--workers", "2", "--router", "random,vllm-router-session",
+                 "--format", "csv", "--out", tmp_path / "out")
+    assert res.exit_code == 0, res.output
+    rows = {r["router"]: r for r in _rows(tmp_path / "out" / "compare.csv")}
+    assert set(rows) == {"random", "vllm-router-session"}
+    for r in rows.values():
+        assert (r["workers"], r["prefixes"], r["concurrency"], r["primary_metric"]) == ("2", "8", "4", "token_hit_rate")
+        assert float(r["bound"]) == pytest.approx(float(r["reuse_available"]))
+    assert float(rows["vllm-router-session"]["token_hit_rate"]) > float(rows["random"]["token_hit_rate"])
