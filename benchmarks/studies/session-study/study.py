@@ -39,7 +39,7 @@ def one(args: tuple[str, str, float, int]) -> dict:
     name, router, host_gib, repeat = args
     base, _ = load_scenario(REPO / "scenarios" / f"{name}.yaml")
     scenario = with_cpu_kv_gib(base, host_gib).with_overrides(
-        **router_overrides(router, base.router.name, base.router.options), "seed": base.seed + repeat)
+        **{**router_overrides(router, base.router.name, base.router.options), "seed": base.seed + repeat})
     row = summarize(run(scenario)).row()
     return {"scenario": name, "router": router, "cpu_kv_gib": host_gib, "repeat": repeat,
             **{c: row.get(c, float("nan")) for c in COLUMNS}}
