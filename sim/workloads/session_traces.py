@@ -333,7 +333,10 @@ class SessionTrace:
                 m = min(O, n_in - P)
                 end = (P + m) // B
                 out = parent.output_block_hashes
-                if parent.output_key is not None and len(out) >= end - pb and hashes[pb:end] == out[:end - pb]:
+                # NOTE: the output blocks a descendant names must agree; the rest of the output the child holds lies
+                # inside its own partial last trace block (no later turn named it), which the ids cannot deny.
+                named = min(len(out), end - pb)
+                if parent.output_key is not None and (named or end == pb) and hashes[pb:pb + named] == out[:named]:
                     runs.append((parent.output_key, m))
                     own_from = P + m
                 else:
@@ -419,7 +422,7 @@ class SessionTrace:
         for i in range(len(self)):
             if math.isnan(self.timestamps_s[i]):
                 raise TraceError(f"{self.path}:{self.line_nos[i]}: --sessions recorded needs every turn's "
-                                 "timestamp_s (this one has only delay_s)")
+                                 f"timestamp ({'timestamp_s' if self.format == 'kvsim' else 'timestamp'}; this one has none)")
         waiting: dict[int, list] = {}
         """Built requests whose children are not built yet: [request, children left]."""
         with self.path.open("rb") as handle:
