@@ -208,9 +208,10 @@ def trace_overrides(base: Scenario, *, block_size: int | None, kv_tokens: int | 
 @click.option("--trace-format", "trace_fmt", type=click.Choice(("auto", *TRACE_FORMATS)), default="auto", show_default=True,
               help="The trace's format: mooncake (timestamp ms, input_length, output_length, hash_ids; independent "
                    "requests), bailian (Qwen-Bailian: chat_id, parent_chat_id, timestamp s, ..., 16-token hash_ids) "
-                   "kvsim (kvsim session JSONL: id, parent, timestamp_s, delay_s, ...) or mooncake-delta (Dynamo "
-                   "mocker's: Mooncake rows with session_id and delay ms, each holding a turn's new input only); "
-                   "auto: from the first line's fields (never mooncake-delta). docs/concepts/session-traces.md.")
+                   "kvsim (kvsim session JSONL: id, parent, timestamp_s, delay_s, ...), mooncake-sessions (Mooncake "
+                   "rows with session_id and delay ms, each a turn's whole prompt, as Dynamo's mocker reads them) or "
+                   "mooncake-delta (the same rows, each holding a turn's new input only); auto: from the first "
+                   "line's fields (never mooncake-delta). docs/concepts/session-traces.md.")
 @click.option("--sessions", "session_timing", type=click.Choice(SESSION_TIMINGS), default=None,
               help="How a session trace's turns are sent: closed-loop (the default: a first turn at its timestamp, a "
                    "later turn when its parent has finished plus the recorded gap, its timestamp minus its parent's "
@@ -223,13 +224,15 @@ def trace_overrides(base: Scenario, *, block_size: int | None, kv_tokens: int | 
                    "a session trace's (--sessions). docs/concepts/session-traces.md.")
 @click.option("--common-prefix-requests", "common_requests", type=click.IntRange(min=1), default=None,
               help="With --infer-sessions: a block id carried by more than K requests is a common prefix (a "
-                   f"system prompt), no evidence of a session. Default {DEFAULT_COMMON_REQUESTS}.")
+                   f"system prompt), no evidence of a session. Each turn carries its session's first blocks, so K "
+                   f"also caps a session at about K turns: keep it above the longest conversation. Default "
+                   f"{DEFAULT_COMMON_REQUESTS}.")
 @click.option("--block-size", type=click.IntRange(min=1), default=None,
               help="Engine block size in tokens; must divide the trace's block size. Default: the scenario's (64), or "
                    "the trace's block size when the scenario's does not divide it (16 for Bailian).")
 @click.option("--trace-block-size", type=click.IntRange(min=1), default=None,
               help="Tokens per hash id in the trace. Default: the format's (Mooncake 512, Bailian 16, kvsim the "
-                   "lines' block_size or 16, mooncake-delta 512).")
+                   "lines' block_size or 16, mooncake-sessions and mooncake-delta 512).")
 @click.option("--speed", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
               help="Replay speed: arrival times are divided by it.")
 @click.option("--limit", type=click.IntRange(min=1), default=None,
@@ -257,8 +260,10 @@ def replay(trace_file, trace_path, workers, kv_tokens, kv_blocks, kv_bytes, rout
     The trace, TRACE or --trace FILE, has a request per line. Mooncake: timestamp (ms), input_length, output_length,
     hash_ids; every request is sent at its timestamp (divided by --speed), open loop. Session traces (--trace-format
     bailian: Qwen-Bailian's chat_id, parent_chat_id, timestamp (s), input_length, output_length, type, turn,
-    hash_ids; --trace-format kvsim: kvsim's session JSONL; --trace-format mooncake-delta: Dynamo's mocker rows
-    with session_id, each holding a turn's new input only) link each turn to the turn it continues: its prompt holds its
+    hash_ids; --trace-format kvsim: kvsim's session JSONL; --trace-format mooncake-sessions: Mooncake rows with
+    session_id, each a turn's whole prompt; --trace-format mooncake-delta: the same rows, each holding a turn's new
+    input only; or a Mooncake trace with --infer-sessions, whose parents are inferred from the hash ids) link each
+    turn to the turn it continues: its prompt holds its
     parent's prompt and output, whose output blocks take the ids the turn gives them. They replay closed loop by
     default (--sessions): a turn is sent when its parent has finished, plus the recorded gap (its timestamp minus
     its parent's, or its delay_s). Requests are routed when sent and served by the scenario's
