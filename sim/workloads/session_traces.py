@@ -20,8 +20,11 @@ Linking (B = engine block size, P and O the parent's input and output lengths):
                                                   ^ the parent's output_block_hashes
 
 A child is linked to its parent when its prompt is at least the parent's and its leading ids equal the parent's full
-prompt blocks; the parent's `output_block_hashes` are then its first child's ids over the blocks the parent's output
-fills (as far as the child's prompt goes). A later child of the same parent shares those output blocks only if its
+prompt blocks (the ids of its full trace blocks); it then takes the parent's names for the parent's whole prompt. An
+engine block is named by the first request of the first-child chain (the request, its first child, ...) whose full
+trace blocks cover it (`_chain_names`), so the parent's `output_block_hashes` are its first child's ids over the
+blocks the parent's output fills (as far as the child's prompt goes), or a later descendant's where the child's last
+trace block is partial. A later child of the same parent shares those output blocks only if its
 ids over them are the same. Unlinked children (a prompt that does not extend the parent's) are counted
 (`SessionTrace.unlinked`) and replayed as new prompts.
 
