@@ -17,6 +17,7 @@ from sim.cli.app import (
 from sim.cli.render import Table, format_option
 from sim.cli.turn_table import show_turns, turn_files
 from sim.results.report import request_rows
+from sim.workloads.session_inference import DEFAULT_COMMON_REQUESTS
 from sim.workloads.session_traces import SESSION_TIMINGS
 from sim.workloads.trace_formats import SESSION_FORMATS, TRACE_FORMATS
 from sim.results.figures import replay_figure
@@ -53,13 +54,13 @@ def _counted_trace(open_trace, step):
 
 def _session_block_tokens(path: str, fmt: str) -> int:
     """Tokens per hash id of the session trace at `path`: Bailian's 16, a kvsim file's first line's block_size."""
-    from sim.workloads.trace_formats import BAILIAN_BLOCK_TOKENS, KVSIM_BLOCK_TOKENS, MOONCAKE_DELTA_BLOCK_TOKENS
+    from sim.workloads.trace_formats import BAILIAN_BLOCK_TOKENS, KVSIM_BLOCK_TOKENS, MOONCAKE_BLOCK_TOKENS
     from sim.workloads.traces import TraceError, json_object
 
     if fmt == "bailian":
         return BAILIAN_BLOCK_TOKENS
-    if fmt == "mooncake-delta":
-        return MOONCAKE_DELTA_BLOCK_TOKENS
+    if fmt.startswith("mooncake"):
+        return MOONCAKE_BLOCK_TOKENS
     try:
         with open(path, "rb") as f:
             first = next((line for line in f if line.strip()), b"{}")
@@ -100,9 +101,10 @@ def _replay_mooncake(scenario, trace, trace_block_size, speed, limit, bin_s, kee
 
 
 def _replay_session_trace(scenario, trace, fmt, timing, trace_block_size, speed, limit, bin_s, keep_records, *,
-                          jobs, executor_kind):
-    """Replay the session trace at `trace`: closed loop in one process, or recorded (open loop, split like a
-    Mooncake trace when the router allows it and no record is kept)."""
+                          jobs, executor_kind, infer_common_requests=None):
+    """Replay the session trace at `trace` (a Mooncake trace whose sessions are inferred, with
+    `infer_common_requests`): closed loop in one process, or recorded (open loop, split like a Mooncake trace when
+    the router allows it and no record is kept)."""
     import time as _time
 
     from sim.replay import replay as run_replay
@@ -113,7 +115,10 @@ def _replay_session_trace(scenario, trace, fmt, timing, trace_block_size, speed,
     t0 = _time.perf_counter()
     with progress_bar("index the trace"):
         index = SessionTrace(trace, block_size=scenario.engine.block_size, fmt=fmt,
-                             trace_block_tokens=trace_block_size, speed=speed, limit=limit)
+                             trace_block_tokens=trace_block_size, speed=speed, limit=limit,
+                             infer_common_requests=infer_common_requests)
+    if index.inference is not None:
+        _show_inference(index)
     if timing == "closed-loop":
         if (jobs or 1) > 1 or executor_kind != "local":
             console.print("closed-loop sessions replay in one process: when a turn is sent depends on when its "
@@ -127,6 +132,20 @@ def _replay_session_trace(scenario, trace, fmt, timing, trace_block_size, speed,
             result = run_replay(scenario, index.recorded, bin_s=bin_s, jobs=jobs or available_cores(),
                                 keep_records=keep_records)
     return index, result, _time.perf_counter() - t0
+
+
+def _show_inference(index) -> None:
+    """One paragraph on the sessions inferred from a Mooncake trace's hash ids (docs/concepts/session-traces.md)."""
+    c = index.inference.counts
+    shape = index.shape()
+    sizes = ", ".join(f"{turns}: {n:,}" for turns, n in shape.sizes.items())
+    gaps = ", ".join(f"p{q} {v:.0f} s" for q, v in shape.gap_quantiles_s.items())
+    console.print(
+        f"sessions inferred from hash ids: {c.linked:,} of {len(index):,} requests continue an earlier one "
+        f"({c.linked / len(index):.1%}); common prefix: {c.common_ids:,} block ids carried by more than "
+        f"{c.common_requests:,} requests; {c.siblings:,} that would continue an already continued turn and "
+        f"{c.longer_parent:,} shorter than their candidate start new sessions. {shape.sessions:,} sessions, turns "
+        f"per session {sizes}; gaps {gaps}", highlight=False)
 
 
 def _requests_csv(records, session_trace) -> bytes:
@@ -189,20 +208,31 @@ def trace_overrides(base: Scenario, *, block_size: int | None, kv_tokens: int | 
 @click.option("--trace-format", "trace_fmt", type=click.Choice(("auto", *TRACE_FORMATS)), default="auto", show_default=True,
               help="The trace's format: mooncake (timestamp ms, input_length, output_length, hash_ids; independent "
                    "requests), bailian (Qwen-Bailian: chat_id, parent_chat_id, timestamp s, ..., 16-token hash_ids) "
-                   "kvsim (kvsim session JSONL: id, parent, timestamp_s, delay_s, ...) or mooncake-delta (Dynamo "
-                   "mocker's: Mooncake rows with session_id and delay ms, each holding a turn's new input only); "
-                   "auto: from the first line's fields (never mooncake-delta). docs/concepts/session-traces.md.")
+                   "kvsim (kvsim session JSONL: id, parent, timestamp_s, delay_s, ...), mooncake-sessions (Mooncake "
+                   "rows with session_id and delay ms, each a turn's whole prompt, as Dynamo's mocker reads them) or "
+                   "mooncake-delta (the same rows, each holding a turn's new input only); auto: from the first "
+                   "line's fields (never mooncake-delta). docs/concepts/session-traces.md.")
 @click.option("--sessions", "session_timing", type=click.Choice(SESSION_TIMINGS), default=None,
               help="How a session trace's turns are sent: closed-loop (the default: a first turn at its timestamp, a "
                    "later turn when its parent has finished plus the recorded gap, its timestamp minus its parent's "
                    "or its delay_s) or recorded (every turn at its timestamp, open loop). Closed loop runs in one "
                    "process.")
+@click.option("--infer-sessions", "infer_sessions", is_flag=True, default=False,
+              help="On a Mooncake trace without session ids (Mooncake's conversation trace): infer each request's "
+                   "parent from its hash ids (the most recent request whose full prompt blocks lead its ids and "
+                   "share more than the trace's common prefix; a parent continued once) and replay the sessions as "
+                   "a session trace's (--sessions). docs/concepts/session-traces.md.")
+@click.option("--common-prefix-requests", "common_requests", type=click.IntRange(min=1), default=None,
+              help="With --infer-sessions: a block id carried by more than K requests is a common prefix (a "
+                   f"system prompt), no evidence of a session. Each turn carries its session's first blocks, so K "
+                   f"also caps a session at about K turns: keep it above the longest conversation. Default "
+                   f"{DEFAULT_COMMON_REQUESTS}.")
 @click.option("--block-size", type=click.IntRange(min=1), default=None,
               help="Engine block size in tokens; must divide the trace's block size. Default: the scenario's (64), or "
                    "the trace's block size when the scenario's does not divide it (16 for Bailian).")
 @click.option("--trace-block-size", type=click.IntRange(min=1), default=None,
               help="Tokens per hash id in the trace. Default: the format's (Mooncake 512, Bailian 16, kvsim the "
-                   "lines' block_size or 16, mooncake-delta 512).")
+                   "lines' block_size or 16, mooncake-sessions and mooncake-delta 512).")
 @click.option("--speed", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
               help="Replay speed: arrival times are divided by it.")
 @click.option("--limit", type=click.IntRange(min=1), default=None,
@@ -223,15 +253,17 @@ def trace_overrides(base: Scenario, *, block_size: int | None, kv_tokens: int | 
 @executor_options
 @format_option("the row of summary.csv")
 def replay(trace_file, trace_path, workers, kv_tokens, kv_blocks, kv_bytes, router, engine, scenario_path, trace_fmt,
-           session_timing, block_size, trace_block_size, speed, limit, bin_s, out_dir, write_requests, jobs,
+           session_timing, infer_sessions, common_requests, block_size, trace_block_size, speed, limit, bin_s, out_dir, write_requests, jobs,
            reuse_breakdown, slo, cpu_kv_gib, executor_kind, dask_scheduler) -> None:
     """Replay a JSONL trace and report prefix reuse, TTFT and throughput.
 
     The trace, TRACE or --trace FILE, has a request per line. Mooncake: timestamp (ms), input_length, output_length,
     hash_ids; every request is sent at its timestamp (divided by --speed), open loop. Session traces (--trace-format
     bailian: Qwen-Bailian's chat_id, parent_chat_id, timestamp (s), input_length, output_length, type, turn,
-    hash_ids; --trace-format kvsim: kvsim's session JSONL; --trace-format mooncake-delta: Dynamo's mocker rows
-    with session_id, each holding a turn's new input only) link each turn to the turn it continues: its prompt holds its
+    hash_ids; --trace-format kvsim: kvsim's session JSONL; --trace-format mooncake-sessions: Mooncake rows with
+    session_id, each a turn's whole prompt; --trace-format mooncake-delta: the same rows, each holding a turn's new
+    input only; or a Mooncake trace with --infer-sessions, whose parents are inferred from the hash ids) link each
+    turn to the turn it continues: its prompt holds its
     parent's prompt and output, whose output blocks take the ids the turn gives them. They replay closed loop by
     default (--sessions): a turn is sent when its parent has finished, plus the recorded gap (its timestamp minus
     its parent's, or its delay_s). Requests are routed when sent and served by the scenario's
@@ -258,11 +290,17 @@ def replay(trace_file, trace_path, workers, kv_tokens, kv_blocks, kv_bytes, rout
         kind = trace_format(trace) if trace_fmt == "auto" else trace_fmt
     except TraceError as err:
         raise click.ClickException(str(err)) from None
-    if kind == "mooncake" and session_timing is not None:
-        raise UsageExit(f"--sessions is for session traces ({', '.join(SESSION_FORMATS)}); this trace is {kind} "
-                        "(independent requests, open loop)")
+    if common_requests is not None and not infer_sessions:
+        raise UsageExit("--common-prefix-requests is for --infer-sessions")
+    if infer_sessions and kind != "mooncake":
+        raise UsageExit(f"--infer-sessions is for Mooncake traces without session ids; this trace is {kind}, whose "
+                        "turns name their parent or session")
+    if kind == "mooncake" and session_timing is not None and not infer_sessions:
+        raise UsageExit(f"--sessions is for session traces ({', '.join(SESSION_FORMATS)}) or --infer-sessions; this "
+                        f"trace is {kind} (independent requests, open loop)")
+    sessions_of_trace = kind != "mooncake" or infer_sessions
     base = on_cpu_kv(with_slo(trace_base(scenario_path, engine), slo), cpu_kv_gib)
-    if kind != "mooncake" and block_size is None:
+    if sessions_of_trace and block_size is None:
         tb = trace_block_size or _session_block_tokens(trace, kind)
         if tb % base.engine.block_size:
             block_size = tb
@@ -278,10 +316,11 @@ def replay(trace_file, trace_path, workers, kv_tokens, kv_blocks, kv_bytes, rout
     session_trace = None
     try:
         scenario = base.with_overrides(**overrides)
-        if kind != "mooncake":
+        if sessions_of_trace:
             session_trace, result, wall_s = _replay_session_trace(
                 scenario, trace, kind, session_timing or "closed-loop", trace_block_size, speed, limit, bin_s,
-                write_requests, jobs=jobs, executor_kind=executor_kind)
+                write_requests, jobs=jobs, executor_kind=executor_kind,
+                infer_common_requests=(common_requests or DEFAULT_COMMON_REQUESTS) if infer_sessions else None)
         else:
             result, wall_s = _replay_mooncake(scenario, trace, trace_block_size or 512, speed, limit, bin_s,
                                               write_requests, jobs, executor_kind, dask_scheduler)

@@ -20,8 +20,11 @@ Linking (B = engine block size, P and O the parent's input and output lengths):
                                                   ^ the parent's output_block_hashes
 
 A child is linked to its parent when its prompt is at least the parent's and its leading ids equal the parent's full
-prompt blocks; the parent's `output_block_hashes` are then its first child's ids over the blocks the parent's output
-fills (as far as the child's prompt goes). A later child of the same parent shares those output blocks only if its
+prompt blocks (the ids of its full trace blocks); it then takes the parent's names for the parent's whole prompt. An
+engine block is named by the first request of the first-child chain (the request, its first child, ...) whose full
+trace blocks cover it (`_chain_names`), so the parent's `output_block_hashes` are its first child's ids over the
+blocks the parent's output fills (as far as the child's prompt goes), or a later descendant's where the child's last
+trace block is partial. A later child of the same parent shares those output blocks only if its
 ids over them are the same. Unlinked children (a prompt that does not extend the parent's) are counted
 (`SessionTrace.unlinked`) and replayed as new prompts.
 
@@ -43,13 +46,15 @@ from __future__ import annotations
 
 import math
 from array import array
-from dataclasses import replace
+from collections import Counter
+from dataclasses import dataclass, replace
 from collections.abc import Iterator
 from pathlib import Path
 
 from sim.workloads.request import Request
 from sim.workloads.sessions import Due
-from sim.workloads.trace_formats import LINE_READERS, SESSION_FORMATS, TurnLine, detect_format
+from sim.workloads.session_inference import ParentInference, common_block_ids
+from sim.workloads.trace_formats import LINE_READERS, MOONCAKE_BLOCK_TOKENS, SESSION_FORMATS, TurnLine, detect_format
 from sim.workloads.traces import TraceError, TraceRequest, json_object, sub_block_hashes
 
 SESSION_TIMINGS = ("closed-loop", "recorded")
@@ -115,12 +120,22 @@ class SessionTrace:
     `sessions()` (closed loop) or `recorded()` (open loop); each may be iterated once per replay."""
 
     def __init__(self, path: str | Path, *, block_size: int, fmt: str | None = None,
-                 trace_block_tokens: int | None = None, speed: float = 1.0, limit: int | None = None) -> None:
+                 trace_block_tokens: int | None = None, speed: float = 1.0, limit: int | None = None,
+                 infer_common_requests: int | None = None) -> None:
         self.path = Path(path)
         self.format = fmt or trace_format(self.path)
-        if self.format not in SESSION_FORMATS:
+        self.inference: ParentInference | None = None
+        """With `infer_common_requests` K, a Mooncake trace's parents are inferred from its hash ids
+        (`sim.workloads.session_inference`); `inference.counts` says what it did."""
+        if infer_common_requests is not None:
+            if self.format != "mooncake":
+                raise TraceError(f"{self.path}: sessions are inferred for Mooncake traces without session ids; this "
+                                 f"trace is {self.format}, whose turns name their parent or session")
+            self.inference = ParentInference(common_block_ids(self.path, infer_common_requests, limit),
+                                             infer_common_requests, trace_block_tokens or MOONCAKE_BLOCK_TOKENS)
+        elif self.format not in SESSION_FORMATS:
             raise TraceError(f"{self.path}: format {self.format!r} has no sessions; session formats: "
-                             f"{', '.join(SESSION_FORMATS)}")
+                             f"{', '.join(SESSION_FORMATS)} (or infer them from a Mooncake trace's hash ids)")
         if speed <= 0:
             raise TraceError(f"speed must be > 0, got {speed}")
         self.block_size = block_size
@@ -152,7 +167,10 @@ class SessionTrace:
         index: dict[object, int] = {}
         last_child: dict[int, int] = {}
         last_in_session: dict[object, int] = {}
-        """For formats whose turns name their session (mooncake-delta): each session's last turn so far."""
+        """For formats whose turns name their session (mooncake-sessions, mooncake-delta): each session's last turn
+        so far."""
+        last_ts_in_session: dict[object, float] = {}
+        """... and the timestamp of its last turn that had one (the mocker derives a delay from it)."""
         last_root_ts = -math.inf
         path = self.path
         try:
@@ -175,10 +193,16 @@ class SessionTrace:
                 i = len(self.offsets)
                 index[turn.key] = i
                 parent = -1 if turn.parent_key is None else index.get(turn.parent_key, -1)
-                if turn.session_key is not None:
-                    turn = self._session_turn(turn, last_in_session.get(turn.session_key, -1), path, line_no)
-                    parent = last_in_session.get(turn.session_key, -1)
-                    last_in_session[turn.session_key] = i
+                if self.inference is not None:
+                    parent = self.inference.parent(i, turn.hash_ids, turn.input_length,
+                                                   lambda p: self.first_child[p] >= 0)
+                elif turn.session_key is not None:
+                    key = turn.session_key
+                    parent = last_in_session.get(key, -1)
+                    turn = self._session_turn(turn, parent, last_ts_in_session.get(key), path, line_no)
+                    last_in_session[key] = i
+                    if turn.timestamp_s is not None:
+                        last_ts_in_session[key] = turn.timestamp_s
                 if turn.parent_key is not None and parent < 0:
                     self.orphans += 1
                     if turn.timestamp_s is None:
@@ -213,10 +237,12 @@ class SessionTrace:
             raise TraceError(f"{path}: no requests (an empty trace)")
         return block_tokens
 
-    def _session_turn(self, turn: TurnLine, previous: int, path: Path, line_no: int) -> TurnLine:
-        """A turn of a format that names sessions (mooncake-delta), with its times as Dynamo's mocker derives them: a
-        first turn at its timestamp (0 without one; no delay); a later one `delay` after its predecessor's
-        completion, or, without a delay, its timestamp minus its predecessor's (0 when either has none)."""
+    @staticmethod
+    def _session_turn(turn: TurnLine, previous: int, last_ts: float | None, path: Path, line_no: int) -> TurnLine:
+        """A turn of a format that names sessions (mooncake-sessions, mooncake-delta), with its times as Dynamo's
+        mocker derives them: a first turn at its timestamp (0 without one; no delay); a later one `delay` after
+        its predecessor's completion, or, without a delay, its timestamp minus `last_ts`, the timestamp of the
+        session's last turn that had one (0 when either is missing)."""
         if previous < 0:
             if turn.delay_s:
                 raise TraceError(f"{path}:{line_no}: field 'delay' must be 0 on a session's first turn, got "
@@ -224,8 +250,10 @@ class SessionTrace:
             return replace(turn, timestamp_s=turn.timestamp_s or 0.0, delay_s=None)
         delay = turn.delay_s
         if delay is None:
-            before = self.timestamps_s[previous]
-            delay = 0.0 if turn.timestamp_s is None or math.isnan(before) else turn.timestamp_s - before
+            delay = 0.0 if turn.timestamp_s is None or last_ts is None else turn.timestamp_s - last_ts
+            if delay < 0:
+                raise TraceError(f"{path}:{line_no}: field 'timestamp' ({turn.timestamp_s * 1000:g} ms) is before its "
+                                 f"session's previous one ({last_ts * 1000:g} ms)")
         return replace(turn, delay_s=delay)
 
     # -- the index's questions --------------------------------------------------------------------------------
@@ -253,6 +281,17 @@ class SessionTrace:
         p = self.parents[i]
         return None if p < 0 else p
 
+    def shape(self) -> SessionShape:
+        """How many sessions, how many turns each, and the quantiles of the gaps (for a report; N numbers)."""
+        root = array("q", range(len(self)))
+        for i, p in enumerate(self.parents):
+            if p >= 0:
+                root[i] = root[p]
+        sizes = Counter(Counter(root).values())
+        gaps = sorted(self.gap_s(i) for i in range(len(self)) if self.parents[i] >= 0)
+        quantiles = {q: gaps[min(len(gaps) - 1, len(gaps) * q // 100)] for q in (5, 50, 95)} if gaps else {}
+        return SessionShape(sum(sizes.values()), dict(sorted(sizes.items())), quantiles)
+
     # -- building requests ------------------------------------------------------------------------------------
 
     def _line(self, handle, i: int) -> TurnLine:
@@ -263,12 +302,22 @@ class SessionTrace:
 
     def _build(self, handle, i: int, parent: Request | None) -> Request:
         """Request `i` (see the module docstring for its hashes, output blocks and token runs)."""
-        B, tb, k = self.block_size, self.trace_block_tokens, self._per_block
+        B, tb = self.block_size, self.trace_block_tokens
         turn = self._line(handle, i)
         if self.format in DELTA_FORMATS:
             return self._build_delta(turn, i, parent)
         ids, n_in, n_out = turn.hash_ids, turn.input_length, turn.output_length
-        hashes = sub_block_hashes(ids, k, n_in // B)
+        hashes = sub_block_hashes(ids, self._per_block, n_in // B)
+        output_hashes: tuple = ()
+        output_key = None
+        if self.first_child[i] >= 0:
+            names, child_tokens = self._chain_names(handle, i, turn, (n_in + n_out) // B)
+            # NOTE: an engine block inside this prompt's partial last trace block takes a descendant's id (the
+            # partial block's own id names fewer tokens), so that the child's prefix matches this prompt's.
+            hashes = tuple(names[: n_in // B]) + hashes[len(names):]
+            if child_tokens:
+                output_hashes = tuple(names[n_in // B: min(n_in + n_out, child_tokens) // B])
+                output_key = ("out", i)
         runs: list = []
         context = 0
         session_id, depth = i, 0
@@ -276,12 +325,21 @@ class SessionTrace:
             session_id, depth = parent.session_id, parent.turn + 1
             P, O = parent.prompt_tokens, parent.output_tokens
             pb = len(parent.block_hashes)
-            if n_in >= P and hashes[:pb] == parent.block_hashes:
+            full = P // tb
+            if n_in >= P and ids[:full] == self._line(handle, parent.request_id).hash_ids[:full]:
+                # NOTE: linked on the ids of the parent's full trace blocks; the child then takes the parent's names
+                # for the parent's whole prompt: the engine blocks inside the parent's partial last trace block are
+                # named by a descendant's ids (`_chain_names`), not necessarily this child's (a second child), and
+                # the child resends the parent's prompt all the same.
+                hashes = parent.block_hashes + hashes[pb:]
                 runs = list(parent.token_runs)
                 m = min(O, n_in - P)
                 end = (P + m) // B
                 out = parent.output_block_hashes
-                if parent.output_key is not None and len(out) >= end - pb and hashes[pb:end] == out[:end - pb]:
+                # NOTE: the output blocks a descendant names must agree; the rest of the output the child holds lies
+                # inside its own partial last trace block (no later turn named it), which the ids cannot deny.
+                named = min(len(out), end - pb)
+                if parent.output_key is not None and (named or end == pb) and hashes[pb:pb + named] == out[:named]:
                     runs.append((parent.output_key, m))
                     own_from = P + m
                 else:
@@ -295,27 +353,38 @@ class SessionTrace:
                 self.unlinked += 1
         if not runs:
             runs = _own_runs(ids, 0, n_in, tb)
-        output_hashes: tuple = ()
-        output_key = None
-        child = self.first_child[i]
-        if child >= 0:
-            c = self._line(handle, child)
-            full = n_in // tb
-            if c.input_length >= n_in and c.hash_ids[:full] == ids[:full]:
-                # NOTE: only the child's full trace blocks: its sub-blocks inside its own partial last trace block
-                # take its own first child's ids in turn (as this request's do here), so they are not known yet.
-                child_hashes = sub_block_hashes(c.hash_ids, k, min(c.input_length // B, c.input_length // tb * k))
-                if len(child_hashes) >= n_in // B:
-                    # NOTE: a sub-block inside this prompt's partial last trace block takes the child's id (the
-                    # partial block's own id names fewer tokens), so that the child's prefix matches this prompt's.
-                    hashes = child_hashes[: n_in // B]
-                output_hashes = child_hashes[n_in // B: (n_in + n_out) // B]
-                output_key = ("out", i)
         return Request(
             request_id=i, prompt_tokens=n_in, output_tokens=n_out, block_hashes=hashes, num_shareable_tokens=0,
             prefix_id=ids[0] if ids else None, token_runs=tuple(runs), session_id=session_id, turn=depth,
             output_block_hashes=output_hashes, output_key=output_key, num_context_tokens=context,
         )
+
+    def _chain_names(self, handle, i: int, turn: TurnLine, num_blocks: int) -> tuple[list[int], int]:
+        """The names of the first `num_blocks` engine blocks of request `i`'s prompt and output, and its first child's
+        prompt tokens (0: no linked child). Block q is named by the first request of `i`'s first-child chain
+        (`i`, its first child, that one's first child, ...) whose **full** trace blocks cover it, as the chain's
+        ids agree on what they share: a partial trace block's id names fewer tokens than the full block a later
+        turn has at the same place. The walk stops where the chain does, or at a child whose prompt does not extend
+        its parent's full trace blocks; blocks past it stay unnamed here."""
+        tb, k = self.trace_block_tokens, self._per_block
+        names: list[int] = []
+        child_tokens = 0
+        member, idx = turn, i
+        while member is not None:
+            covered = min(num_blocks, member.input_length // tb * k)
+            ids = member.hash_ids
+            names.extend(ids[q // k] * k + q % k if k > 1 else ids[q] for q in range(len(names), covered))
+            c = self.first_child[idx]
+            if c < 0 or (len(names) >= num_blocks and idx != i):
+                break
+            line = self._line(handle, c)
+            full = member.input_length // tb
+            if line.input_length < member.input_length or line.hash_ids[:full] != ids[:full]:
+                break
+            if idx == i:
+                child_tokens = line.input_length
+            member, idx = line, c
+        return names, child_tokens
 
     def _build_delta(self, turn: TurnLine, i: int, parent: Request | None) -> Request:
         """Request `i` of a delta format: its prompt is its parent's prompt, the parent's output, then its own new
@@ -356,7 +425,7 @@ class SessionTrace:
         for i in range(len(self)):
             if math.isnan(self.timestamps_s[i]):
                 raise TraceError(f"{self.path}:{self.line_nos[i]}: --sessions recorded needs every turn's "
-                                 "timestamp_s (this one has only delay_s)")
+                                 f"timestamp ({'timestamp_s' if self.format == 'kvsim' else 'timestamp'}; this one has none)")
         waiting: dict[int, list] = {}
         """Built requests whose children are not built yet: [request, children left]."""
         with self.path.open("rb") as handle:
@@ -380,6 +449,17 @@ class SessionTrace:
                                      f"order ({self.timestamps_s[i]} after {last_s * self.speed})")
                 last_s = at_s
                 yield TraceRequest(at_s, request)
+
+
+@dataclass(frozen=True, slots=True)
+class SessionShape:
+    """A session trace's sessions, as linked (`SessionTrace.shape`)."""
+
+    sessions: int
+    sizes: dict[int, int]
+    """Turns per session -> sessions of that many turns."""
+    gap_quantiles_s: dict[int, float]
+    """Percentile (5, 50, 95) -> the closed-loop gap of the later turns at it, in seconds (over speed)."""
 
 
 class _TraceSession:

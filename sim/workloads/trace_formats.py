@@ -14,6 +14,13 @@ them. The formats (docs/concepts/session-traces.md lists every field):
   (`timestamp` ms, `input_length`, `output_length`, `hash_ids`) with `session_id` (rows of one id are a session's
   turns in file order) and `delay` (ms after the previous turn's completion), whose `hash_ids` and `input_length`
   are the turn's **new** input only: the prompt is the previous prompt, its output, then this delta.
+* `mooncake-sessions`: Dynamo 1.6.1's mocker reading plain Mooncake rows (its default `mooncake` format) that
+  carry `session_id`: rows of one id are a session's turns in file order, each row's `hash_ids` its **whole**
+  prompt (nothing is implied), `delay` (ms after the previous turn's completion) or, without it, the timestamp
+  difference (benchmarks/oracles/dynamo-mocker/session-formats.md). kvsim links a turn to its predecessor as it
+  links a Bailian turn (its leading ids equal the predecessor's full prompt blocks).
+* `mooncake` with inferred sessions (`sim.workloads.session_inference`): plain Mooncake rows (no session field);
+  each row's parent is inferred from its hash ids.
 * `kvsim`: kvsim's own session JSONL: `id`, `parent` (an earlier line's id, or null), `timestamp_s`, optional
   `delay_s` (the think time after the parent finished), `input_length`, `output_length`, `hash_ids` and optional
   `block_size` (tokens per hash id, 16 unless given, the same on every line).
@@ -33,7 +40,7 @@ BAILIAN_BLOCK_TOKENS = 16
 KVSIM_BLOCK_TOKENS = 16
 """Tokens per hash id of a kvsim session JSONL line without `block_size`."""
 
-SESSION_FORMATS = ("bailian", "kvsim", "mooncake-delta")
+SESSION_FORMATS = ("bailian", "kvsim", "mooncake-sessions", "mooncake-delta")
 """Formats of session-structured traces, as `--format` names them."""
 TRACE_FORMATS = ("mooncake", *SESSION_FORMATS)
 """Every format `kvsim replay` reads (`mooncake`: one independent request per line, open loop)."""
@@ -128,22 +135,23 @@ def kvsim_line(obj: dict, path: Path, line_no: int, block_tokens: int | None = N
     return TurnLine(key, parent, ts, delay, n_in, n_out, ids, tb)
 
 
-def mooncake_delta_line(obj: dict, path: Path, line_no: int, block_tokens: int | None = None) -> TurnLine:
-    """A mooncake-delta line (see the module docstring; aliases as the mocker's: `input_tokens`, `output_tokens`,
-    `created_time`, `delay_ms`), or TraceError naming the field. Its key is its line number; its parent is found
-    by session (`TurnLine.session_key`)."""
+def _mooncake_row(obj: dict, path: Path, line_no: int, block_tokens: int | None) -> TurnLine:
+    """A Mooncake row as Dynamo's mocker reads it (aliases as the mocker's: `input_tokens`, `output_tokens`,
+    `created_time`, `delay_ms`; `input_length` defaults to the hash ids × the trace block), or TraceError naming
+    the field. Its key is its line number; its parent is found by session (`TurnLine.session_key`): a row without
+    `session_id` is a session of its own."""
     for name, alias in (("input_length", "input_tokens"), ("output_length", "output_tokens"),
                         ("timestamp", "created_time"), ("delay", "delay_ms")):
         if name not in obj and alias in obj:
             obj[name] = obj[alias]
-    tb = block_tokens or MOONCAKE_DELTA_BLOCK_TOKENS
+    tb = block_tokens or MOONCAKE_BLOCK_TOKENS
     ids = field(obj, "hash_ids", list, path, line_no)
     if "input_length" not in obj:
         obj["input_length"] = len(ids) * tb
     n_in, n_out = _lengths(obj, path, line_no)
     check_hash_ids(ids, n_in, tb, path, line_no)
     session = obj.get("session_id")
-    if session is not None and not isinstance(session, (str, int)) or isinstance(session, bool):
+    if session is not None and (isinstance(session, bool) or not isinstance(session, (str, int))):
         raise TraceError(f"{path}:{line_no}: field 'session_id' must be a string, got {session!r}")
     ts = _number(obj, "timestamp", path, line_no, optional=True)
     delay = _number(obj, "delay", path, line_no, optional=True)
@@ -151,19 +159,46 @@ def mooncake_delta_line(obj: dict, path: Path, line_no: int, block_tokens: int |
                     n_in, n_out, ids, tb, session_key=("line", line_no) if session is None else session)
 
 
-MOONCAKE_DELTA_BLOCK_TOKENS = 512
-"""Tokens per hash id of a mooncake-delta trace unless --trace-block-size says otherwise (the mocker's
-`trace_block_size` default is Mooncake's 512)."""
+def mooncake_delta_line(obj: dict, path: Path, line_no: int, block_tokens: int | None = None) -> TurnLine:
+    """A mooncake-delta line (see the module docstring): a Mooncake row whose ids and length are the turn's new
+    input only."""
+    return _mooncake_row(obj, path, line_no, block_tokens)
 
-LINE_READERS = {"bailian": bailian_line, "kvsim": kvsim_line, "mooncake-delta": mooncake_delta_line}
-"""Each session format's line reader: (object, path, line number, block tokens or None) -> TurnLine."""
+
+def mooncake_sessions_line(obj: dict, path: Path, line_no: int, block_tokens: int | None = None) -> TurnLine:
+    """A Mooncake row with `session_id` (see the module docstring): its ids and length are the turn's whole
+    prompt."""
+    return _mooncake_row(obj, path, line_no, block_tokens)
+
+
+def mooncake_line(obj: dict, path: Path, line_no: int, block_tokens: int | None = None) -> TurnLine:
+    """A plain Mooncake row (`timestamp` ms, `input_length`, `output_length`, `hash_ids`) as a turn of no known
+    session: its parent is inferred (`sim.workloads.session_inference`), so it needs a timestamp."""
+    if "timestamp" not in obj:
+        raise TraceError(f"{path}:{line_no}: missing field 'timestamp'")
+    turn = _mooncake_row(obj, path, line_no, block_tokens)
+    return TurnLine(turn.key, None, turn.timestamp_s, None, turn.input_length, turn.output_length, turn.hash_ids,
+                    turn.block_tokens)
+
+
+MOONCAKE_BLOCK_TOKENS = 512
+"""Tokens per hash id of a Mooncake-row trace (mooncake, mooncake-sessions, mooncake-delta) unless
+--trace-block-size says otherwise (the mocker's `trace_block_size` default is Mooncake's 512)."""
+
+LINE_READERS = {"bailian": bailian_line, "kvsim": kvsim_line, "mooncake-sessions": mooncake_sessions_line,
+                "mooncake-delta": mooncake_delta_line, "mooncake": mooncake_line}
+"""Each session format's line reader: (object, path, line number, block tokens or None) -> TurnLine (`mooncake`:
+rows whose sessions are inferred)."""
 
 
 def detect_format(obj: dict) -> str:
     """The format of a trace whose first line is `obj`, by the fields it has: `chat_id` (Bailian), `id` and
-    `parent` (kvsim), else Mooncake."""
+    `parent` (kvsim), `session_id` (Mooncake rows with sessions, as Dynamo's mocker reads them by default; never
+    mooncake-delta, whose rows look the same), else Mooncake."""
     if "chat_id" in obj:
         return "bailian"
     if "id" in obj and "parent" in obj:
         return "kvsim"
+    if "session_id" in obj:
+        return "mooncake-sessions"
     return "mooncake"

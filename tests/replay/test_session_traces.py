@@ -376,3 +376,83 @@ def test_mooncake_delta_sessions_share_a_first_delta_across_sessions_and_derive_
     with pytest.raises(TraceError, match=r":1: field 'delay' must be 0 on a session's first turn, got 5 ms"):
         path.write_text('{"session_id": "a", "delay": 5, "input_length": 3, "output_length": 1, "hash_ids": [1]}\n')
         SessionTrace(path, block_size=16, fmt="mooncake-delta", trace_block_tokens=16)
+
+
+# -- mooncake-sessions (Mooncake rows with session_id, as Dynamo's mocker reads them) ----------------------------
+
+MOONCAKE_SESSIONS = TRACES / "mooncake_sessions.jsonl"
+"""Hand-written: sessions a (3 turns, each resending the history) and b (a turn that ends in its parent's last
+512-token block, one that drops the history, one after a row without timestamp), 512-token ids."""
+
+
+def test_mooncake_rows_with_session_id_are_detected_as_sessions_and_timed_as_the_mocker_times_them():
+    assert trace_format(MOONCAKE_SESSIONS) == "mooncake-sessions"
+    trace = SessionTrace(MOONCAKE_SESSIONS, block_size=64)
+    assert trace.trace_block_tokens == 512
+    # Rows of one session_id are its turns in file order: a = lines 1, 4, 6; b = lines 2, 3, 5, 7.
+    assert [trace.parent_of(i) for i in range(7)] == [None, None, 1, 0, 2, 3, 4]
+    # Gaps: the timestamp difference (30 s, 10 s), the delay (2000 ms), 0 without either, and from the session's
+    # last row that had a timestamp when the previous one has none (60 s - 20 s), as the mocker's probe showed.
+    assert [trace.gap_s(i) for i in (3, 2, 5, 4, 6)] == [30.0, 10.0, 2.0, 0.0, 40.0]
+    records = {r.request_id: r for r in replay_sessions(scenario(block_size=64), trace.sessions(),
+                                                        keep_records=True).records}
+    assert records[3].sent_s == pytest.approx(records[0].finished_s + 30.0, rel=1e-12)
+    assert records[5].sent_s == pytest.approx(records[3].finished_s + 2.0, rel=1e-12)
+    assert records[4].sent_s == pytest.approx(records[2].finished_s, rel=1e-12)
+    assert records[6].sent_s == pytest.approx(records[4].finished_s + 40.0, rel=1e-12)
+
+
+def test_mooncake_session_turns_link_as_bailian_turns_and_hit_exactly():
+    # One unbounded worker, blocks of 64 in 512-token ids (8 engine blocks an id).
+    # a0 (1000 tokens, out 300): nothing cached yet -> 0. Its blocks inside its partial id 2 and its output blocks are
+    #   named by the first descendant whose full ids cover them (a1's id 3, a2's id 5).
+    # b0 (600): block 1 of a0 -> 512.  b1 (700) ends inside b0's last id: linked on b0's full ids, it takes b0's
+    #   names for b0's whole prompt -> 9 blocks = 576 (b0's output sits in b1's partial id, which no descendant
+    #   has in full, so it is not named: one block short of the 640 a real resend would hit).
+    # a1 (1400): a0's prompt and the 5 output blocks it computed (1299 tokens = 20 blocks) -> 1280.
+    # b2 (600, ids 10, 11) drops the history: not linked, 0.  a2 (1700): a1's 21 + 3 output blocks -> 1536.
+    # b3 (800) extends b1, not b2 (its predecessor): not linked; block 1 -> 512.
+    trace = SessionTrace(MOONCAKE_SESSIONS, block_size=64)
+    result = replay_sessions(scenario(block_size=64), trace.sessions(), keep_records=True)
+    hits = {r.request_id: r.cached_tokens for r in result.records}
+    assert [hits[i] for i in range(7)] == [0, 512, 576, 1280, 0, 1536, 512]
+    assert trace.unlinked == 2
+    # With engine blocks as large as the ids, the names are the ids; a1 then hits a0's 2 full blocks of computed
+    # tokens (1299 // 512) and a2 a1's 3 (1599 // 512).
+    big = SessionTrace(MOONCAKE_SESSIONS, block_size=512)
+    hits = {r.request_id: r.cached_tokens for r in replay_sessions(scenario(block_size=512), big.sessions(),
+                                                                    keep_records=True).records}
+    assert [hits[i] for i in range(7)] == [0, 512, 512, 1024, 0, 1536, 512]
+    paged = scenario("sglang", block_size=64).with_overrides(**{"engine.page_size": 1})
+    sglang = {r.request_id: r.cached_tokens
+              for r in replay_sessions(paged, SessionTrace(MOONCAKE_SESSIONS, block_size=64).sessions(),
+                                       keep_records=True).records}
+    # SGLang's radix tree (pages of 1 token) hits b0's whole prompt in b1 (600: the ids name no output there) and
+    # all that a0 and a1 committed (prompt + output - 1) in a1 and a2.
+    assert [sglang[i] for i in range(7)] == [0, 512, 600, 1299, 0, 1599, 512]
+
+
+def test_mooncake_sessions_replay_from_the_cli_closed_loop_by_default_and_refuse_recorded_without_timestamps(tmp_path):
+    result = CliRunner().invoke(main, ["replay", str(MOONCAKE_SESSIONS), "--workers", "2", "--out", str(tmp_path),
+                                       "--requests"])
+    assert result.exit_code == 0, result.output
+    assert "7 turns: 0 whose parent is not in the file" in result.output and "2 whose prompt does not extend" in result.output
+    assert "closed loop" in result.output
+    with open(tmp_path / "requests.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["parent_request_id"] for r in rows] == ["", "", "1", "0", "2", "3", "4"]
+    result = CliRunner().invoke(main, ["replay", str(MOONCAKE_SESSIONS), "--workers", "2", "--sessions", "recorded"])
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines()[-1] == (f"Error: {MOONCAKE_SESSIONS}:5: --sessions recorded needs every "
+                                                      "turn's timestamp (timestamp; this one has none)")
+    assert "Traceback" not in result.output
+
+
+def test_a_mooncake_session_timestamp_before_its_sessions_previous_one_is_refused(tmp_path):
+    path = tmp_path / "s.jsonl"
+    path.write_text('{"session_id": "a", "timestamp": 5000, "input_length": 10, "output_length": 1, "hash_ids": [1]}\n'
+                    '{"session_id": "a", "input_length": 10, "output_length": 1, "hash_ids": [1]}\n'
+                    '{"session_id": "a", "timestamp": 4000, "input_length": 10, "output_length": 1, "hash_ids": [1]}\n')
+    with pytest.raises(TraceError, match=r":3: field 'timestamp' \(4000 ms\) is before its session's previous one "
+                                         r"\(5000 ms\)"):
+        SessionTrace(path, block_size=16, trace_block_tokens=16)
