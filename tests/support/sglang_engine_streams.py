@@ -6,7 +6,8 @@ SGLang's side (`benchmarks/oracles/sglang/engine_oracle.py`, under the SGLang ve
 allocator, request pool and default tree cache, in a line-for-line mirror of `event_loop_overlap` /
 `event_loop_normal` with a fake model. kvsim's side drives `sim.engines.sglang.scheduler.Scheduler` with a device
 that runs one batch per tick. Both serve the same closed loop: the first `concurrency` requests at the start, then
-one new request per finished one, received at the top of the next loop iteration.
+one new request per finished one, received at the top of the next loop iteration; a request that names another
+(`after`: a session's next turn, see `sglang_session_streams`) is received when that one finishes, in its place.
 
 Compared, for every batch in scheduling order: its kind, its requests with (prefix_len, extend_len), the requests
 retracted to form it, free KV slots, evictable and protected tree tokens, `new_token_ratio` and the waiting queue's
@@ -26,13 +27,12 @@ from sim.engines.sglang.tokens import Tokens
 from sim.workloads.request import Request
 from tests.support.oracle_support import Oracle
 from tests.support.paths import GOLDEN, REPO
+from tests.support.sglang_session_streams import OUT_KEY_BASE, SessionShape, session_requests
 
 ORACLE = Oracle(script=REPO / "benchmarks" / "oracles" / "sglang" / "engine_oracle.py", env_var="KVSIM_SGLANG_PYTHON",
                 golden_dir=GOLDEN / "sglang_engine", version_key="sglang_version",
                 setup="benchmarks/oracles/sglang/README.md", answer_keys=("batches", "requests", "tree", "final"))
 ORACLE_SGLANG_VERSION = "0.5.23"
-OUT_KEY_BASE = 900_000
-"""SGLang's fake model samples token (900000 + i) * 10^6 + p at output position p of request i ..."""
 EOS_RUN = [0, 999_999, 1]
 """... or the EOS token, id 999999, at the request's `eos_after` position."""
 
@@ -114,6 +114,52 @@ STREAMS: dict[str, dict] = {
 }
 
 
+SESSIONS: dict[str, SessionShape] = {
+    # 9 chat sessions of 2-4 turns back to back, 2 system prompts, outputs resent by the next turn
+    "chat": SessionShape(seed=21, sessions=9, turns=(2, 4), groups=2, system_tokens=(300, 700),
+                         message_tokens=(20, 250), output_tokens=(8, 60)),
+    # 8 sessions with 1-2 unrelated requests of 500-1300 tokens between turns (a tool call's gap)
+    "gaps": SessionShape(seed=22, sessions=8, turns=(2, 4), groups=2, system_tokens=(200, 500),
+                         message_tokens=(20, 200), output_tokens=(10, 60), gap_requests=(1, 2),
+                         gap_tokens=(500, 1300), gap_output_tokens=(4, 20)),
+    # 30 sessions of 2-3 turns with long outputs that do not ignore EOS (admission reserves them at
+    # new_token_ratio, so decode can run out of KV and retract a turn)
+    "long_outputs": SessionShape(seed=24, sessions=30, turns=(2, 3), groups=3, system_tokens=(50, 200),
+                                 message_tokens=(10, 100), output_tokens=(100, 400), ignore_eos=False),
+}
+"""The session streams' shapes (see `sglang_session_streams`)."""
+SESSION_STREAMS: dict[str, tuple[str, dict]] = {
+    # 4 clients; the pool holds every session's context: each later turn hits all of it
+    "sessions_overlap": ("chat", {"concurrency": 4, "max_total_tokens": 20000}),
+    "sessions_normal_chunked": ("chat", {"concurrency": 4, "max_total_tokens": 20000, "chunked_prefill_size": 512,
+                                         "disable_overlap_schedule": True}),
+    # 3 clients in a 3,200-token pool: while a session waits out its gap, its context is evicted in part or whole
+    "sessions_gaps_page16": ("gaps", {"concurrency": 3, "page_size": 16, "max_total_tokens": 3200,
+                                      "disable_overlap_schedule": True}),
+    "sessions_gaps_page16_overlap": ("gaps", {"concurrency": 3, "page_size": 16, "max_total_tokens": 3200}),
+    # 20 clients in a 6,000-token pool: later turns are retracted and re-prefilled with their own outputs
+    "sessions_retract_normal": ("long_outputs", {"concurrency": 20, "max_total_tokens": 6000,
+                                                 "disable_overlap_schedule": True}),
+    "sessions_retract_page16_overlap": ("long_outputs", {"concurrency": 20, "page_size": 16,
+                                                         "max_total_tokens": 6000}),
+}
+"""Session streams: (shape, configuration)."""
+
+
+def _sessions(shape: str, page_size: int):
+    return lambda: [js for js, _ in session_requests(SESSIONS[shape], page_size)]
+
+
+STREAMS.update({name: {**config, "requests": _sessions(shape, config.get("page_size", 1))}
+                for name, (shape, config) in SESSION_STREAMS.items()})
+
+
+def session_stream_requests(name: str) -> list[Request]:
+    """kvsim's requests of the session stream `name` (what `TokenSequence` built), in list order."""
+    shape, config = SESSION_STREAMS[name]
+    return [req for _, req in session_requests(SESSIONS[shape], config.get("page_size", 1))]
+
+
 def build_stream(name: str) -> dict:
     spec = {k: v for k, v in STREAMS[name].items() if k != "requests"}
     return {**DEFAULTS, **spec, "requests": STREAMS[name]["requests"]()}
@@ -121,8 +167,8 @@ def build_stream(name: str) -> dict:
 
 # ---------------------------------------------------------------------------------------------- kvsim side
 def _runs_out(runs, index_of_out, eos_at) -> list[list[int]]:
-    """kvsim's runs as the oracle writes them: output tokens of request i as key 900000 + i, its EOS as `EOS_RUN`
-    (kvsim's sampled tokens are all unique to their request; SGLang's EOS is one token id)."""
+    """kvsim's runs as the oracle writes them: output tokens of request i (key `("out", id)`, or `OUT_KEY_BASE + i`
+    when a later prompt resends them) as key 900000 + i, its EOS as `EOS_RUN` (SGLang's EOS is one token id)."""
     out: list[list[int]] = []
 
     def add(k, start, n) -> None:
@@ -132,10 +178,14 @@ def _runs_out(runs, index_of_out, eos_at) -> list[list[int]]:
             out.append([k, start, n])
 
     for key, start, n in runs:
-        if not (isinstance(key, tuple) and key[0] == "out"):
+        if isinstance(key, tuple) and key[0] == "out":
+            i = index_of_out[key[1]]
+        elif isinstance(key, int) and key >= OUT_KEY_BASE:
+            i = key - OUT_KEY_BASE
+        else:
             add(key, start, n)
             continue
-        k, eos = OUT_KEY_BASE + index_of_out[key[1]], eos_at.get(key[1])
+        k, eos = OUT_KEY_BASE + i, eos_at.get(i)
         if eos is not None and start <= eos < start + n:
             add(k, start, eos - start)
             add(*EOS_RUN)
@@ -157,6 +207,13 @@ def replay_kvsim(stream: dict) -> dict:
     )
     sched = Scheduler(limits, tree, schedule_policy=stream["schedule_policy"])
     reqs = stream["requests"]
+    # outputs a later prompt resends carry the identity that prompt gives them (as a session's TokenSequence does)
+    resent = {k - OUT_KEY_BASE for r in reqs for k, _, _ in r["prompt"] if k >= OUT_KEY_BASE}
+    followers: dict[str, list[int]] = {}
+    for i, r in enumerate(reqs):
+        if r.get("after") is not None:
+            followers.setdefault(r["after"], []).append(i)
+    independent = iter([i for i, r in enumerate(reqs) if r.get("after") is None])
     states: list[SglangRequest] = []
     index = {}
     batches: list[dict] = []
@@ -187,7 +244,7 @@ def replay_kvsim(stream: dict) -> dict:
         r = reqs[i]
         length = sum(k[2] for k in r["prompt"])
         request = Request(request_id=r["id"], prompt_tokens=length, output_tokens=r["max_new_tokens"],
-                          block_hashes=())
+                          block_hashes=(), output_key=OUT_KEY_BASE + i if i in resent else None)
         state = SglangRequest(request, 0, 0.0, origin=Tokens(tuple(run) for run in r["prompt"]),
                               max_new_tokens=r["max_new_tokens"], ignore_eos=r["ignore_eos"],
                               eos_at=r.get("eos_after"))
@@ -195,10 +252,14 @@ def replay_kvsim(stream: dict) -> dict:
         states.append(state)
         sched.add_request(state)
 
-    next_req = 0
-    while next_req < min(stream["concurrency"], len(reqs)):
-        submit(next_req)
-        next_req += 1
+    def submit_next() -> None:
+        """The closed loop's next request (one that follows no other), if any."""
+        i = next(independent, None)
+        if i is not None:
+            submit(i)
+
+    for _ in range(stream["concurrency"]):
+        submit_next()
     tick = 0
     while sched.has_work:
         step = sched.schedule(float(tick))
@@ -213,11 +274,14 @@ def replay_kvsim(stream: dict) -> dict:
             records[index[s.request.request_id]]["first_token_batch"] = b
         for s in outcome.finished:
             records[index[s.request.request_id]]["finish_batch"] = b
-            if next_req < len(reqs):
-                submit(next_req)
-                next_req += 1
+            for i in followers.get(s.request.request_id) or ():
+                submit(i)
+            if s.request.request_id not in followers:
+                submit_next()
+    if len(states) != len(reqs):
+        raise RuntimeError(f"kvsim received {len(states)} of {len(reqs)} requests")
     out_index = {rid: i for rid, i in index.items()}
-    eos_at = {r["id"]: r["eos_after"] for r in reqs if not r["ignore_eos"] and r.get("eos_after") is not None}
+    eos_at = {i: r["eos_after"] for i, r in enumerate(reqs) if not r["ignore_eos"] and r.get("eos_after") is not None}
     for s in states:
         rec = records[index[s.request.request_id]]
         rec.update(cached_tokens=s.num_cached_tokens, num_retractions=s.num_preemptions,
@@ -267,5 +331,10 @@ def differences(expected: dict, actual: dict, *, limit: int = 12) -> list[str]:
 
 
 if __name__ == "__main__":
-    # Regenerate: KVSIM_SGLANG_PYTHON=<sglang venv>/bin/python python -m tests.support.sglang_engine_streams
-    ORACLE.regenerate(STREAMS, build_stream)
+    # Regenerate: KVSIM_SGLANG_PYTHON=<sglang venv>/bin/python python -m tests.support.sglang_engine_streams [NAME ..]
+    import sys
+
+    unknown = sorted(set(sys.argv[1:]) - set(STREAMS))
+    if unknown:
+        raise SystemExit(f"unknown stream(s) {unknown}; streams: {sorted(STREAMS)}")
+    ORACLE.regenerate(sys.argv[1:] or STREAMS, build_stream)

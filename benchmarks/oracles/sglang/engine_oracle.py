@@ -24,10 +24,12 @@ Input (one JSON object; every key but "requests" optional, defaults shown):
      "max_running_requests": 256, "context_length": 40960, "schedule_policy": "fcfs",
      "radix_eviction_policy": "lru", "disable_overlap_schedule": false, "concurrency": 8, "tree_cache": "unified",
      "requests": [{"id": "r0", "prompt": [[k, start, n], ...], "max_new_tokens": 64, "ignore_eos": true,
-                   "eos_after": null}, ...]}
+                   "eos_after": null, "after": null}, ...]}
 
 A prompt run [k, start, n] is the token ids k*1_000_000 + start .. + n - 1. Request number i (0-based) samples
-(900_000 + i) * 1_000_000 + p at output position p, or EOS_TOKEN_ID at position eos_after when ignore_eos is false.
+(900_000 + i) * 1_000_000 + p at output position p, or EOS_TOKEN_ID at position eos_after when ignore_eos is false;
+so a later prompt resends request j's outputs p .. p + n - 1 as the run [900_000 + j, p, n] (a session's next turn).
+A request with "after": id is received when that request finishes (a session's next turn), not in the closed loop.
 Output: see README.md ("Engine oracle"). Exit status: 0 ok, 2 bad input, 3 the stream stalled, 4 internal error.
 """
 
@@ -58,7 +60,7 @@ DEFAULTS = {
     "concurrency": 8,
     "tree_cache": "unified",
 }
-REQ_DEFAULTS = {"max_new_tokens": 64, "ignore_eos": True, "eos_after": None}
+REQ_DEFAULTS = {"max_new_tokens": 64, "ignore_eos": True, "eos_after": None, "after": None}
 # "random" needs a seeded RNG and "priority"/"routing-key" need request fields this format does not carry.
 POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "hrrn", "shortest-prefill-first")
 EVICTION_POLICIES = ("lru", "lfu", "fifo", "mru", "filo", "priority", "slru")
@@ -139,10 +141,15 @@ def parse_spec(spec) -> dict:
             k, start, n = (_int(x, f"{where}.prompt[{j}]") for x in run)
             if k < 1 or k >= 9_000_000 or start < 0 or n < 1 or start + n > SCALE:
                 raise BadInput(f"{where}.prompt[{j}]: need 1 <= k < 9e6, start >= 0, n >= 1, start + n <= 1e6")
+            if k >= OUTPUT_K and not (k - OUTPUT_K < i and start + n <= out[k - OUTPUT_K]["max_new_tokens"]):
+                raise BadInput(f"{where}.prompt[{j}]: a run with k >= {OUTPUT_K} resends the outputs of request "
+                               f"k - {OUTPUT_K}, which must come earlier in the list and sample start + n of them")
         _int(rr["max_new_tokens"], f"{where}.max_new_tokens", 1)
         _bool(rr["ignore_eos"], f"{where}.ignore_eos")
         if rr["eos_after"] is not None:
             _int(rr["eos_after"], f"{where}.eos_after", 0)
+        if rr["after"] is not None and rr["after"] not in seen - {rr["id"]}:
+            raise BadInput(f"{where}.after: null or the id of an earlier request, got {rr['after']!r}")
         out.append(rr)
     cfg["requests"] = out
     return cfg
@@ -356,7 +363,13 @@ class Oracle:
         self.batches: list = []
         self.retractions_without_batch: list = []
         self.evicted_without_batch: list = []
-        self.next_arrival = 0
+        self.followers: dict[str, list[int]] = {}  # id -> input indices of the requests received when it finishes
+        self.independent = [i for i, r in enumerate(self.specs) if r["after"] is None]  # the closed loop's list
+        for i, r in enumerate(self.specs):
+            if r["after"] is not None:
+                self.followers.setdefault(r["after"], []).append(i)
+        self.next_independent = 0
+        self.received = 0
         self.to_receive: list = []
         self.iteration = 0
 
@@ -402,11 +415,32 @@ class Oracle:
             return EOS_TOKEN_ID
         return (OUTPUT_K + i) * SCALE + pos
 
-    def receive(self, n: int):
-        while n > 0 and self.next_arrival < len(self.reqs):
-            self.to_receive.append(self.reqs[self.next_arrival])
-            self.next_arrival += 1
-            n -= 1
+    def receive_next(self):
+        """The closed loop: the next request of the list that follows no other (`after` null), if any."""
+        if self.next_independent < len(self.independent):
+            self._receive(self.independent[self.next_independent])
+            self.next_independent += 1
+
+    def receive_after(self, rid: str):
+        """`rid` finished: the requests that follow it (a session's next turn), else the closed loop's next one."""
+        followers = self.followers.get(rid)
+        if not followers:
+            self.receive_next()
+        for i in followers or ():
+            self._receive(i)
+
+    def _receive(self, i: int):
+        """Received now, ingested at the top of the next iteration. A prompt that resends outputs (runs with k >=
+        OUTPUT_K) must find them sampled already: the session's previous turn has finished."""
+        for k, start, n in self.specs[i]["prompt"]:
+            if k >= OUTPUT_K:
+                sent = list(self.reqs[k - OUTPUT_K].output_ids[start:start + n])
+                if sent != ids_of([[k, start, n]]).tolist():
+                    raise BadInput(f"requests[{i}] ({self.specs[i]['id']}): received when request "
+                                   f"{self.specs[k - OUTPUT_K]['id']} has not sampled the outputs {start}.."
+                                   f"{start + n - 1} its prompt resends (unfinished, capped or stopped on EOS)")
+        self.to_receive.append(self.reqs[i])
+        self.received += 1
 
     # ---- fake model --------------------------------------------------------------------------------------------------
     def run_batch(self, batch):
@@ -442,7 +476,6 @@ class Oracle:
         self.sh.tree.flush_pending_backups()
         for rid in counted:
             self.pending_out[rid] -= 1
-        finished = 0
         for r in batch.reqs:  # the processor walks batch.reqs in order and finishes them in that order
             inf = self.info[self.index[r.rid]]
             if inf["first_token_batch"] is None and len(r.output_ids) > 0:
@@ -453,8 +486,7 @@ class Oracle:
                 inf["output_tokens"] = len(r.output_ids)
                 inf["num_retractions"] = int(r.retraction_count)
                 inf["finish_reason"] = type(r.finished_reason).__name__
-                finished += 1
-        self.receive(finished)  # closed loop: one new request per finished one, ingested next iteration
+                self.receive_after(r.rid)  # one new request per finished one (or its followers), next iteration
 
     # ---- one scheduling pass --------------------------------------------------------------------------------------
     def schedule(self):
@@ -530,13 +562,14 @@ class Oracle:
     def run(self):
         s = self.sh.s
         self.make_requests()
-        self.receive(self.cfg["concurrency"])
+        for _ in range(self.cfg["concurrency"]):
+            self.receive_next()
         if self.sh.overlap:
             s.enable_skip_finishing_decode = True  # event_loop_overlap's first line
         idle_iters = 0
         while True:
             done = all(inf["finish_batch"] is not None for inf in self.info)
-            if done and not s.result_queue and self.next_arrival == len(self.reqs):
+            if done and not s.result_queue and self.received == len(self.reqs):
                 break
             # ingest_requests -> handle_generate_request -> _add_request_to_queue
             for req in self.to_receive:
