@@ -126,18 +126,32 @@ def device_groups(scenario: Scenario, jobs: int) -> list[frozenset[int]]:
     return [frozenset(g) for g in groups]
 
 
+def _simulation(scenario: Scenario, bin_s: float, fast_forward: bool, keep_records: bool):
+    """A replay's SimPy environment, cluster, streaming statistics, the records list (filled only with
+    `keep_records`) and the callback that takes each finished request's record."""
+    env = simpy.Environment()
+    cluster = Cluster(env, scenario, build_router(scenario), fast_forward=fast_forward)
+    stats = StreamingStats(num_workers=len(cluster.workers), bin_s=bin_s, slo=scenario.slo.to_slo())
+    records: list[RequestRecord] = []
+    if not keep_records:
+        return env, cluster, stats, records, stats.add
+
+    def on_record(record: RequestRecord) -> None:
+        stats.add(record)
+        records.append(record)
+
+    return env, cluster, stats, records, on_record
+
+
 def replay_sessions(scenario: Scenario, sessions: Iterable[Session], *, bin_s: float = 60.0,
                     fast_forward: bool = True, keep_records: bool = False) -> ReplayResult:
     """Replay `sessions` (in start order) closed loop through the scenario's cluster, in one process (see the module
     docstring): each session starts at its `start_s`, and each request its completions make due is sent after its
     delay (`sim.cluster.arrivals.sessions`). Requests longer than the engine accepts are refused (counted in
     `rejected`), and what would have followed them in their session is never sent."""
-    env = simpy.Environment()
-    cluster = Cluster(env, scenario, build_router(scenario), fast_forward=fast_forward)
-    stats = StreamingStats(num_workers=len(cluster.workers), bin_s=bin_s, slo=scenario.slo.to_slo())
+    env, cluster, stats, records, on_record = _simulation(scenario, bin_s, fast_forward, keep_records)
     max_tokens = scenario.max_request_tokens
     rejected = 0
-    records: list[RequestRecord] = []
 
     def admit(request) -> bool:
         nonlocal rejected
@@ -146,11 +160,6 @@ def replay_sessions(scenario: Scenario, sessions: Iterable[Session], *, bin_s: f
             return False
         return True
 
-    def on_record(record: RequestRecord) -> None:
-        stats.add(record)
-        if keep_records:
-            records.append(record)
-
     env.process(drive_sessions(env, cluster, sessions, on_record, on_session_end=stats.end_session, admit=admit))
     env.run()
     return ReplayResult(stats, cluster.counters(), env.now, rejected, records=tuple(records))
@@ -158,16 +167,9 @@ def replay_sessions(scenario: Scenario, sessions: Iterable[Session], *, bin_s: f
 
 def _replay(scenario: Scenario, trace: Trace, *, bin_s: float, fast_forward: bool,
             owned: frozenset[int] | None = None, keep_records: bool = False) -> ReplayResult:
-    env = simpy.Environment()
-    cluster = Cluster(env, scenario, build_router(scenario), fast_forward=fast_forward)
-    stats = StreamingStats(num_workers=len(cluster.workers), bin_s=bin_s, slo=scenario.slo.to_slo())
+    env, cluster, stats, records, on_record = _simulation(scenario, bin_s, fast_forward, keep_records)
     max_tokens = scenario.max_request_tokens
     rejected = 0
-    records: list[RequestRecord] = []
-
-    def on_record(record: RequestRecord) -> None:
-        stats.add(record)
-        records.append(record)
 
     def arrivals():
         nonlocal rejected
@@ -186,8 +188,7 @@ def _replay(scenario: Scenario, trace: Trace, *, bin_s: float, fast_forward: boo
                     continue
             if item.arrival_s > env.now:
                 yield env.timeout(item.arrival_s - env.now)
-            cluster.dispatch(request, cluster.route(request) if worker is None else worker,
-                             on_record if keep_records else stats.add)
+            cluster.dispatch(request, cluster.route(request) if worker is None else worker, on_record)
 
     env.process(arrivals())
     env.run()
