@@ -45,11 +45,13 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
+sys.path.insert(0, str(REPO / "benchmarks"))
+from mooncake_delta import HashIds, Plan, PlannedSession, Turn, delta_requests, delta_rows, write_jsonl  # noqa: E402
 TIME_MODEL = HERE / "builtin_shape.yaml"
 
 BLOCK_SIZE, NUM_GPU_BLOCKS, TRACE_BLOCK = 64, 146, 64
@@ -59,24 +61,6 @@ FORMATS = {"synthetic": "mooncake", "chat": "mooncake-delta", "agent": "agentic_
 
 
 # ---------------------------------------------------------------------------------------------------- the plan
-@dataclass(frozen=True, slots=True)
-class Turn:
-    """One request of a session: `new_tokens` appended to the prompt (synthetic: the whole message after the system
-    prompt), `output_tokens` generated, sent `delay_s` after the previous turn completed (0 for the first)."""
-
-    new_tokens: int
-    output_tokens: int
-    delay_s: float
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    session: int
-    start_s: float
-    group: int
-    turns: tuple[Turn, ...] = field(default_factory=tuple)
-
-
 @dataclass(frozen=True, slots=True)
 class Shape:
     """A workload's distributions: sessions start Poisson at `rate_per_s`; turns, lengths and delays per kind."""
@@ -118,31 +102,16 @@ def make_plans(shape: Shape, sessions: int, seed: int = SEED) -> list[Plan]:
 
 
 # ---------------------------------------------------------------------------------------------------- the files
-class HashIds:
-    """Trace hash ids: group g's system prompt is ids g * S .. g * S + S - 1 (S = its blocks), every other block a
-    fresh id. Ids are handed out in file order, so that the mocker's interning (first appearance) keeps them
-    distinct and the system prompt the only content two sessions share."""
-
-    def __init__(self) -> None:
-        self.system_blocks = SYSTEM_TOKENS // TRACE_BLOCK
-        self.next_id = GROUPS * self.system_blocks
-
-    def system(self, group: int) -> list[int]:
-        return list(range(group * self.system_blocks, (group + 1) * self.system_blocks))
-
-    def fresh(self, count: int) -> list[int]:
-        ids = list(range(self.next_id, self.next_id + count))
-        self.next_id += count
-        return ids
-
-
 def blocks(tokens: int) -> int:
     return -(-tokens // TRACE_BLOCK)
 
 
 def write_trace(kind: str, plans: list[Plan], path: Path) -> None:
-    """The mocker's file for `plans` (timestamps and delays in ms)."""
-    ids = HashIds()
+    """The mocker's file for `plans` (timestamps and delays in ms); chat's rows are benchmarks/mooncake_delta.py's."""
+    if kind == "chat":
+        write_jsonl(delta_rows(plans, groups=GROUPS, system_tokens=SYSTEM_TOKENS, trace_block=TRACE_BLOCK), path)
+        return
+    ids = HashIds(groups=GROUPS, system_tokens=SYSTEM_TOKENS, trace_block=TRACE_BLOCK)
     rows: list[dict] = []
     if kind == "agent":
         rows.append({"schema": "dynamo.agentic_mooncake", "version": 2, "block_size": TRACE_BLOCK,
@@ -155,12 +124,6 @@ def write_trace(kind: str, plans: list[Plan], path: Path) -> None:
                 rows.append({"session_id": f"s{plan.session}", **timing, "input_length": SYSTEM_TOKENS + turn.new_tokens,
                              "output_length": turn.output_tokens,
                              "hash_ids": ids.system(plan.group) + ids.fresh(blocks(turn.new_tokens))})
-            elif kind == "chat":
-                new = ids.fresh(blocks(turn.new_tokens))
-                rows.append({"session_id": f"s{plan.session}", **timing,
-                             "input_length": (SYSTEM_TOKENS if k == 0 else 0) + turn.new_tokens,
-                             "output_length": turn.output_tokens,
-                             "hash_ids": (ids.system(plan.group) if k == 0 else []) + new})
             else:   # agent: the full prompt, the last partial block's id continued (the mocker's own agentic rule)
                 if k:
                     prev = plan.turns[k - 1]
@@ -176,16 +139,15 @@ def write_trace(kind: str, plans: list[Plan], path: Path) -> None:
                     row["dependencies"] = [{"request_id": f"s{plan.session:05d}-{k - 1:03d}", "trigger": "completion",
                                             "delay_ms": round(turn.delay_s * 1000, 3), "relation": "sequence"}]
                 rows.append(row)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    tmp.replace(path)
+    write_jsonl(rows, path)
 
 
 # ---------------------------------------------------------------------------------------------------- kvsim's side
 def session_requests(kind: str, plan: Plan):
     """The plan's requests as kvsim sees the same content: block hashes from `TokenSequence`."""
     from sim.workloads.sequence import TokenSequence
+    if kind == "chat":                 # history, the previous output, a new message
+        return list(delta_requests(plan, block_size=BLOCK_SIZE, system_tokens=SYSTEM_TOKENS))
     system = {"system_key": ("sys", plan.group), "system_tokens": SYSTEM_TOKENS}
     s, out = plan.session, []
     seq = TokenSequence(("session", s), block_size=BLOCK_SIZE, **system)
@@ -195,9 +157,6 @@ def session_requests(kind: str, plan: Plan):
             one = TokenSequence(("turn", s, k), block_size=BLOCK_SIZE, **system)
             one.append(("msg", s, k), turn.new_tokens)
             out.append(one.request(rid, output_tokens=turn.output_tokens, output_key=("out", s, k), **common))
-        elif kind == "chat":           # history, the previous output, a new message
-            seq.append(("user", s, k), turn.new_tokens)
-            out.append(seq.request(rid, output_tokens=turn.output_tokens, output_key=("out", s, k), **common))
         else:                          # agent: the output goes to a fork; the next prompt continues with other content
             if k:
                 seq.append(("shown-output", s, k - 1), plan.turns[k - 1].output_tokens)
@@ -205,22 +164,6 @@ def session_requests(kind: str, plan: Plan):
             call = seq.fork(("call", s, k))
             out.append(call.request(rid, output_tokens=turn.output_tokens, output_key=("out", s, k), **common))
     return out
-
-
-class PlannedSession:
-    """A `Session` over a plan's requests: the first at `start_s`, each next one its delay after the previous one
-    completed."""
-
-    def __init__(self, kind: str, plan: Plan) -> None:
-        self.session_id, self.start_s, self._plan = plan.session, plan.start_s, plan
-        self._requests = session_requests(kind, plan)
-
-    def first(self):
-        return [(self._requests[0], 0.0)]
-
-    def after(self, done, now_s):
-        k = done.turn + 1
-        return [(self._requests[k], self._plan.turns[k].delay_s)] if k < len(self._requests) else []
 
 
 def kvsim_scenario(workers: int, router: str, seed: int):
@@ -242,7 +185,7 @@ def run_kvsim(kind: str, plans: list[Plan], workers: int, router: str, seed: int
     cluster = Cluster(env, scenario, build_router(scenario))
     records = []
     t0 = time.perf_counter()
-    env.process(sessions(env, cluster, (PlannedSession(kind, p) for p in plans), records.append))
+    env.process(sessions(env, cluster, (PlannedSession(p, session_requests(kind, p)) for p in plans), records.append))
     env.run()
     wall = time.perf_counter() - t0
     prompt = sum(r.prompt_tokens for r in records)
