@@ -8,12 +8,16 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from functools import partial
 from itertools import takewhile
+from operator import is_not
 
 from sim.engines.interface import CacheEvent
 from sim.workloads.request import BlockHash
 
 NULL_BLOCK_ID = 0
+_is_cached = partial(is_not, None)
+"""True for a block id, False for the None of a hash not cached (a C-level predicate for takewhile)."""
 
 
 class BlockPool:
@@ -118,6 +122,12 @@ class BlockPool:
     def lookup(self, block_hashes: Iterable[BlockHash]) -> list[int | None]:
         """The block cached under each hash, or None. A peek: changes nothing."""
         return list(map(self._cached.get, block_hashes))
+
+    def leading_cached_blocks(self, block_hashes: Iterable[BlockHash]) -> list[int]:
+        """The blocks cached under the leading hashes, up to the first hash that is not cached. A peek."""
+        # NOTE: takewhile over map stops at the first miss and runs in C: a long prompt whose prefix breaks early
+        # (its context was computed on another worker, or evicted) costs no lookups past the break.
+        return list(takewhile(_is_cached, map(self._cached.get, block_hashes)))
 
     def cached_mask(self, block_hashes: Iterable[BlockHash]) -> list[bool]:
         """Whether each hash is cached. A peek: changes nothing."""

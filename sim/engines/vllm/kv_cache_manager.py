@@ -100,11 +100,7 @@ class KVCacheManager:
         # NOTE: a full hit still recomputes the last token (its logits are needed), so hits are capped at
         # num_tokens - 1 and rounded down to whole blocks: a block-aligned resend recomputes its last block.
         max_hit_blocks = (state.num_tokens - 1) // self.block_size
-        found = self.pool.lookup(state.block_hashes(0, max_hit_blocks))
-        try:
-            return found[: found.index(None)]  # the run stops at the first miss
-        except ValueError:
-            return found
+        return self.pool.leading_cached_blocks(state.block_hashes(0, max_hit_blocks))  # stops at the first miss
 
     def _num_evictable(self, hit_blocks: Sequence[int]) -> int:
         """Hit blocks sitting in the free queue: touching them takes them out of it."""
