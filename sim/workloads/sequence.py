@@ -26,6 +26,8 @@ KV is never computed), in whole blocks, capped like a hit at `prompt_tokens - 1`
 from __future__ import annotations
 
 from collections.abc import Hashable
+from itertools import repeat, takewhile
+from operator import eq
 
 from sim.workloads.request import BlockHash, Request
 
@@ -66,7 +68,9 @@ class TokenSequence:
         start = len(self.hashes)
         self.length += num_tokens
         lineage = self.lineage
-        self.hashes.extend((lineage, i) for i in range(start, self.length // self.block_size))
+        # NOTE: zip(repeat, range) builds the same (lineage, i) keys as a generator would, in C: a long tool result
+        # adds thousands of blocks.
+        self.hashes.extend(zip(repeat(lineage), range(start, self.length // self.block_size)))
 
     def fork(self, lineage: Hashable) -> TokenSequence:
         """A child lineage (a subagent) that starts from this sequence as it stands: it shares every full block so
@@ -104,11 +108,9 @@ class TokenSequence:
         block_hashes = tuple(self.hashes[:prompt_blocks])
         runs = tuple(self.runs)
         computed = self._computed
-        shared = 0
-        for mine, theirs in zip(block_hashes, computed):
-            if mine != theirs:
-                break
-            shared += 1
+        # NOTE: the leading blocks equal to what the last request computed, counted in C (takewhile stops at the
+        # first that differs): a 64k-token context compares 4,000 blocks a turn.
+        shared = len(list(takewhile(bool, map(eq, block_hashes, computed))))
         context = min(shared, (prompt_tokens - 1) // B) * B
         self.append(output_key, output_tokens)
         computed_blocks = (prompt_tokens + output_tokens - 1) // B
