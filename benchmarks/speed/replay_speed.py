@@ -12,6 +12,10 @@ ignores the cluster's state (round-robin), split by worker over `--jobs` process
 with the same workers, blocks (64 tokens) and router when its interpreter exists; the ratio kvsim req/s / mocker req/s is
 printed beside. The SGLang rows run kvsim's SGLang engine (64-token pages, `scenarios/trace-replay.yaml`) against the
 mocker's `--backend sglang`. These machines are shared and noisy: compare the ratios measured in one run, not absolute seconds.
+
+`--sessions N` adds, after the trace table, the long-context agent trace of `session_speed.py` (N sessions x 30 turns,
+contexts up to 64k tokens at block 16, as Dynamo's mooncake-delta): requests/s, blocks/s and peak RSS per router beside
+the mocker on the same file (vLLM; `session_speed.py` itself also runs SGLang and cProfile).
 """
 
 from __future__ import annotations
@@ -104,7 +108,11 @@ def main() -> None:
                         help="processes for the split replays (default: all cores)")
     parser.add_argument("--synthetic-requests", type=int, default=1_000_000)
     parser.add_argument("--quick", action="store_true", help="skip the 1M-request runs and the sweep")
+    parser.add_argument("--sessions", type=int, default=0,
+                        help="also replay session_speed.py's agent trace of this many sessions (0: not; 2000: the full one)")
     args = parser.parse_args()
+    if args.sessions < 0:
+        raise SystemExit(f"--sessions must be >= 0, got {args.sessions}")
     py = sys.executable
     cases = [("conversation", 8, 3_000_000, "round-robin", "round_robin", "vllm"),
              ("conversation", 8, 3_000_000, "kv-aware", "kv_router", "vllm"),
@@ -150,6 +158,11 @@ def main() -> None:
             print(f"{trace:13s} {engine:6s} {f'{workers} x {tokens / 1e6:.1f}M':>14s} {router:26s} {jobs:4d} "
                   f"{k['prefix_reuse']:11.4f} {k['wall_s']:8.2f} {k_rps:11.0f} {k['peak_rss_mb']:7.0f}{mocker}{ratio}",
                   flush=True)
+    if args.sessions:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from session_speed import ROUTERS, session_table
+        session_table(args.sessions, routers=list(ROUTERS), engines=["vllm"], mocker_python=args.mocker_python,
+                      out=Path(__file__).resolve().parent / "session_traces")
     if args.quick:
         return
     # NOTE: the reuse breakdown keeps every distinct block hash ever sent (a million unique tails here), so the
