@@ -78,16 +78,22 @@ DELTA_FORMATS = ("mooncake-delta",)
 """Formats whose lines hold a turn's new input only (the history is implied)."""
 
 
-def _content_block_hashes(runs: list[tuple[object, int]], block_size: int, num_blocks: int) -> tuple[int, ...]:
+def _content_block_hashes(runs: list[tuple[object, int]], block_size: int, num_blocks: int,
+                          known: tuple[int, ...] = ()) -> tuple[int, ...]:
     """Chained hashes of the first `num_blocks` full blocks of the tokens `runs`: block i's is the hash of (block
     i - 1's, the pieces of runs that fill it), so two sequences share block i exactly when their tokens agree up to
-    its end (a 64-bit hash: a collision is as unlikely as vLLM's)."""
-    out: list[int] = []
-    prev: int | None = None
+    its end (a 64-bit hash: a collision is as unlikely as vLLM's). `known`: the hashes of the leading full blocks,
+    already computed (a parent's, whose tokens these runs begin with); hashing resumes after them."""
+    out: list[int] = list(known[:num_blocks])
+    prev: int | None = out[-1] if out else None
     pieces: list[tuple[object, int, int]] = []
     filled = 0
+    skip = len(out) * block_size
     for key, n in runs:
-        offset = 0
+        if skip >= n:
+            skip -= n
+            continue
+        offset, skip = skip, 0
         while offset < n and len(out) < num_blocks:
             take = min(block_size - filled, n - offset)
             pieces.append((key, offset, take))
@@ -393,15 +399,22 @@ class SessionTrace:
         B = self.block_size
         runs = _own_runs(turn.hash_ids, 0, turn.input_length, self.trace_block_tokens)
         session_id, depth, context = i, 0, 0
+        known: tuple[int, ...] = ()
         if parent is not None:
             session_id, depth = parent.session_id, parent.turn + 1
             runs = [*parent.token_runs, (parent.output_key, parent.output_tokens), *runs]
+            # NOTE: this prompt begins with the tokens the parent hashed (its prompt and output): its blocks are
+            # the parent's, so only the rest is hashed (a turn of a 64k-token session hashes its delta, not 4,000
+            # blocks of history).
+            known = parent.block_hashes + parent.output_block_hashes
+            if len(known) != (parent.prompt_tokens + parent.output_tokens) // B:
+                known = ()
             context = min((parent.prompt_tokens + parent.output_tokens - 1) // B,
                           (parent.prompt_tokens + parent.output_tokens + turn.input_length - 1) // B) * B
         n_in = sum(n for _, n in runs)
         n_out = turn.output_length
         output_key = (-1, i)  # NOTE: no str in a hashed key: str hashes change from process to process
-        blocks = _content_block_hashes([*runs, (output_key, n_out)], B, (n_in + n_out) // B)
+        blocks = _content_block_hashes([*runs, (output_key, n_out)], B, (n_in + n_out) // B, known)
         return Request(
             request_id=i, prompt_tokens=n_in, output_tokens=n_out, block_hashes=blocks[: n_in // B],
             num_shareable_tokens=0, prefix_id=runs[0][0] if runs else None, token_runs=tuple(runs),
