@@ -20,18 +20,20 @@ and peak RSS:
 * the mocker (`ai-dynamo-runtime` 1.6.1 in its side venv) replays the file: `run_mocker_trace_replay(trace_format=
   "mooncake-delta", trace_block_size=16)`, 8 workers of 25,000 blocks of 16 tokens (400,000 tokens), round robin and
   its KV router; wall time is the call, which reads the file;
-* kvsim replays the same sessions with `benchmarks/speed/agent_trace.yaml` (the same workers and blocks, step
-  times taken from the mocker's timing): the plans are drawn again from the seed (as fast as reading the file) and
-  each turn built with `TokenSequence` as it falls due, driven closed loop by `sim.cluster.arrivals.sessions` in one
-  process; wall time includes drawing the plans. (When kvsim's mooncake-delta reader is on main, this side becomes
-  `kvsim replay FILE --trace-format mooncake-delta`.)
+* kvsim replays the same file as a user would, the whole command timed (start-up and reading included):
+  `kvsim replay FILE --trace-format mooncake-delta --trace-block-size 16 --block-size 16 --scenario
+  benchmarks/speed/agent_trace.yaml --workers 8 --router R --engine E --jobs 1 --format json` (the same workers and
+  blocks, step times taken from the mocker's timing; closed loop, one process). `--kvsim-side driver` instead
+  draws the plans again from the seed and builds each turn with `TokenSequence` as it falls due, driven by
+  `sim.cluster.arrivals.sessions` (the same hits per request as the reader, checked on 5 sessions; no file read, no
+  summary).
 
 Printed per run: requests/s, prompt blocks/s (blocks of 16 prompt tokens sent), peak RSS, reuse (prompt tokens found
 cached at admission / prompt tokens), CPU seconds, and the ratios kvsim / mocker for the mocker's matching router
 (req/s over wall time, and over CPU time: the CPU ratio is steadier when other work shares the cores). --profile also
 runs each kvsim case under cProfile and prints the top costs in microseconds per request. These machines are shared
 and noisy: compare the ratios measured in one run, not absolute seconds. `replay_speed.py --sessions N` runs this
-table after its own.
+table after its own (with `kvsim replay`).
 """
 
 from __future__ import annotations
@@ -172,6 +174,58 @@ def kvsim_child(argv: list[str]) -> int:
     return 0
 
 
+def replay_command(trace: Path, engine: str, router: str, reuse_breakdown: bool) -> list[str]:
+    """`kvsim replay` of the trace as a user runs it, one JSON row on stdout."""
+    return ["replay", str(trace), "--trace-format", "mooncake-delta", "--trace-block-size", str(TRACE_BLOCK),
+            "--block-size", str(BLOCK_SIZE), "--scenario", str(SCENARIO), "--workers", str(WORKERS), "--router", router,
+            "--engine", engine, "--jobs", "1", "--format", "json",
+            "--reuse-breakdown" if reuse_breakdown else "--no-reuse-breakdown"]
+
+
+def replay_child(argv: list[str]) -> int:
+    """Runs `kvsim replay ARGS` (the console script beside this python) as a subprocess and reports its wall time,
+    CPU time and peak RSS (this process's children: the replay alone) with its summary row; with `--profile PATH`
+    first, runs the command in this process under cProfile instead."""
+    import resource
+    profile = None
+    if argv[:1] == ["--profile"]:
+        profile, argv = argv[1], argv[2:]
+    if profile:
+        import contextlib
+        import cProfile
+        import io
+        sys.path.insert(0, str(REPO))
+        from sim.cli import main as cli
+        out = io.StringIO()
+        profiler = cProfile.Profile()
+        t0 = time.perf_counter()
+        with contextlib.redirect_stdout(out):
+            profiler.enable()
+            try:
+                cli.main(argv, standalone_mode=False)
+            finally:
+                profiler.disable()
+        wall = time.perf_counter() - t0
+        profiler.dump_stats(profile)
+        stdout = out.getvalue()
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+    else:
+        t0 = time.perf_counter()
+        done = subprocess.run([str(Path(sys.executable).parent / "kvsim"), *argv], capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+        if done.returncode:
+            sys.stderr.write(done.stderr)
+            return done.returncode
+        stdout = done.stdout
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    row = json.loads(stdout)[0]
+    sys.stdout.write(json.dumps({
+        "wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "requests": row["requests"],
+        "reuse": row["prefix_reuse"], "preemptions": row["preemptions"], "simulated_s": row["simulated_s"],
+        "peak_rss_mb": usage.ru_maxrss / 1024, "replay_wall_s": row["wall_s"]}) + "\n")
+    return 0
+
+
 def mocker_child(argv: list[str]) -> int:
     """Runs in the mocker's venv: one `run_mocker_trace_replay` of the file; one JSON line on stdout."""
     p = argparse.ArgumentParser()
@@ -217,7 +271,8 @@ def profile_lines(path: str, requests: int, top: int = 15) -> list[str]:
 
 
 def session_table(sessions: int, *, routers: list[str], engines: list[str], mocker_python: Path, out: Path,
-                  rate_per_s: float = RATE_PER_S, reuse_breakdown: bool = True, profile: bool = False) -> None:
+                  rate_per_s: float = RATE_PER_S, reuse_breakdown: bool = True, profile: bool = False,
+                  kvsim_side: str = "replay") -> None:
     """Writes the trace and prints one line per (engine, router): the mocker's and kvsim's figures and the ratio."""
     plans = agent_plans(sessions, rate_per_s=rate_per_s)
     figures = trace_figures(plans)
@@ -253,16 +308,20 @@ def session_table(sessions: int, *, routers: list[str], engines: list[str], mock
                     raise SystemExit(f"the mocker completed {m['requests']} of {rows} requests")
                 line("mocker", engine, ROUTERS[router], m)
             stats = out / f"kvsim-{engine}-{router}.prof" if profile else None
-            cmd = [sys.executable, str(Path(__file__).resolve()), "_kvsim", "--sessions", str(sessions), "--rate",
-                   str(rate_per_s), "--router", router, "--engine", engine, "--reuse-breakdown",
-                   str(int(reuse_breakdown))]
+            me = [sys.executable, str(Path(__file__).resolve())]
+            if kvsim_side == "replay":
+                cmd, profiled = me + ["_replay"], replay_command(trace, engine, router, reuse_breakdown)
+                cmd, profiled = cmd + profiled, cmd + ["--profile", str(stats)] + profiled
+            else:
+                cmd = me + ["_kvsim", "--sessions", str(sessions), "--rate", str(rate_per_s), "--router", router,
+                            "--engine", engine, "--reuse-breakdown", str(int(reuse_breakdown))]
+                profiled = cmd + ["--profile", str(stats)]
             k = _json_run(cmd)
-            if k["requests"] != rows or k["prompt_tokens"] != figures["prompt_tokens"]:
-                raise SystemExit(f"kvsim sent {k['requests']} requests of {k['prompt_tokens']} prompt tokens; the "
-                                 f"trace has {rows} of {figures['prompt_tokens']}")
+            if k["requests"] != rows:
+                raise SystemExit(f"kvsim completed {k['requests']} requests; the trace has {rows}")
             line("kvsim", engine, router, k, m)
             if stats is not None:
-                p = _json_run(cmd + ["--profile", str(stats)])
+                p = _json_run(profiled)
                 print(f"  cProfile of kvsim {engine} {router} ({p['wall_s']:.1f} s under the profiler, "
                       f"{stats.relative_to(REPO) if stats.is_relative_to(REPO) else stats}):")
                 print("\n".join(profile_lines(str(stats), p["requests"])), flush=True)
@@ -274,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
         return kvsim_child(argv[1:])
     if argv and argv[0] == "_mocker":
         return mocker_child(argv[1:])
+    if argv and argv[0] == "_replay":
+        return replay_child(argv[1:])
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sessions", type=int, default=2000, help="agent sessions (30 turns each; default 2,000)")
     p.add_argument("--rate", type=float, default=RATE_PER_S, help=f"sessions started per second (default {RATE_PER_S})")
@@ -285,6 +346,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-reuse-breakdown", action="store_true",
                    help="kvsim without cluster.reuse_breakdown (which keeps every block hash ever sent)")
     p.add_argument("--profile", action="store_true", help="also run each kvsim case under cProfile")
+    p.add_argument("--kvsim-side", choices=("replay", "driver"), default="replay",
+                   help="replay: `kvsim replay FILE` (default); driver: the same sessions built from the plans in Python")
     a = p.parse_args(argv)
     routers = [r for r in a.routers.split(",") if r]
     engines = [e for e in a.engines.split(",") if e]
@@ -297,7 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     if not a.rate > 0:
         raise SystemExit(f"--rate must be > 0, got {a.rate}")
     session_table(a.sessions, routers=routers, engines=engines, mocker_python=a.mocker_python, out=a.out,
-                  rate_per_s=a.rate, reuse_breakdown=not a.no_reuse_breakdown, profile=a.profile)
+                  rate_per_s=a.rate, reuse_breakdown=not a.no_reuse_breakdown, profile=a.profile,
+                  kvsim_side=a.kvsim_side)
     return 0
 
 
