@@ -55,19 +55,29 @@ def _counted_trace(open_trace, step):
 def _session_block_tokens(path: str, fmt: str) -> int:
     """Tokens per hash id of the session trace at `path`: Bailian's 16, a kvsim file's first line's block_size."""
     from sim.workloads.trace_formats import BAILIAN_BLOCK_TOKENS, KVSIM_BLOCK_TOKENS, MOONCAKE_BLOCK_TOKENS
-    from sim.workloads.traces import TraceError, json_object
 
     if fmt == "bailian":
         return BAILIAN_BLOCK_TOKENS
+    if fmt == "agentic-mooncake":  # the header's block_size
+        size = _first_line_field(path, "block_size")
+        return size if isinstance(size, int) and size > 0 else MOONCAKE_BLOCK_TOKENS
     if fmt.startswith("mooncake"):
         return MOONCAKE_BLOCK_TOKENS
+    size = _first_line_field(path, "block_size")
+    return size if isinstance(size, int) and size > 0 else KVSIM_BLOCK_TOKENS
+
+
+def _first_line_field(path: str, name: str):
+    """Field `name` of the trace's first line (None if absent or unreadable: the replay's reader reports what is
+    wrong, naming the line)."""
+    from sim.workloads.traces import TraceError, json_object
+
     try:
         with open(path, "rb") as f:
             first = next((line for line in f if line.strip()), b"{}")
-        size = json_object(first, Path(path), 1).get("block_size", KVSIM_BLOCK_TOKENS)
+        return json_object(first, Path(path), 1).get(name)
     except (OSError, TraceError):
-        return KVSIM_BLOCK_TOKENS  # the replay's reader reports what is wrong, naming the line
-    return size if isinstance(size, int) and size > 0 else KVSIM_BLOCK_TOKENS
+        return None
 
 
 def _replay_mooncake(scenario, trace, trace_block_size, speed, limit, bin_s, keep_records, jobs, executor_kind,
@@ -110,13 +120,22 @@ def _replay_session_trace(scenario, trace, fmt, timing, trace_block_size, speed,
     from sim.replay import replay as run_replay
     from sim.replay import replay_sessions
     from sim.studies.executor import available_cores
+    from sim.workloads.agentic_traces import AgenticTrace
     from sim.workloads.session_traces import SessionTrace
+    from sim.workloads.traces import TraceError
 
     t0 = _time.perf_counter()
     with progress_bar("index the trace"):
-        index = SessionTrace(trace, block_size=scenario.engine.block_size, fmt=fmt,
-                             trace_block_tokens=trace_block_size, speed=speed, limit=limit,
-                             infer_common_requests=infer_common_requests)
+        if fmt == "agentic-mooncake":
+            if timing != "closed-loop":
+                raise TraceError(f"{trace}: --sessions {timing} needs recorded send times; agentic-mooncake records "
+                                 "dependencies (replay it closed loop)")
+            index = AgenticTrace(trace, block_size=scenario.engine.block_size, trace_block_tokens=trace_block_size,
+                                 speed=speed, limit=limit)
+        else:
+            index = SessionTrace(trace, block_size=scenario.engine.block_size, fmt=fmt,
+                                 trace_block_tokens=trace_block_size, speed=speed, limit=limit,
+                                 infer_common_requests=infer_common_requests)
     if index.inference is not None:
         _show_inference(index)
     if timing == "closed-loop":

@@ -139,6 +139,8 @@ class SessionTrace:
                                  f"trace is {self.format}, whose turns name their parent or session")
             self.inference = ParentInference(common_block_ids(self.path, infer_common_requests, limit),
                                              infer_common_requests, trace_block_tokens or MOONCAKE_BLOCK_TOKENS)
+        elif self.format == "agentic-mooncake":
+            raise TraceError(f"{self.path}: agentic-mooncake traces are read by sim.workloads.agentic_traces")
         elif self.format not in SESSION_FORMATS:
             raise TraceError(f"{self.path}: format {self.format!r} has no sessions; session formats: "
                              f"{', '.join(SESSION_FORMATS)} (or infer them from a Mooncake trace's hash ids)")

@@ -21,6 +21,8 @@ them. The formats (docs/concepts/session-traces.md lists every field):
   links a Bailian turn (its leading ids equal the predecessor's full prompt blocks).
 * `mooncake` with inferred sessions (`sim.workloads.session_inference`): plain Mooncake rows (no session field);
   each row's parent is inferred from its hash ids.
+* `agentic-mooncake`: Dynamo 1.6.1's Agentic Mooncake v2 (a header line, then requests with dependency edges):
+  read by `sim.workloads.agentic_traces`, not by a line reader here.
 * `kvsim`: kvsim's own session JSONL: `id`, `parent` (an earlier line's id, or null), `timestamp_s`, optional
   `delay_s` (the think time after the parent finished), `input_length`, `output_length`, `hash_ids` and optional
   `block_size` (tokens per hash id, 16 unless given, the same on every line).
@@ -35,12 +37,15 @@ from pathlib import Path
 
 from sim.workloads.traces import TraceError, check_hash_ids, field
 
+AGENTIC_SCHEMA = "dynamo.agentic_mooncake"
+"""The `schema` of an Agentic Mooncake v2 header (`sim.workloads.agentic_traces`)."""
+
 BAILIAN_BLOCK_TOKENS = 16
 """Tokens per hash id in the Qwen-Bailian traces (their files are named `*_blksz_16.jsonl`)."""
 KVSIM_BLOCK_TOKENS = 16
 """Tokens per hash id of a kvsim session JSONL line without `block_size`."""
 
-SESSION_FORMATS = ("bailian", "kvsim", "mooncake-sessions", "mooncake-delta")
+SESSION_FORMATS = ("bailian", "kvsim", "mooncake-sessions", "mooncake-delta", "agentic-mooncake")
 """Formats of session-structured traces, as `--format` names them."""
 TRACE_FORMATS = ("mooncake", *SESSION_FORMATS)
 """Every format `kvsim replay` reads (`mooncake`: one independent request per line, open loop)."""
@@ -194,7 +199,10 @@ rows whose sessions are inferred)."""
 def detect_format(obj: dict) -> str:
     """The format of a trace whose first line is `obj`, by the fields it has: `chat_id` (Bailian), `id` and
     `parent` (kvsim), `session_id` (Mooncake rows with sessions, as Dynamo's mocker reads them by default; never
-    mooncake-delta, whose rows look the same), else Mooncake."""
+    mooncake-delta, whose rows look the same), the `schema` of an Agentic Mooncake v2 header
+    (`sim.workloads.agentic_traces`), else Mooncake."""
+    if obj.get("schema") == AGENTIC_SCHEMA:
+        return "agentic-mooncake"
     if "chat_id" in obj:
         return "bailian"
     if "id" in obj and "parent" in obj:
