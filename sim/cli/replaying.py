@@ -229,7 +229,8 @@ def trace_overrides(base: Scenario, *, block_size: int | None, kv_tokens: int | 
                    "requests), bailian (Qwen-Bailian: chat_id, parent_chat_id, timestamp s, ..., 16-token hash_ids) "
                    "kvsim (kvsim session JSONL: id, parent, timestamp_s, delay_s, ...), mooncake-sessions (Mooncake "
                    "rows with session_id and delay ms, each a turn's whole prompt, as Dynamo's mocker reads them) or "
-                   "mooncake-delta (the same rows, each holding a turn's new input only); auto: from the first "
+                   "mooncake-delta (the same rows, each holding a turn's new input only), agentic-mooncake (Dynamo's "
+                   "Agentic Mooncake v2: a header line, full prompts, dependency edges); auto: from the first "
                    "line's fields (never mooncake-delta). docs/concepts/session-traces.md.")
 @click.option("--sessions", "session_timing", type=click.Choice(SESSION_TIMINGS), default=None,
               help="How a session trace's turns are sent: closed-loop (the default: a first turn at its timestamp, a "
@@ -283,7 +284,10 @@ def replay(trace_file, trace_path, workers, kv_tokens, kv_blocks, kv_bytes, rout
     session_id, each a turn's whole prompt; --trace-format mooncake-delta: the same rows, each holding a turn's new
     input only; or a Mooncake trace with --infer-sessions, whose parents are inferred from the hash ids) link each
     turn to the turn it continues: its prompt holds its
-    parent's prompt and output, whose output blocks take the ids the turn gives them. They replay closed loop by
+    parent's prompt and output, whose output blocks take the ids the turn gives them. --trace-format
+    agentic-mooncake (Dynamo's Agentic Mooncake v2, detected by its header): each request is sent at the later of
+    its not_before_ms and its dependencies' completion (or dispatch) plus delay_ms; prompts are full, outputs never
+    reused, as Dynamo's mocker replays it. They replay closed loop by
     default (--sessions): a turn is sent when its parent has finished, plus the recorded gap (its timestamp minus
     its parent's, or its delay_s). Requests are routed when sent and served by the scenario's
     workers (vLLM-like by default; --engine sglang for SGLang's).
@@ -380,7 +384,10 @@ def replay(trace_file, trace_path, workers, kv_tokens, kv_blocks, kv_bytes, rout
     if st.sessions.cut:
         console.print(f"{st.sessions.cut:,} sessions closed early: more than {st.max_open_sessions:,} were open at "
                       f"once, so the longest idle ones were ended at their last request so far", highlight=False)
-    if session_trace is not None:
+    if kind == "agentic-mooncake":
+        console.print(f"{len(session_trace):,} requests in {len(session_trace.play_nodes):,} plays, each sent when its "
+                      "dependencies allowed (closed loop)", highlight=False)
+    elif session_trace is not None:
         console.print(f"{len(session_trace):,} turns: {session_trace.orphans:,} whose parent is not in the file "
                       f"(replayed as first turns), {session_trace.unlinked:,} whose prompt does not extend their "
                       f"parent's (not linked); {'closed loop' if result.jobs == 1 and (session_timing or 'closed-loop') == 'closed-loop' else 'recorded times'}",

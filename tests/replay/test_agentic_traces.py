@@ -138,7 +138,8 @@ def test_each_request_waits_for_its_edges_and_its_not_before_time(tmp_path):
     assert r[1].sent_s == pytest.approx(r[0].finished_s + 0.5, rel=1e-12)
     assert r[1].finished_s + 0.1 < 3.0 and r[2].sent_s == 3.0
     assert r[3].sent_s == pytest.approx(0.05, rel=1e-12) and r[3].sent_s < r[0].finished_s
-    # The join: sent at the later of its two edges, whichever predecessor finished last.
+    # The join: sent at the later of its two edges; here the second (r3's), so the first alone would be too early.
+    assert r[3].finished_s + 0.02 > r[1].finished_s + 0.01
     assert r[4].sent_s == pytest.approx(max(r[1].finished_s + 0.01, r[3].finished_s + 0.02), rel=1e-12)
     assert r[4].sent_s >= r[1].finished_s + 0.01 and r[4].sent_s >= r[3].finished_s + 0.02
     assert {i: r[i].turn for i in r} == {0: 0, 1: 1, 2: 2, 3: 1, 4: 2}
