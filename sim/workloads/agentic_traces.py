@@ -17,7 +17,7 @@ delay_ms) (`release_edges`, driver.rs); it waits for all its edges (a join). Pla
 not_before; times are normalised so the earliest root is sent at 0, and divided by `speed`.
 
 Reuse, as the mocker's: each row's hash ids spell its whole prompt, the engine hashes the synthesised tokens in its
-own blocks, chained (`_content_block_hashes`: block i of two prompts match exactly when their trace blocks agree up
+own blocks, chained (`content_block_hashes`: block i of two prompts match exactly when their trace blocks agree up
 to its end), and outputs are the request's own: a child never hits its parent's output, nor the engine block that
 holds the parent's prompt/output boundary (the mocker's outputs are planned token ids no prompt contains;
 `output_token_ids` is not read). So a request shares with an earlier one exactly the full engine blocks of the
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sim.workloads.request import Request
-from sim.workloads.session_traces import _content_block_hashes, _own_runs
+from sim.workloads.session_traces import content_block_hashes, own_runs
 from sim.workloads.sessions import Due
 from sim.workloads.trace_formats import AGENTIC_SCHEMA
 from sim.workloads.traces import TraceError, check_hash_ids, field, json_object
@@ -267,8 +267,8 @@ class AgenticTrace:
         row = agentic_row(json_object(handle.readline(), self.path, line_no), self.path, line_no,
                           self.trace_block_tokens)
         B, n_in, n_out = self.block_size, row.input_length, row.output_length
-        runs = _own_runs(row.hash_ids, 0, n_in, self.trace_block_tokens)
-        blocks = _content_block_hashes(runs, B, n_in // B)
+        runs = own_runs(row.hash_ids, 0, n_in, self.trace_block_tokens)
+        blocks = content_block_hashes(runs, B, n_in // B)
         context = 0
         for p in predecessors:
             computed = min(len(p.block_hashes), (p.prompt_tokens + p.output_tokens - 1) // B, (n_in - 1) // B)

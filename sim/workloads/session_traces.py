@@ -78,7 +78,7 @@ DELTA_FORMATS = ("mooncake-delta",)
 """Formats whose lines hold a turn's new input only (the history is implied)."""
 
 
-def _content_block_hashes(runs: list[tuple[object, int]], block_size: int, num_blocks: int,
+def content_block_hashes(runs: list[tuple[object, int]], block_size: int, num_blocks: int,
                           known: tuple[int, ...] = ()) -> tuple[int, ...]:
     """Chained hashes of the first `num_blocks` full blocks of the tokens `runs`: block i's is the hash of (block
     i - 1's, the pieces of runs that fill it), so two sequences share block i exactly when their tokens agree up to
@@ -108,7 +108,7 @@ def _content_block_hashes(runs: list[tuple[object, int]], block_size: int, num_b
     return tuple(out)
 
 
-def _own_runs(ids: list[int], start: int, stop: int, tb: int) -> list[tuple[object, int]]:
+def own_runs(ids: list[int], start: int, stop: int, tb: int) -> list[tuple[object, int]]:
     """Token runs of prompt tokens [start, stop) from the trace blocks `ids` of `tb` tokens: a run per block, keyed
     by its id, or by (id, offset) for a block entered at `offset` > 0."""
     runs = []
@@ -352,7 +352,7 @@ class SessionTrace:
                     own_from = P + m
                 else:
                     own_from = P
-                runs += _own_runs(ids, own_from, n_in, tb)
+                runs += own_runs(ids, own_from, n_in, tb)
                 computed = (parent.block_hashes + out)[: (P + O - 1) // B]
                 shared = next((j for j, (a, b) in enumerate(zip(hashes, computed)) if a != b),
                               min(len(hashes), len(computed)))
@@ -360,7 +360,7 @@ class SessionTrace:
             else:
                 self.unlinked += 1
         if not runs:
-            runs = _own_runs(ids, 0, n_in, tb)
+            runs = own_runs(ids, 0, n_in, tb)
         return Request(
             request_id=i, prompt_tokens=n_in, output_tokens=n_out, block_hashes=hashes, num_shareable_tokens=0,
             prefix_id=ids[0] if ids else None, token_runs=tuple(runs), session_id=session_id, turn=depth,
@@ -397,9 +397,9 @@ class SessionTrace:
     def _build_delta(self, turn: TurnLine, i: int, parent: Request | None) -> Request:
         """Request `i` of a delta format: its prompt is its parent's prompt, the parent's output, then its own new
         tokens (runs of its ids, at whatever offset the history ends), and its blocks are named by their content
-        (`_content_block_hashes`), as Dynamo's mocker hashes the tokens it synthesises."""
+        (`content_block_hashes`), as Dynamo's mocker hashes the tokens it synthesises."""
         B = self.block_size
-        runs = _own_runs(turn.hash_ids, 0, turn.input_length, self.trace_block_tokens)
+        runs = own_runs(turn.hash_ids, 0, turn.input_length, self.trace_block_tokens)
         session_id, depth, context = i, 0, 0
         known: tuple[int, ...] = ()
         if parent is not None:
@@ -416,7 +416,7 @@ class SessionTrace:
         n_in = sum(n for _, n in runs)
         n_out = turn.output_length
         output_key = (-1, i)  # NOTE: no str in a hashed key: str hashes change from process to process
-        blocks = _content_block_hashes([*runs, (output_key, n_out)], B, (n_in + n_out) // B, known)
+        blocks = content_block_hashes([*runs, (output_key, n_out)], B, (n_in + n_out) // B, known)
         return Request(
             request_id=i, prompt_tokens=n_in, output_tokens=n_out, block_hashes=blocks[: n_in // B],
             num_shareable_tokens=0, prefix_id=runs[0][0] if runs else None, token_runs=tuple(runs),
