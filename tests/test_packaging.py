@@ -3,6 +3,8 @@ flat layout lists packages explicitly, so a new folder must be added there or `p
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import tomllib
 
 from tests.support.paths import REPO
@@ -31,3 +33,12 @@ def test_every_public_name_resolves_to_what_it_says():
             assert getattr(importlib.import_module(sim._EXPORTS[name]), name) is value, name
             assert not inspect.ismodule(value), name
     assert inspect.ismodule(sim.analytic) and callable(sim.plan) and callable(sim.run)
+
+
+def test_the_command_line_loads_neither_scipy_nor_matplotlib_until_a_command_needs_them():
+    # `kvsim --help` and every command's start-up pay for what `import sim.cli` loads (issue 27: start-up); scipy
+    # (~1 s here) and matplotlib are imported where they are used.
+    code = ("import sys, sim.cli; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'scipy', 'matplotlib', 'optuna', 'distributed'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-from scipy.stats import binom, poisson
 
 from sim.studies.analytic.che import _check_popularity
 from sim.workloads.request import shareable_tokens
@@ -209,6 +208,8 @@ class _PushedBlocks:
         if U > 0:
             m_max = max((L - K) // U, 0)
             counts = np.arange(m_max + 1)
+            from scipy.stats import poisson  # NOTE: here: importing the CLI must not load scipy
+
             pmf = poisson.pmf(counts[None, :], rate[:, None])
             if extra_counts is not None:  # add c ~ extra_counts independent warm-ups: convolve in m
                 mixed = np.zeros_like(pmf)
@@ -294,6 +295,8 @@ def _exact_block_survival(p: np.ndarray, prefix_blocks: int, own_blocks: int, ef
     for _ in range(200):
         bound = 1.0
         if U > 0 and others_rate > 0:
+            from scipy.stats import poisson  # NOTE: as above
+
             bound = poisson.cdf(L // U, others_rate * tau_max)
         if K > 0 and bound > 1e-12:
             # S >= K (distinct others) and distinct others >= distinct overall - 1 (Poisson-binomial via normal)
@@ -421,6 +424,8 @@ def finite_run_hit_rates(
     levels = L - np.arange(K)
     valid = levels >= 0
     warm_here = 1.0 - (1.0 - 1.0 / workers) ** warmups_per_prefix
+    from scipy.stats import binom  # NOTE: as above
+
     warm_counts = binom.pmf(np.arange(warmups_per_prefix + 1), warmups_per_prefix, 1.0 / workers)
     start = np.zeros((nodes.size, L + 1))
     start[:, 0] = 1.0

@@ -6,7 +6,7 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-from scipy.optimize import brentq
+
 
 def zipf_popularity(num_prefixes: int, exponent: float) -> np.ndarray:
     """Request probabilities p_r proportional to r^-exponent for ranks r = 1..num_prefixes (rank 1 most popular).
@@ -52,6 +52,8 @@ def che_characteristic_time(popularity: Sequence[float] | np.ndarray, capacity_o
     hi = 1.0
     while excess(hi) < 0:
         hi *= 2.0
+    from scipy.optimize import brentq  # NOTE: here: importing the CLI must not load scipy
+
     return brentq(excess, 0.0, hi, xtol=1e-12 * hi, rtol=1e-14, maxiter=500)
 
 
