@@ -17,6 +17,7 @@ from rich.progress import (
 )
 
 from sim.cli.render import console  # noqa: F401 - what every command prints through (prose, tables, rows)
+from sim.cli.root import main  # noqa: F401 - the group every command module registers on
 from sim.config import GIB, key_values, suggestion
 from sim.studies.reference import Measurement, load_reference, reference_path
 from sim.scenario import Scenario, ScenarioError, SloSpec, load_scenario
@@ -489,16 +490,3 @@ def fmt(value: object, spec: str = ".3f") -> str:
     if isinstance(value, float):
         return "-" if math.isnan(value) else format(value, spec)
     return str(value)
-
-
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
-@click.version_option(package_name="kvsim")
-def main() -> None:
-    """kvsim: predict prefix-cache hit rate, TTFT and throughput of LLM serving workers under a router.
-
-    A worker is a serving engine on a device: vLLM v1 (block prefix cache, step scheduler) or SGLang
-    (RadixAttention token tree, prefill/decode batches); a scenario file (YAML) describes the model, engine,
-    workload, cluster and router. Without --scenario the built-in `service-baseline` scenario (the measured
-    reference experiment, on vLLM) is used; `kvsim scenarios` lists the built-in scenarios and `kvsim scenarios
-    export NAME > my.yaml` writes one to edit.
-    """

@@ -194,7 +194,7 @@ def test_the_resume_line_of_a_subcommand_names_its_group(monkeypatch):
 
     monkeypatch.setattr(sys, "argv", ["/venv/bin/kvsim", "plan", "router", "--router", "random,kv-aware", "--out",
                                       "my dir", "--resume"])
-    plan = main.commands["plan"]
+    plan = main.get_command(click.Context(main), "plan")
     with click.Context(main, info_name="kvsim") as root, click.Context(plan, parent=root, info_name="plan") as group, \
             click.Context(plan.commands["router"], parent=group, info_name="router") as ctx:
         assert resume_command(ctx) == "kvsim plan router --router random,kv-aware --out 'my dir'"
@@ -209,3 +209,29 @@ def test_every_command_that_takes_a_scenario_spells_it_scenario_file():
         [option] = [p for p in command.params if p.name == "scenario_path"]
         assert option.opts == ["--scenario"] and option.metavar == "FILE", name
         assert "`kvsim scenarios` lists the built-in ones" in option.help, name
+
+
+def test_the_root_help_lists_every_command_as_its_module_registers_it_without_importing_one():
+    # `kvsim --help` reads the commands' one-line help from sim.cli.root.COMMANDS (issue 27: start-up), so the
+    # registry must name each command's module and its help exactly as the command gives it.
+    import importlib
+    import subprocess
+    import sys
+
+    import click
+
+    from sim.cli.root import COMMANDS
+
+    for name, (module, short_help) in COMMANDS.items():
+        importlib.import_module(module)
+        command = main.commands[name]
+        assert command.get_short_help_str(limit=10_000) == short_help, name
+    assert set(main.commands) == set(COMMANDS)  # every module imported: no command missing from the registry
+    code = "import sys; from sim.cli import main; print(sorted(m for m in sys.modules if m.startswith('sim.')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['sim.cli', 'sim.cli.root']"
+    # The help as an eager group of the same commands renders it.
+    eager = click.Group("kvsim", commands=main.commands, help=main.help,
+                        context_settings=main.context_settings, params=main.params)
+    assert (CliRunner().invoke(main, ["--help"], prog_name="kvsim").output
+            == CliRunner().invoke(eager, ["--help"], prog_name="kvsim").output)
