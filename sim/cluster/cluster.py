@@ -8,7 +8,7 @@ import simpy
 
 from sim.cluster.device import Device
 from sim.cluster.host_link import HostLinkQueue
-from sim.cluster.reuse import ReuseLedger, computed_block_hashes
+from sim.cluster.reuse import ReuseLedger
 from sim.cluster.worker import Worker
 from sim.engines.interface import CacheListener, EngineLoad, ServedRequest
 from sim.engines.registry import build_engine
@@ -18,7 +18,7 @@ from sim.routing.prefix_state import build_prefix_state
 from sim.routing.scraper import MetricsScraper
 from sim.scenario import Scenario, ScenarioError
 from sim.timing.build import build_time_model
-from sim.workloads.request import BlockHash, Request
+from sim.workloads.request import BlockHash, Request, computed_block_hashes
 from sim.workloads.shared_prefix import rng_for
 
 

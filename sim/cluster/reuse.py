@@ -7,7 +7,6 @@ from itertools import repeat
 from operator import or_
 
 from sim.routing.prefix_index import held_prefix
-from sim.workloads.request import Request
 
 
 class _WorkerView:
@@ -44,7 +43,7 @@ class ReuseLedger:
 
     def dispatch(self, hashes: Sequence[Hashable], prompt_tokens: int, worker: int) -> tuple[int, int]:
         """(available, captured) tokens of a request with these block hashes, sent to `worker`; then records it.
-        `hashes` may run past the prompt (`computed_block_hashes`: a session's outputs, which later prompts
+        `hashes` may run past the prompt (`sim.workloads.request.computed_block_hashes`: a session's outputs, which later prompts
         resend); the hit is over the prompt's blocks only."""
         cap = (prompt_tokens - 1) // self.block_size
         masks, bit = self._masks, 1 << worker
@@ -56,12 +55,3 @@ class ReuseLedger:
         masks.update(zip(hashes[in_shared:], repeat(bit)))
         return min(in_shared, cap) * self.block_size, min(in_mine, cap) * self.block_size
 
-
-def computed_block_hashes(request: Request, block_size: int) -> Sequence[Hashable]:
-    """The blocks `request` leaves for later prompts: its prompt's and, when its session resends its outputs, the
-    output blocks it computes (`input + output - 1` tokens: the last sampled token's KV is never computed)."""
-    hashes = request.block_hashes
-    out = request.output_block_hashes
-    if not out:
-        return hashes
-    return hashes + out[: (request.prompt_tokens + request.output_tokens - 1) // block_size - len(hashes)]

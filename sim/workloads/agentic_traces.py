@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from sim.workloads.request import Request
+from sim.workloads.request import Request, computed_block_hashes, context_tokens
 from sim.workloads.session_traces import content_block_hashes, own_runs
 from sim.workloads.sessions import Due
 from sim.workloads.trace_formats import AGENTIC_SCHEMA
@@ -271,9 +271,7 @@ class AgenticTrace:
         blocks = content_block_hashes(runs, B, n_in // B)
         context = 0
         for p in predecessors:
-            computed = min(len(p.block_hashes), (p.prompt_tokens + p.output_tokens - 1) // B, (n_in - 1) // B)
-            shared = next((j for j in range(computed) if blocks[j] != p.block_hashes[j]), computed)
-            context = max(context, shared * B)
+            context = max(context, context_tokens(blocks, n_in, computed_block_hashes(p, B), B))
         return Request(
             request_id=i, prompt_tokens=n_in, output_tokens=n_out, block_hashes=blocks, num_shareable_tokens=0,
             prefix_id=row.hash_ids[0], token_runs=tuple(runs), session_id=self.play_nodes[self.plays[i]][0],

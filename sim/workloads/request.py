@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from itertools import takewhile
+from operator import eq
 
 BlockHash = Hashable
 """Identity of a whole prompt prefix up to the end of one block (a chained hash, as vLLM's)."""
@@ -17,6 +19,26 @@ def shareable_tokens(*, prefix_tokens: int, prompt_tokens: int, block_size: int)
     whole prompt shares one block less.
     """
     return min(prefix_tokens // block_size, (prompt_tokens - 1) // block_size) * block_size
+
+
+def computed_block_hashes(request: Request, block_size: int) -> tuple[BlockHash, ...]:
+    """The full blocks `request` leaves cached for later prompts: its prompt's and, when its session resends its
+    outputs, the output blocks it computes (`input + output - 1` tokens: the last sampled token's KV is never
+    computed)."""
+    hashes = request.block_hashes
+    out = request.output_block_hashes
+    if not out:
+        return hashes
+    return hashes + out[: (request.prompt_tokens + request.output_tokens - 1) // block_size - len(hashes)]
+
+
+def context_tokens(block_hashes: Sequence[BlockHash], prompt_tokens: int, computed: Sequence[BlockHash],
+                   block_size: int) -> int:
+    """A prompt's `num_context_tokens`: its leading blocks equal to `computed` (what an earlier request of its
+    session left cached, `computed_block_hashes`), in tokens, capped as a hit is at `prompt_tokens - 1`."""
+    # NOTE: counted in C (takewhile stops at the first block that differs): a 64k-token context compares 4,000.
+    shared = len(list(takewhile(bool, map(eq, block_hashes, computed))))
+    return min(shared, (prompt_tokens - 1) // block_size) * block_size
 
 
 def is_full_hit(num_cached_tokens: int, num_shareable_tokens: int) -> bool:

@@ -26,10 +26,9 @@ KV is never computed), in whole blocks, capped like a hit at `prompt_tokens - 1`
 from __future__ import annotations
 
 from collections.abc import Hashable
-from itertools import repeat, takewhile
-from operator import eq
+from itertools import repeat
 
-from sim.workloads.request import BlockHash, Request
+from sim.workloads.request import BlockHash, Request, computed_block_hashes, context_tokens
 
 
 class TokenSequence:
@@ -107,15 +106,9 @@ class TokenSequence:
         prompt_blocks = prompt_tokens // B
         block_hashes = tuple(self.hashes[:prompt_blocks])
         runs = tuple(self.runs)
-        computed = self._computed
-        # NOTE: the leading blocks equal to what the last request computed, counted in C (takewhile stops at the
-        # first that differs): a 64k-token context compares 4,000 blocks a turn.
-        shared = len(list(takewhile(bool, map(eq, block_hashes, computed))))
-        context = min(shared, (prompt_tokens - 1) // B) * B
+        context = context_tokens(block_hashes, prompt_tokens, self._computed, B)
         self.append(output_key, output_tokens)
-        computed_blocks = (prompt_tokens + output_tokens - 1) // B
-        self._computed = tuple(self.hashes[:computed_blocks])
-        return Request(
+        request = Request(
             request_id=request_id, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
             block_hashes=block_hashes, num_shareable_tokens=min(self._system_blocks, (prompt_tokens - 1) // B) * B,
             prefix_id=prefix_id, prefix_tokens=self.system_tokens, warmup=warmup, token_runs=runs,
@@ -123,3 +116,5 @@ class TokenSequence:
             output_block_hashes=tuple(self.hashes[prompt_blocks:(prompt_tokens + output_tokens) // B]),
             output_key=output_key, num_context_tokens=context,
         )
+        self._computed = computed_block_hashes(request, B)
+        return request

@@ -51,7 +51,7 @@ from dataclasses import dataclass, replace
 from collections.abc import Iterator
 from pathlib import Path
 
-from sim.workloads.request import Request
+from sim.workloads.request import Request, computed_block_hashes, context_tokens
 from sim.workloads.sessions import Due
 from sim.workloads.session_inference import ParentInference, common_block_ids
 from sim.workloads.trace_formats import LINE_READERS, MOONCAKE_BLOCK_TOKENS, SESSION_FORMATS, TurnLine, detect_format
@@ -353,10 +353,7 @@ class SessionTrace:
                 else:
                     own_from = P
                 runs += own_runs(ids, own_from, n_in, tb)
-                computed = (parent.block_hashes + out)[: (P + O - 1) // B]
-                shared = next((j for j, (a, b) in enumerate(zip(hashes, computed)) if a != b),
-                              min(len(hashes), len(computed)))
-                context = min(shared, (n_in - 1) // B) * B
+                context = context_tokens(hashes, n_in, computed_block_hashes(parent, B), B)
             else:
                 self.unlinked += 1
         if not runs:
