@@ -43,8 +43,8 @@ class ReuseLedger:
 
     def dispatch(self, hashes: Sequence[Hashable], prompt_tokens: int, worker: int) -> tuple[int, int]:
         """(available, captured) tokens of a request with these block hashes, sent to `worker`; then records it.
-        `hashes` may run past the prompt (`sim.workloads.request.computed_block_hashes`: a session's outputs, which later prompts
-        resend); the hit is over the prompt's blocks only."""
+        `hashes` may run past the prompt (`sim.workloads.request.computed_block_hashes`: a session's outputs, which
+        later prompts resend); the hit is over the prompt's blocks only."""
         cap = (prompt_tokens - 1) // self.block_size
         masks, bit = self._masks, 1 << worker
         in_shared = held_prefix(masks, hashes)

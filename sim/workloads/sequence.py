@@ -34,7 +34,7 @@ from sim.workloads.request import BlockHash, Request, computed_block_hashes, con
 class TokenSequence:
     """One lineage's tokens (runs) and full-block hashes at `block_size`, appended segment by segment."""
 
-    __slots__ = ("block_size", "lineage", "hashes", "runs", "length", "system_tokens", "_system_blocks", "_computed")
+    __slots__ = ("block_size", "lineage", "hashes", "runs", "length", "system_tokens", "_computed")
 
     def __init__(self, lineage: Hashable, *, block_size: int, system_key: Hashable | None = None,
                  system_tokens: int = 0) -> None:
@@ -48,14 +48,12 @@ class TokenSequence:
         self.length = 0
         self.system_tokens = system_tokens
         """Tokens of the shared system prompt the sequence starts with (its first run; 0: none)."""
-        self._system_blocks = 0
         self._computed: tuple[BlockHash, ...] = ()
         """Full blocks the last request of this lineage computed (what a next turn may find cached)."""
         if system_tokens:
             if system_key is None:
                 raise ValueError("system_tokens without a system_key")
             self.runs.append((system_key, system_tokens))
-            self._system_blocks = system_tokens // block_size
             self.hashes.extend((system_key, i) for i in range(self._system_blocks))
             self.length = system_tokens
 
@@ -79,7 +77,6 @@ class TokenSequence:
         child.runs = list(self.runs)
         child.length = self.length
         child.system_tokens = self.system_tokens
-        child._system_blocks = self._system_blocks
         child._computed = self._computed
         return child
 
@@ -94,6 +91,11 @@ class TokenSequence:
         self.hashes = self.hashes[: self._system_blocks]
         for key, n in keep:
             self.append(key, n)
+
+    @property
+    def _system_blocks(self) -> int:
+        """Full blocks inside the system prompt (hashed by the group's key, shared across sessions)."""
+        return self.system_tokens // self.block_size
 
     def request(self, request_id: int, *, output_tokens: int, output_key: Hashable, session_id: int,
                 turn: int, prefix_id: int | None = None, warmup: bool = False) -> Request:
