@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from policies.aibrix import AibrixLeastKvCacheRouter, AibrixPrefixCacheRouter
 from policies.base import RouterBase
+from policies.disaggregated import PdRouterBase, PdStagesRouter
+from policies.dynamo_disagg import DynamoDisaggRouter
 from policies.kv_aware import KvAwareRouter
 from policies.kvsim_router import KvsimRouter
 from policies.least_loaded import LeastLoadedRouter
@@ -34,4 +36,18 @@ ROUTERS = _registry(RandomRouter, RoundRobinRouter, PrefixHashRouter, KvAwareRou
                     LeastLoadedRouter, PowerOfTwoRouter, StickyRouter, LlmdRouter,
                     SglangCacheAwareRouter, PrebleRouter, KvsimRouter)
 
-__all__ = ["ROUTERS"]
+
+
+def _pd_registry(*classes: type[PdRouterBase]) -> dict[str, type[PdRouterBase]]:
+    registry: dict[str, type[PdRouterBase]] = {}
+    for cls in classes:
+        if not cls.name or cls.name in registry or cls.name in ROUTERS:
+            raise RuntimeError(f"disaggregated router name {cls.name!r} is empty or registered twice")
+        registry[cls.name] = cls
+    return registry
+
+
+PD_ROUTERS = _pd_registry(PdStagesRouter, DynamoDisaggRouter)
+"""Routers of disaggregated clusters (`sim.routing.interface.DisaggregatedRouter`): one class plus one line here."""
+
+__all__ = ["PD_ROUTERS", "ROUTERS"]

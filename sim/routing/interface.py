@@ -167,3 +167,73 @@ class RouterFactory(Protocol):
     name: ClassVar[str]
 
     def __call__(self, *, num_workers: int, block_size: int, rng: random.Random, options: dict[str, Any]) -> Router: ...
+
+
+# ---------------------------------------------------------------------------------------------- two-stage routing
+PdStage = Literal["prefill", "decode"]
+"""Which pool of a disaggregated cluster a hook or a view is about."""
+
+
+@dataclass(frozen=True, slots=True)
+class PdChoice:
+    """A disaggregated router's answer for one request, made when the request reaches the router.
+
+    * `prefill_worker`: the prefill pool's worker (its index in the pool, 0..P-1) that computes the prompt, or
+      None: no remote prefill, the decode worker prefills locally (Dynamo's conditional disaggregation, llm-d's
+      prefill-header decision, SGLang never).
+    * `decode_worker`: the decode pool's worker (0..D-1), or None: chosen later by `route_decode`, when the
+      prefill worker's response (its KV transfer parameters) is back at the router (Dynamo's order: prefill,
+      then decode). Must be given when `prefill_worker` is None.
+    """
+
+    prefill_worker: int | None
+    decode_worker: int | None
+
+    def __post_init__(self) -> None:
+        if self.prefill_worker is None and self.decode_worker is None:
+            raise ValueError("PdChoice: a request with no prefill worker needs a decode worker")
+
+
+class DisaggregatedRouter(Protocol):
+    """A router in front of a disaggregated cluster: two pools (`prefill`, `decode`), each seen through a
+    `ClusterView` of its own whose workers are numbered 0..n-1 within the pool (the cluster maps them to its own
+    worker indices). A policy for one pool can be any aggregated `Router` bound to that pool's view.
+
+    Call order, per request (the cluster calls; times are simulated):
+    1. `route_pd(request, prefill, decode)` when the request reaches the router -> `PdChoice`.
+    2. Remote prefill (`prefill_worker` given): `on_dispatch(request, w, "prefill")`; the prefill worker runs the
+       prompt as a request of one output token (vLLM/Dynamo `max_tokens=1`, `do_remote_decode`); when its response
+       is back, `on_complete(request, w, "prefill")`. Then, if the decode worker was not chosen,
+       `route_decode(request, decode, prefill_worker=w)`.
+    3. Decode (or local prefill + decode): `on_dispatch(request, d, "decode")`; the decode worker receives the KV
+       over the transfer link (remote prefill) and decodes; `on_first_token(request, d, "decode")` when the
+       client's first token reaches the router, `on_complete(request, d, "decode")` when the response ends.
+    `bind` is called once, before the first request. `processing_s` is the router's own time per routing
+    decision, added to each hop it routes.
+    """
+
+    name: ClassVar[str]
+    processing_s: float
+
+    def bind(self, prefill: ClusterView, decode: ClusterView) -> None: ...
+
+    def route_pd(self, request: Request, prefill: ClusterView, decode: ClusterView) -> PdChoice: ...
+
+    def route_decode(self, request: Request, decode: ClusterView, *, prefill_worker: int) -> int: ...
+
+    def on_dispatch(self, request: Request, worker: int, stage: PdStage) -> None: ...
+
+    def on_first_token(self, request: Request, worker: int, stage: PdStage) -> None: ...
+
+    def on_complete(self, request: Request, worker: int, stage: PdStage) -> None: ...
+
+
+class DisaggregatedRouterFactory(Protocol):
+    """How the runner builds a disaggregated router: the pools' sizes, the options, and `stage_routers` (the
+    aggregated router registry, name -> `RouterFactory`) for a policy that lets existing routers route a pool."""
+
+    name: ClassVar[str]
+    disaggregated: ClassVar[bool]
+
+    def __call__(self, *, num_prefill_workers: int, num_decode_workers: int, block_size: int, rng: random.Random,
+                 options: dict[str, Any], stage_routers: dict[str, RouterFactory]) -> DisaggregatedRouter: ...
