@@ -9,10 +9,11 @@ from typing import Any
 
 import simpy
 
-from policies import ROUTERS
+from policies import PD_ROUTERS, ROUTERS
 from sim.config import Problem, ProblemsError, suggestion
 from sim.cluster.arrivals import closed_loop, one_at_a_time, poisson, sessions
 from sim.cluster.cluster import Cluster
+from sim.cluster.disaggregated import DisaggregatedCluster
 from sim.results.records import RequestRecord, RunResult
 from sim.routing.interface import Router
 from sim.routing.replicas import ReplicatedRouter
@@ -25,7 +26,7 @@ from sim.workloads.shared_prefix import RequestStream, rng_for, shared_prefix_st
 def router_class(name: str):
     """The registered router class `name` (its `Options`, `parse_options` and `search_space`), for studies that
     must read a router's options without importing `policies`; a ScenarioError names the allowed routers."""
-    factory = ROUTERS.get(name)
+    factory = ROUTERS.get(name) or PD_ROUTERS.get(name)
     if factory is None:
         raise ScenarioError(f"router.name: {unknown_router(name)}")
     return factory
@@ -33,7 +34,7 @@ def router_class(name: str):
 
 def unknown_router(name: str) -> str:
     """`unknown router 'NAME'`, with the nearest registered name (or all of them)."""
-    return f"unknown router {name!r}; {suggestion(name, sorted(ROUTERS))}"
+    return f"unknown router {name!r}; {suggestion(name, sorted(ROUTERS) + sorted(PD_ROUTERS))}"
 
 
 def router_problems(data: Any) -> list[Problem]:
@@ -44,10 +45,10 @@ def router_problems(data: Any) -> list[Problem]:
         spec = RouterSpec.model_validate(data.get("router", {}) if isinstance(data, dict) else {})
     except ValueError:  # pydantic's ValidationError too
         return []
-    if spec.name not in ROUTERS:
+    if spec.name not in ROUTERS and spec.name not in PD_ROUTERS:
         return [Problem(("router", "name"), unknown_router(spec.name))]
     try:
-        ROUTERS[spec.name].parse_options(dict(spec.options))
+        router_class(spec.name).parse_options(dict(spec.options))
     except ProblemsError as err:
         return [Problem(("router", "options", *p.loc), p.message) for p in err.problems]
     return []
@@ -58,6 +59,11 @@ def build_router(scenario: Scenario) -> Router:
     (`sim.routing.replicas.ReplicatedRouter`), replica r drawing from its own random stream."""
     spec = scenario.router
     factory = router_class(spec.name)
+    if scenario.cluster.disaggregation is not None:
+        return build_pd_router(scenario)
+    if getattr(factory, "disaggregated", False):
+        raise ScenarioError(f"router.name: {spec.name} routes a disaggregated cluster; set cluster.disaggregation "
+                            f"(kvsim --prefill-workers P --decode-workers D) or use one of: {', '.join(sorted(ROUTERS))}")
 
     def build(replica: int) -> Router:
         return factory(
@@ -78,6 +84,31 @@ def build_router(scenario: Scenario) -> Router:
         raise ScenarioError(f"router.options ({spec.name}): {err}") from None
 
 
+def build_pd_router(scenario: Scenario):
+    """A disaggregated cluster's router: the scenario's disaggregated router, or an aggregated one on each pool
+    (`pd-stages` with that router and its options for both the prefill and the decode pool)."""
+    spec, pd = scenario.router, scenario.cluster.disaggregation
+    name, options = spec.name, dict(spec.options)
+    if name not in PD_ROUTERS:
+        if options.get("replicas", 1) != 1:
+            raise ScenarioError(f"router.options ({name}): replicas is not supported on a disaggregated cluster")
+        name, options = "pd-stages", {"prefill_router": name, "prefill_options": options,
+                                      "decode_router": name, "decode_options": options}
+    try:
+        return PD_ROUTERS[name](num_prefill_workers=pd.prefill.workers, num_decode_workers=pd.decode.workers,
+                                block_size=scenario.engine.block_size, rng=rng_for(scenario.seed, "router"),
+                                options=options, stage_routers=ROUTERS)
+    except ValueError as err:
+        raise ScenarioError(f"router.options ({spec.name}): {err}") from None
+
+
+def build_cluster(env: simpy.Environment, scenario: Scenario, router, *, fast_forward: bool = True):
+    """The scenario's cluster: aggregated (`Cluster`) or, with `cluster.disaggregation`, `DisaggregatedCluster`."""
+    if scenario.cluster.disaggregation is not None:
+        return DisaggregatedCluster(env, scenario, router, fast_forward=fast_forward)
+    return Cluster(env, scenario, router, fast_forward=fast_forward)
+
+
 def run(scenario: Scenario, stream: RequestStream | None = None, *, fast_forward: bool = True) -> RunResult:
     """Simulate one scenario: warm-ups one at a time, then the measured requests (closed loop or Poisson); a
     sessions workload is driven by the session driver (`sim.cluster.arrivals.sessions`: Poisson session starts or
@@ -86,7 +117,7 @@ def run(scenario: Scenario, stream: RequestStream | None = None, *, fast_forward
     `stream` replaces the scenario's generated workload (e.g. the requests of a measured run). `fast_forward`
     advances decode-only stretches as one event (same results; off only to check that)."""
     env = simpy.Environment()
-    cluster = Cluster(env, scenario, build_router(scenario), fast_forward=fast_forward)
+    cluster = build_cluster(env, scenario, build_router(scenario), fast_forward=fast_forward)
     if scenario.has_sessions:
         if stream is not None:
             raise ScenarioError(f"scenario {scenario.name!r}: a sessions workload is not replaced by a request stream")

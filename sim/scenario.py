@@ -129,6 +129,37 @@ class DeviceSetup:
     workers: int
 
 
+# ---------------------------------------------------------------------------------------------- P/D pools
+class TransferLinkSpec(ConfigModel):
+    """The KV transfer from a prefill worker to a decode worker (`sim.cluster.transfer_link.KvTransferLink`: each
+    decode worker's inbound link is one FIFO queue)."""
+
+    bandwidth_bytes_per_s: float = Field(50e9, gt=0, description="Bytes per second of one decode worker's inbound link (default 50e9: a 400 Gb/s RDMA NIC per GPU; Dynamo's mocker --kv-transfer-bandwidth says ~450e9 for intra-node NVLink).")
+    latency_s: float = Field(1e-5, ge=0, description="Seconds per transfer before its bytes flow (network round trip; default 10 us).")
+    overhead_s: float = Field(0.0, ge=0, description="Further seconds per transfer outside the wire (NIXL descriptor setup and completion notification; default 0).")
+
+
+class PoolSpec(ConfigModel):
+    """One pool of a disaggregated cluster: its workers, the device each runs on, and its engine options."""
+
+    workers: int = Field(ge=1, description="Workers in the pool.")
+    device: DeviceSpec | None = Field(None, description="The device each worker of the pool runs on (its speed, time model, hardware and TP under a roofline); default: cluster.default_device.")
+    engine: dict[str, Any] = Field(default_factory=dict, description="Engine options this pool overrides (keys of the scenario's engine section, e.g. max_num_batched_tokens).")
+
+
+class DisaggregationSpec(ConfigModel):
+    """Prefill/decode disaggregation: a request prefills on a prefill worker (as a request of one output token),
+    its prompt KV moves to a decode worker over `link`, and it decodes there (see docs/concepts/disaggregation.md)."""
+
+    prefill: PoolSpec = Field(description="The prefill pool (workers 0..P-1 of the cluster).")
+    decode: PoolSpec = Field(description="The decode pool (workers P..P+D-1).")
+    link: TransferLinkSpec = Field(default_factory=TransferLinkSpec, description="The KV transfer link.")
+
+    def pool_of(self, worker: int) -> str:
+        """'prefill' or 'decode': the pool of the cluster's worker `worker`."""
+        return "prefill" if worker < self.prefill.workers else "decode"
+
+
 class ClusterSpec(ConfigModel):
     workers: int = Field(ge=1, description="Number of workers.")
     deployments: list[DeploymentSpec] = Field(default_factory=list, description="Device layouts by worker count.")
@@ -140,13 +171,36 @@ class ClusterSpec(ConfigModel):
     request_overhead_s: float = Field(0.0, ge=0, description="Per-request cost outside the engine before it queues (HTTP, tokenisation).")
     response_overhead_s: float = Field(0.0, ge=0, description="Delay from the engine emitting a token to the client seeing it (detokenise, stream).")
     reuse_breakdown: bool = Field(True, description="Book every request's reuse available and captured (summary columns reuse_available, reuse_captured): keeps every block hash ever sent, so a replay of millions of requests may turn it off.")
+    disaggregation: DisaggregationSpec | None = Field(None, description="Prefill/decode pools (null: every worker prefills and decodes its own requests); workers must equal prefill.workers + decode.workers.")
+
+    @model_validator(mode="after")
+    def _pools_add_up(self) -> ClusterSpec:
+        pd = self.disaggregation
+        if pd is not None and pd.prefill.workers + pd.decode.workers != self.workers:
+            raise ValueError(f"cluster.workers ({self.workers}) must equal disaggregation.prefill.workers + "
+                             f"disaggregation.decode.workers ({pd.prefill.workers} + {pd.decode.workers})")
+        return self
 
     def devices(self) -> list[DeviceSpec]:
+        if self.disaggregation is not None:
+            return self.pool_devices()
         for d in self.deployments:
             if d.workers == self.workers:
                 return list(d.devices)
         return [self.default_device.model_copy(update={"name": f"{self.default_device.name}-{i}"})
                 for i in range(self.workers)]
+
+
+    def pool_devices(self) -> list[DeviceSpec]:
+        """A disaggregated cluster's devices, one per worker: the prefill pool's (named prefill-NAME-i), then the
+        decode pool's (decode-NAME-i), each its pool's device or the default device."""
+        pd = self.disaggregation
+        out = []
+        for stage, pool in (("prefill", pd.prefill), ("decode", pd.decode)):
+            dev = pool.device or self.default_device
+            out += [dev.model_copy(update={"name": f"{stage}-{dev.name}-{i}", "workers": 1})
+                    for i in range(pool.workers)]
+        return out
 
 
 def _objective_ms(what: str):
@@ -267,6 +321,33 @@ class Scenario(ConfigModel):
             if unknown:
                 raise ValueError("; ".join(f"engine_options.{kind}.{option}: unknown option; "
                                            f"{suggestion(option, fields)}" for option in unknown))
+        return self
+
+    def pool_engine(self, stage: str) -> EngineSpec:
+        """The engine spec of a disaggregated cluster's pool `stage` ('prefill' or 'decode'): the scenario's engine
+        with the pool's overrides."""
+        overrides = getattr(self.cluster.disaggregation, stage).engine
+        if not overrides:
+            return self.engine
+        return type(self.engine).model_validate({**self.engine.model_dump(), **overrides})
+
+    @model_validator(mode="after")
+    def _pools(self) -> Scenario:
+        pd = self.cluster.disaggregation
+        if pd is None:
+            return self
+        if self.engine.kind != "vllm":
+            raise ValueError(f"cluster.disaggregation: engine.kind {self.engine.kind!r} has no P/D decode side in "
+                             "kvsim yet (SGLang's DecodePreallocQueue/DecodeTransferQueue are not modelled); allowed: vllm")
+        fields = [f for f in type(self.engine).model_fields if f != "kind"]
+        for stage in ("prefill", "decode"):
+            unknown = [k for k in getattr(pd, stage).engine if k not in fields]
+            if unknown:
+                raise ValueError(f"cluster.disaggregation.{stage}.engine.{unknown[0]}: unknown option; "
+                                 f"{suggestion(unknown[0], fields)}")
+            if self.pool_engine(stage).block_size != self.engine.block_size:
+                raise ValueError(f"cluster.disaggregation.{stage}.engine.block_size: the pools must share the "
+                                 f"engine's block size ({self.engine.block_size}): KV moves block by block")
         return self
 
     def device_time_model(self, device: DeviceSpec) -> TimeModelSpec:
@@ -455,7 +536,9 @@ class Scenario(ConfigModel):
 
     def all_devices(self) -> list[DeviceSpec]:
         """Every device spec the scenario names (deployments and the default device)."""
-        return [d for dep in self.cluster.deployments for d in dep.devices] + [self.cluster.default_device]
+        pd = self.cluster.disaggregation
+        pools = [] if pd is None else [p.device for p in (pd.prefill, pd.decode) if p.device is not None]
+        return [d for dep in self.cluster.deployments for d in dep.devices] + [self.cluster.default_device] + pools
 
     @model_validator(mode="after")
     def _fits(self) -> Scenario:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import simpy
 
 from sim.cluster.device import Device
-from sim.engines.interface import DecodeStretch, Engine, EngineLoad, ServedRequest, StepTimeModel
+from sim.engines.interface import DecodeStretch, Engine, EngineLoad, RemoteKvSource, ServedRequest, StepTimeModel
 from sim.workloads.request import Request
 
 
@@ -73,9 +73,22 @@ class Worker:
         """The request reaches the engine's queue (at `arrival_s`, which is now)."""
         self.num_changes += 1
         state = self.engine.add_request(request, worker=self.index, arrival_s=arrival_s)
+        self._arrived()
+        return state
+
+    def submit_remote(self, request: Request, arrival_s: float, source: RemoteKvSource) -> ServedRequest:
+        """A request another worker prefilled reaches the engine's queue (P/D: its prompt KV comes from `source`)."""
+        self.num_changes += 1
+        state = self.engine.add_remote_prefilled(request, worker=self.index, arrival_s=arrival_s, source=source)
+        self._arrived()
+        return state
+
+    def _arrived(self) -> None:
+        """Wake the loop for the request just added: at once if idle, at the end of the step in progress if a decode
+        stretch runs."""
         wakeup = self._wakeup
         if wakeup is None or wakeup.triggered:
-            return state
+            return
         stretch = self._stretch
         if stretch is None:
             wakeup.succeed()  # idle
@@ -84,7 +97,6 @@ class Worker:
             self._stretch_cut = True
             steps = stretch.steps_started_by(self.env.now)
             self._wake_after(wakeup, stretch.start_s + stretch.elapsed_s(steps) - self.env.now, steps)
-        return state
 
     def _wake_after(self, wakeup: simpy.Event, delay_s: float, steps: int) -> None:
         """Trigger `wakeup` with `steps` in `delay_s`, unless something triggered it first (then nothing)."""

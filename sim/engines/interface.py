@@ -60,6 +60,13 @@ class ServedRequest:
     admitted_s: float | None = None
     first_token_s: float | None = None
     finished_s: float | None = None
+    num_remote_kv_tokens: int = 0
+    """Prompt tokens whose KV came from another worker (P/D disaggregation: the prefill worker), not computed or
+    found here; 0 for a request prefilled on this worker."""
+    remote_kv_start_s: float | None = None
+    """When this worker started receiving that KV (None: no transfer)."""
+    remote_kv_done_s: float | None = None
+    """When all of it had arrived."""
 
     @property
     def num_tokens(self) -> int:
@@ -121,6 +128,16 @@ class HostLink(Protocol):
 
     def copy_done_s(self, *, to_device: bool, start_s: float, num_bytes: int) -> float:
         """When a copy of `num_bytes` submitted at `start_s` completes (after the copies queued before it)."""
+        ...
+
+
+class RemoteKvSource(Protocol):
+    """Where a request's prompt KV comes from when another worker computed it (P/D disaggregation: the prefill
+    worker, over the cluster's transfer link; implementation `sim.cluster.transfer_link`). The engine asks for the
+    tokens it does not hold itself when it admits the request (vLLM's NixlConnector: prompt - local hit)."""
+
+    def load_done_s(self, *, start_s: float, num_tokens: int) -> float:
+        """When `num_tokens` tokens of the prompt's KV, requested at `start_s`, have all arrived."""
         ...
 
 
@@ -282,6 +299,14 @@ class Engine(Protocol):
     cache: PrefixCache
 
     def add_request(self, request: Request, *, worker: int, arrival_s: float) -> ServedRequest: ...
+
+    def add_remote_prefilled(self, request: Request, *, worker: int, arrival_s: float,
+                             source: RemoteKvSource) -> ServedRequest:
+        """A request whose prompt another worker prefilled (P/D disaggregation) reaches this engine's queue now: the
+        engine admits it by its own rule, receives the prompt KV it lacks from `source` (the request waits for it,
+        holding its KV slots), then decodes; the received KV stays in this engine's prefix cache as a prefix
+        computed here would. Its records' `num_remote_kv_tokens` and `remote_kv_*_s` say what came and when."""
+        ...
 
     @property
     def has_work(self) -> bool: ...

@@ -63,6 +63,19 @@ class RequestRecord:
     """Leading prompt tokens that earlier requests of its session left cacheable (`Request.num_context_tokens`):
     whole blocks (pages) of what the engine computed of them, so what a cache that had kept the session's context
     would hit (a turn adds tokens after it, so it ends before the prompt's last token, which is never a hit)."""
+    # --- P/D disaggregation (requests.csv shows these columns only for a disaggregated run: `PD_RECORD_COLUMNS`)
+    pd_prefill_worker: int = -1
+    """The worker that prefilled the request: a prefill worker, or `worker` itself for a local prefill; -1: an
+    aggregated cluster."""
+    transfer_tokens: int = 0
+    """Prompt tokens whose KV moved from the prefill worker to the decode worker (prompt - the decode worker's hit)."""
+    ttft_queue_s: float = 0.0
+    """Of the TTFT, time in engine queues: the prefill worker's (arrival to admission), then the decode worker's
+    (arrival to the transfer's start)."""
+    ttft_prefill_s: float = 0.0
+    """Of the TTFT, the prefill: admission to the first token on the worker that prefilled."""
+    ttft_transfer_s: float = 0.0
+    """Of the TTFT, the KV transfer: its start to its end (on the decode worker's inbound link)."""
 
     @property
     def ttft_s(self) -> float:

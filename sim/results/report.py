@@ -55,6 +55,8 @@ TURN_COLUMNS = (
 """The columns of `turns.csv`, a row per turn (`SessionFigures.turn_rows`)."""
 
 REQUEST_SESSION_COLUMNS = ("session_id", "turn", "context_tokens")
+PD_RECORD_COLUMNS = ("pd_prefill_worker", "transfer_tokens", "ttft_queue_s", "ttft_prefill_s", "ttft_transfer_s")
+"""requests.csv's P/D columns, written only for a disaggregated run (an aggregated run's file is as before)."""
 """The record's session fields, appended to `requests.csv` only when a request belongs to a session."""
 
 
@@ -69,9 +71,11 @@ def request_rows(records: Sequence[RequestRecord]) -> tuple[list[dict[str, objec
     rows = [asdict(r) | {"ttft_ms": r.ttft_s * 1000, "e2e_ms": r.e2e_s * 1000,
                          "tpot_ms": float("nan") if r.tpot_s is None else r.tpot_s * 1000}
             for r in records]
-    columns = [c for c in rows[0] if c not in REQUEST_SESSION_COLUMNS] if rows else []
+    columns = [c for c in rows[0] if c not in REQUEST_SESSION_COLUMNS and c not in PD_RECORD_COLUMNS] if rows else []
     if any(r.session_id is not None for r in records):
         columns += REQUEST_SESSION_COLUMNS
+    if any(r.pd_prefill_worker >= 0 for r in records):
+        columns += PD_RECORD_COLUMNS
     return rows, columns
 
 AGGREGATED_COLUMNS = (

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import ClassVar
 
-from sim.engines.interface import EngineCounters, EngineLoad, HostLink, StepOutcome, StepPlan, StepTimeModel
+from sim.engines.interface import (EngineCounters, EngineLoad, HostLink, RemoteKvSource, StepOutcome, StepPlan,
+                                   StepTimeModel)
 from sim.engines.vllm.behaviour import VllmBehaviour
 from sim.engines.vllm.decode_stretch import DecodeStretch
 from sim.engines.vllm.kv_cache_manager import KVCacheManager
@@ -71,6 +72,12 @@ class VllmEngine:
         self.scheduler.add_request(state)
         return state
 
+    def add_remote_prefilled(self, request: Request, *, worker: int, arrival_s: float,
+                             source: RemoteKvSource) -> RequestState:
+        state = RequestState(request, worker, arrival_s, block_size=self.cache.block_size, remote_kv=source)
+        self.scheduler.add_request(state)
+        return state
+
     @property
     def has_work(self) -> bool:
         return self.scheduler.has_work
@@ -123,11 +130,15 @@ class VllmEngine:
                               cpu_evicted_blocks=0 if c is None else c.num_evicted_chunks)
 
     def next_background_s(self) -> float | None:
+        remote_s = self.scheduler.next_remote_load_s()
         if self.transfers is None:
-            return None
+            if remote_s is None:
+                return None
+            return 0.0 if self.scheduler.has_loaded_requests else remote_s
         if self.scheduler.has_loaded_requests:
             return 0.0  # a load reported done: the next step promotes it, at once
-        return self.transfers.next_done_s()
+        host_s = self.transfers.next_done_s()
+        return host_s if remote_s is None else remote_s if host_s is None else min(host_s, remote_s)
 
     def describe_stall(self) -> str:
         return self.scheduler.describe_stall()

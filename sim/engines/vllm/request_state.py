@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sim.engines.interface import ServedRequest
+from sim.engines.interface import RemoteKvSource, ServedRequest
 from sim.workloads.request import BlockHash
 
 
@@ -19,7 +19,11 @@ class RequestState(ServedRequest):
     block_ids: list[int] = field(default_factory=list)
     num_cached_blocks: int = 0
     loading: bool = False
-    """vLLM's WAITING_FOR_REMOTE_KVS: blocks allocated for a CPU hit whose async load is not yet promoted."""
+    """vLLM's WAITING_FOR_REMOTE_KVS: blocks allocated for a CPU hit (or a P/D transfer) whose async load is not yet
+    promoted."""
+    remote_kv: RemoteKvSource | None = None
+    """P/D decode side: where the prompt's KV comes from (vLLM `kv_transfer_params.do_remote_prefill`); cleared
+    once the request asked for it (a preempted request recomputes, as vLLM clears do_remote_prefill)."""
 
     @property
     def is_finished(self) -> bool:

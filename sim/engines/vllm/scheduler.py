@@ -6,6 +6,7 @@ recompute). The SimPy worker (`sim.cluster.worker`) calls it and decides how lon
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -62,6 +63,8 @@ class Scheduler:
         self._connector_step: ConnectorStep | None = None
         """The transfer jobs of the last `schedule()` (with a connector), until the worker side takes them."""
         self.num_preemptions = 0
+        self._remote_loads: list[tuple[float, int, RequestState]] = []
+        """P/D transfers in flight, a heap of (done_s, request id, request)."""
 
     @property
     def has_work(self) -> bool:
@@ -118,7 +121,19 @@ class Scheduler:
         return (f"nothing schedulable with {len(self.waiting)} waiting and {len(self.running)} running; head request "
                 f"{head.request.request_id} needs {head.num_tokens} tokens, {free} blocks free")
 
+    def next_remote_load_s(self) -> float | None:
+        """When the next P/D transfer in flight completes (None: none in flight)."""
+        return self._remote_loads[0][0] if self._remote_loads else None
+
+    def _take_remote_loads(self, now_s: float) -> None:
+        """P/D transfers done by now are reported done (vLLM's `finished_recving`), promoted by this step."""
+        loads = self._remote_loads
+        while loads and loads[0][0] <= now_s:
+            self._loaded.add(heapq.heappop(loads)[2])
+
     def schedule(self, now_s: float = 0.0) -> StepPlan:
+        if self._remote_loads:
+            self._take_remote_loads(now_s)
         plan = StepPlan()
         scheduled = plan.num_scheduled_tokens
         kv = self.kv
@@ -202,6 +217,12 @@ class Scheduler:
             looked_up = state.num_computed_tokens == 0
             hit_blocks = kv.find_longest_cache_hit(state) if looked_up else []
             num_gpu_hit = len(hit_blocks) * kv.block_size
+            if looked_up and state.remote_kv is not None:
+                if not self._admit_remote(state, hit_blocks, num_gpu_hit, now_s):
+                    break
+                if state.loading:
+                    skip(queue)
+                    continue
             num_ext = 0
             if looked_up and connector is not None:
                 ext = connector.lookup(state, num_gpu_hit)
@@ -259,6 +280,34 @@ class Scheduler:
             self.holding.extendleft(reversed(skipped_holding))
         if skipped_waiting:
             self.waiting.extendleft(reversed(skipped_waiting))
+
+    def _admit_remote(self, state: RequestState, hit_blocks: list[int], num_gpu_hit: int, now_s: float) -> bool:
+        """P/D decode side (vLLM's NixlConnector, `get_num_new_matched_tokens` with do_remote_prefill): the tokens
+        to receive are the prompt past the local hit, loaded asynchronously into blocks allocated now
+        (WAITING_FOR_REMOTE_KVS); a prompt wholly cached here receives nothing and is admitted as usual. False (and
+        nothing changed) if the blocks do not fit: admission stops, as for any request.
+
+            | local hit (hit_blocks, touched) | received from the prefill worker: new blocks, uncached |
+            0                                 num_gpu_hit                                  prompt_tokens
+        """
+        num_remote = state.request.prompt_tokens - num_gpu_hit
+        if num_remote <= 0:
+            state.remote_kv = None
+            return True
+        if not self.kv.allocate_for_load(state, hit_blocks, num_remote,
+                                         full_sequence_must_fit=self.behaviour.full_sequence_must_fit):
+            return False
+        source, state.remote_kv = state.remote_kv, None
+        # NOTE: vLLM counts the local lookup in its prefix-cache stats; the received tokens are the connector's.
+        self._record_lookup(state, num_gpu_hit, state.num_preemptions > 0)
+        state.num_computed_tokens = num_gpu_hit + num_remote
+        state.loading = True
+        state.num_remote_kv_tokens = num_remote
+        state.remote_kv_start_s = now_s
+        done_s = source.load_done_s(start_s=now_s, num_tokens=num_remote)
+        state.remote_kv_done_s = done_s
+        heapq.heappush(self._remote_loads, (done_s, state.request.request_id, state))
+        return True
 
     def _promote(self, state: RequestState) -> None:
         """The request's load is done: cache the loaded blocks and let it prefill the rest; a load that reached the

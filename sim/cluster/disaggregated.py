@@ -1,0 +1,298 @@
+"""A disaggregated cluster: a prefill pool and a decode pool behind a two-stage router, the KV moving between them.
+
+A request's path (times are simulated; `hop` = router hop + router processing + per-request overhead, `resp` = the
+response overhead):
+
+    sent --hop--> prefill worker: queue, prefill (a request of 1 output token) --resp--> router: decode choice
+         --hop--> decode worker: admitted (local hit), receives the rest of the prompt's KV over the link,
+                  computes the last prompt token, samples the first token --resp--> client ... decode ... end
+
+A request the router prefills locally (`PdChoice.prefill_worker` None) goes straight to its decode worker as in an
+aggregated cluster. See docs/concepts/disaggregation.md for the rules and their upstream sources.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+import simpy
+
+from sim.cluster.device import Device
+from sim.cluster.transfer_link import KvTransferLink, RemoteKv
+from sim.cluster.worker import Worker
+from sim.engines.interface import CacheListener, EngineLoad, ServedRequest
+from sim.engines.registry import build_engine
+from sim.results.records import RequestRecord, WorkerCounters
+from sim.routing.interface import PdChoice, PdStage, PrefixState, PrefixStateSpec
+from sim.routing.prefix_state import build_prefix_state
+from sim.routing.scraper import MetricsScraper
+from sim.scenario import Scenario, ScenarioError
+from sim.timing.build import build_time_model
+from sim.workloads.request import BlockHash, Request
+from sim.workloads.shared_prefix import rng_for
+
+
+class PoolView:
+    """One pool's workers as a router's `ClusterView`: workers 0..n-1 of the pool (the cluster's `offset`..);
+    cache queries are peeks; in-flight counts are the pool's."""
+
+    def __init__(self, env: simpy.Environment, stage: PdStage, workers: Sequence[Worker], *, block_size: int,
+                 cache_num_blocks: int, seed: int) -> None:
+        self.env = env
+        self.stage = stage
+        self.workers = list(workers)
+        self._block_size = block_size
+        self._cache_num_blocks = cache_num_blocks
+        self._seed = seed
+        self._in_flight = [0] * len(self.workers)
+        self._scrapers: dict[float, MetricsScraper] = {}
+        self._num_prefix_states = 0
+
+    @property
+    def num_workers(self) -> int:
+        return len(self.workers)
+
+    @property
+    def block_size(self) -> int:
+        return self._block_size
+
+    @property
+    def now_s(self) -> float:
+        return self.env.now
+
+    def cached_prefix_tokens(self, worker: int, request: Request) -> int:
+        w = self.workers[worker]
+        w.sync()
+        return w.engine.cache.peek_prefix_tokens(request)
+
+    def cached_prefix_tokens_all(self, request: Request) -> list[int]:
+        return [self.cached_prefix_tokens(w, request) for w in range(len(self.workers))]
+
+    def in_flight(self, worker: int) -> int:
+        return self._in_flight[worker]
+
+    def engine_load(self, worker: int) -> EngineLoad:
+        return self.workers[worker].load()
+
+    def scraped_load(self, worker: int, interval_s: float) -> EngineLoad:
+        if interval_s == 0:
+            return self.engine_load(worker)
+        scraper = self._scrapers.get(interval_s)
+        if scraper is None:
+            scraper = self._scrapers[interval_s] = MetricsScraper(
+                self.env, interval_s, lambda: [self.engine_load(w) for w in range(len(self.workers))],
+                lambda: any(self._in_flight))
+        return scraper.loads[worker]
+
+    def cache_block_size(self) -> int:
+        return self.workers[0].engine.cache.block_size
+
+    def cache_block_keys(self, request: Request) -> Sequence[BlockHash]:
+        return self.workers[0].engine.cache.block_keys(request)
+
+    def cache_num_blocks(self, worker: int) -> int:
+        return self._cache_num_blocks
+
+    def sync_caches(self) -> None:
+        for w in self.workers:
+            w.sync()
+
+    def subscribe_cache(self, worker: int, listener: CacheListener) -> None:
+        self.workers[worker].engine.cache.subscribe(listener)
+
+    def prefix_state(self, spec: PrefixStateSpec) -> PrefixState:
+        self._num_prefix_states += 1
+        return build_prefix_state(spec, self, rng_for(self._seed, f"{self.stage}-router-events-{self._num_prefix_states}"))
+
+    def dispatched(self, worker: int, delta: int) -> None:
+        self._in_flight[worker] += delta
+        for scraper in self._scrapers.values():
+            scraper.wake()
+
+
+@dataclass(slots=True)
+class _Pending:
+    """A request on its way through the pools."""
+
+    request: Request
+    sent_s: float
+    on_done: Callable[[RequestRecord], object]
+    choice: PdChoice
+    prefill: ServedRequest | None = None
+    """The prefill worker's request (one output token), once it is done."""
+
+
+class DisaggregatedCluster:
+    """Routes each request through the two-stage router and its pools (module docstring); completes the sender's
+    callback with the request's record, whose worker is the decode worker (the cluster's index) and whose
+    `cached_tokens` is the hit of the worker that prefilled it (the prefill worker, or the decode worker for a
+    local prefill). Same `send` / `counters` contract as `sim.cluster.cluster.Cluster`."""
+
+    def __init__(self, env: simpy.Environment, scenario: Scenario, router, *, fast_forward: bool = True) -> None:
+        pd = scenario.cluster.disaggregation
+        if pd is None:
+            raise ValueError("DisaggregatedCluster needs cluster.disaggregation")
+        if not getattr(router, "disaggregated", False):
+            raise ScenarioError(f"router {router.name!r} routes an aggregated cluster; a disaggregated one needs a "
+                                f"disaggregated router (see `kvsim routers`)")
+        self.env = env
+        self.router = router
+        self.num_prefill_workers = pd.prefill.workers
+        kv_bytes_per_token = scenario.model.kv_bytes_per_token
+        self._kv_bytes_per_token = kv_bytes_per_token
+        self._hop_s = (scenario.cluster.router_hop_s + getattr(router, "processing_s", 0.0)
+                       + scenario.cluster.request_overhead_s)
+        self._response_delay_s = scenario.cluster.response_overhead_s
+        self.devices: list[Device] = []
+        self.workers: list[Worker] = []
+        self.links: list[KvTransferLink | None] = []
+        engines = {stage: scenario.pool_engine(stage) for stage in ("prefill", "decode")}
+        for dev in scenario.cluster.devices():
+            stage = pd.pool_of(len(self.workers))
+            device = Device(env, dev.name, speed=dev.speed, sharing_efficiency=dev.sharing_efficiency,
+                            num_workers=dev.workers, cores=dev.cores)
+            self.devices.append(device)
+            time_model = build_time_model(scenario.device_time_model(dev), scenario.model)
+            engine = build_engine(engines[stage], kv_bytes_per_token=kv_bytes_per_token)
+            prefill = stage == "prefill"
+            self.workers.append(Worker(
+                env, len(self.workers), engine, device, time_model,
+                on_first_token=self._prefill_done if prefill else self._first_token,
+                on_finished=self._ignore if prefill else self._finished, fast_forward=fast_forward))
+            link = pd.link
+            self.links.append(None if prefill else KvTransferLink(
+                bandwidth_bytes_per_s=link.bandwidth_bytes_per_s, latency_s=link.latency_s,
+                overhead_s=link.overhead_s))
+        P = self.num_prefill_workers
+        self.prefill_view = PoolView(env, "prefill", self.workers[:P], block_size=scenario.engine.block_size,
+                                     cache_num_blocks=engines["prefill"].num_blocks(kv_bytes_per_token),
+                                     seed=scenario.seed)
+        self.decode_view = PoolView(env, "decode", self.workers[P:], block_size=scenario.engine.block_size,
+                                    cache_num_blocks=engines["decode"].num_blocks(kv_bytes_per_token),
+                                    seed=scenario.seed)
+        self._pending: dict[int, _Pending] = {}
+        try:
+            router.bind(self.prefill_view, self.decode_view)
+        except ValueError as err:
+            raise ScenarioError(f"router.options ({router.name}): {err}") from None
+
+    @property
+    def num_workers(self) -> int:
+        return len(self.workers)
+
+    # ------------------------------------------------------------------ requests
+    def send(self, request: Request, on_done: Callable[[RequestRecord], object] | None = None) -> simpy.Event | None:
+        """Route `request` now; its record goes to `on_done` (or becomes the returned event's value)."""
+        done = None
+        if on_done is None:
+            done = self.env.event()
+            on_done = done.succeed
+        choice = self.router.route_pd(request, self.prefill_view, self.decode_view)
+        self._check(choice)
+        pending = self._pending[request.request_id] = _Pending(request, self.env.now, on_done, choice)
+        if choice.prefill_worker is None:
+            self._dispatch_decode(pending, choice.decode_worker, remote=False)
+            return done
+        p = choice.prefill_worker
+        self.router.on_dispatch(request, p, "prefill")
+        self.prefill_view.dispatched(p, 1)
+        # NOTE: the prefill worker runs the prompt as a request of one output token (vLLM max_tokens=1 with
+        # do_remote_decode; Dynamo's mocker build_prefill_request).
+        prefill_request = replace(request, output_tokens=1)
+        target = self.workers[p]
+        arrival_s = self.env.now + self._hop_s
+        self._after(self._hop_s, lambda: target.submit(prefill_request, arrival_s))
+        return done
+
+    def _check(self, choice: PdChoice) -> None:
+        for worker, view in ((choice.prefill_worker, self.prefill_view), (choice.decode_worker, self.decode_view)):
+            if worker is not None and not 0 <= worker < view.num_workers:
+                raise RuntimeError(f"router {self.router.name!r} chose {view.stage} worker {worker}; valid: "
+                                   f"0..{view.num_workers - 1}")
+
+    def _dispatch_decode(self, pending: _Pending, d: int, *, remote: bool) -> None:
+        request = pending.request
+        self.router.on_dispatch(request, d, "decode")
+        self.decode_view.dispatched(d, 1)
+        index = self.num_prefill_workers + d
+        target = self.workers[index]
+        arrival_s = self.env.now + self._hop_s
+        if not remote:
+            self._after(self._hop_s, lambda: target.submit(request, arrival_s))
+            return
+        source = RemoteKv(self.links[index], self._kv_bytes_per_token, pending.choice.prefill_worker)
+        self._after(self._hop_s, lambda: target.submit_remote(request, arrival_s, source))
+
+    def _after(self, delay_s: float, action) -> None:
+        if delay_s > 0:
+            self.env.timeout(delay_s).callbacks.append(lambda _event: action())
+        else:
+            action()
+
+    def _ignore(self, state: ServedRequest) -> None:
+        pass  # a prefill request finishes with its first (and only) token: handled there
+
+    def _prefill_done(self, state: ServedRequest) -> None:
+        # NOTE: the prefill's response (its KV transfer parameters) reaches the router `response_overhead_s` later.
+        self._after(self._response_delay_s, lambda: self._to_decode(state))
+
+    def _to_decode(self, state: ServedRequest) -> None:
+        request = state.request
+        pending = self._pending[request.request_id]
+        pending.prefill = state
+        p = state.worker
+        self.prefill_view.dispatched(p, -1)
+        self.router.on_complete(pending.request, p, "prefill")
+        d = pending.choice.decode_worker
+        if d is None:
+            d = self.router.route_decode(pending.request, self.decode_view, prefill_worker=p)
+            self._check(PdChoice(p, d))
+        self._dispatch_decode(pending, d, remote=True)
+
+    def _first_token(self, state: ServedRequest) -> None:
+        d = state.worker - self.num_prefill_workers
+        self._after(self._response_delay_s, lambda: self.router.on_first_token(state.request, d, "decode"))
+
+    def _finished(self, state: ServedRequest) -> None:
+        self._after(self._response_delay_s, lambda: self._complete(state))
+
+    def _complete(self, state: ServedRequest) -> None:
+        d = state.worker - self.num_prefill_workers
+        self.decode_view.dispatched(d, -1)
+        pending = self._pending.pop(state.request.request_id)
+        self.router.on_complete(pending.request, d, "decode")
+        record = RequestRecord.from_state(state, pending.sent_s, response_delay_s=self._response_delay_s,
+                                          routing=(-1, -1, -1, -1))
+        pending.on_done(pd_record(record, state, pending.prefill))
+
+    # ------------------------------------------------------------------ counters
+    def counters(self) -> tuple[WorkerCounters, ...]:
+        for w in self.workers:
+            w.sync()
+        return tuple(WorkerCounters.of(w.index, w.device.name, w.engine.counters(), steps=w.num_steps)
+                     for w in self.workers)
+
+
+def pd_record(record: RequestRecord, decode: ServedRequest, prefill: ServedRequest | None) -> RequestRecord:
+    """`record` (built from the decode worker's request) with the P/D fields; for a remote prefill the hit and the
+    TTFT split are the prefill worker's:
+
+        sent | hop | prefill queue | prefill | resp + hop | decode queue | transfer | last token | resp
+             ^ prefill arrival     ^admitted ^ prefill first token        ^ decode arrival   ^ ttft
+    ttft_queue_s = prefill queue + decode queue (decode arrival to the transfer's start); ttft_prefill_s = prefill
+    (admission to its first token); ttft_transfer_s = the transfer; the rest of the TTFT is hops, overheads and the
+    decode worker's step that computes the last prompt token.
+    """
+    if prefill is None:
+        queue = decode.admitted_s - decode.arrival_s
+        return replace(record, pd_prefill_worker=decode.worker, ttft_queue_s=queue,
+                       ttft_prefill_s=decode.first_token_s - decode.admitted_s, ttft_transfer_s=0.0)
+    assert prefill.admitted_s is not None and prefill.first_token_s is not None
+    start, end = decode.remote_kv_start_s, decode.remote_kv_done_s
+    transfer = 0.0 if start is None else end - start
+    decode_queue = (decode.admitted_s if start is None else start) - decode.arrival_s
+    return replace(record, cached_tokens=prefill.num_cached_tokens, cpu_cached_tokens=prefill.num_cpu_hit_tokens,
+                   pd_prefill_worker=prefill.worker, transfer_tokens=decode.num_remote_kv_tokens,
+                   ttft_queue_s=(prefill.admitted_s - prefill.arrival_s) + decode_queue,
+                   ttft_prefill_s=prefill.first_token_s - prefill.admitted_s, ttft_transfer_s=transfer)
