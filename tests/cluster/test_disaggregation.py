@@ -1,0 +1,132 @@
+"""P/D disaggregation, narrated with exact times on a linear time model (step = 0.01 s + 0.001 s per prefill token
++ 0.002 s per decode), 4-token blocks, 1,000 KV bytes per token, a router hop of 1 ms, and a transfer link of
+1 MB/s with 1 ms latency and 2 ms per-transfer overhead (a transfer of n tokens: 0.003 s + n x 0.001 s).
+
+One prefill worker (cluster worker 0) and one decode worker (cluster worker 1)."""
+
+from __future__ import annotations
+
+import pytest
+import simpy
+
+from sim.runner import build_cluster, build_pd_router
+from sim.scenario import ScenarioError, validate_scenario
+from sim.workloads.request import Request
+
+
+def scenario(router: dict | None = None, engine: str = "vllm", **cluster):
+    data = {
+        "name": "pd-narrated",
+        "model": {"kv_bytes_per_token": 1000},
+        "engine": {"kind": engine, "block_size": 4, "kv_cache_bytes": 400_000, "max_model_len": 1000,
+                   **({"vllm_version": "0.33.0", "max_num_batched_tokens": 1000} if engine == "vllm" else {})},
+        "workload": {"prefixes": 1, "prefix_tokens": 32, "tail_tokens": 8, "output_tokens": 3},
+        "router": router or {"name": "dynamo-disagg"},
+        "time_model": {"kind": "linear", "base_s": 0.01, "prefill_token_s": 0.001, "decode_seq_s": 0.002},
+        "cluster": {"workers": 2, "router_hop_s": 0.001,
+                    "disaggregation": {"prefill": {"workers": 1}, "decode": {"workers": 1},
+                                       "link": {"bandwidth_bytes_per_s": 1e6, "latency_s": 0.001,
+                                                "overhead_s": 0.002}},
+                    **cluster},
+    }
+    return validate_scenario(data, source="test")
+
+
+def request(rid: int, shared_blocks: int, own_blocks: int, out: int = 3) -> Request:
+    """A prompt of `shared_blocks` blocks every request shares, then `own_blocks` of its own."""
+    blocks = tuple(("shared", i) for i in range(shared_blocks)) + tuple((rid, i) for i in range(own_blocks))
+    return Request(rid, 4 * len(blocks), out, blocks)
+
+
+def run(sc, sends):
+    """Send each (time, request) and return the records by request id, and the cluster."""
+    env = simpy.Environment()
+    cluster = build_cluster(env, sc, build_pd_router(sc))
+    records = {}
+
+    def sender(at_s, req):
+        yield env.timeout(at_s)
+        records[req.request_id] = yield cluster.send(req)
+
+    for at_s, req in sends:
+        env.process(sender(at_s, req))
+    env.run()
+    return records, cluster
+
+
+def test_a_request_prefills_moves_its_kv_and_decodes():
+    # t=0     sent; hop 1 ms -> the prefill worker at 0.001: one step of 40 prefill tokens, 0.05 s -> its one
+    #         token at 0.051 (the prefill request ends there).
+    # 0.051   the router picks the decode worker; hop -> the decode worker at 0.052: no local hit, so the whole
+    #         prompt (40 tokens) is received: 0.003 + 0.040 -> done at 0.095 (the request holds 10 blocks meanwhile).
+    # 0.095   promoted: 40 tokens computed, the last one recomputed (a 1-token prefill step, 0.011 s) -> first
+    #         token at 0.106; two decode steps of 0.012 s -> done at 0.130.
+    records, _ = run(scenario(), [(0.0, request(1, 8, 2))])
+    r = records[1]
+    assert (r.worker, r.pd_prefill_worker) == (1, 0)
+    assert r.arrival_s == pytest.approx(0.052)
+    assert r.first_token_s == pytest.approx(0.106)
+    assert r.finished_s == pytest.approx(0.130)
+    assert (r.cached_tokens, r.transfer_tokens) == (0, 40)
+    assert r.ttft_queue_s == pytest.approx(0.0)
+    assert r.ttft_prefill_s == pytest.approx(0.050)
+    assert r.ttft_transfer_s == pytest.approx(0.043)
+    # the rest of the TTFT: two hops (0.002) and the decode worker's last-token step (0.011)
+    assert r.ttft_s - r.ttft_queue_s - r.ttft_prefill_s - r.ttft_transfer_s == pytest.approx(0.013)
+
+
+def test_the_decode_worker_keeps_what_it_received_as_cached_prefix():
+    # Request 1 as above leaves its 10 prompt blocks cached on both workers. Request 2 (sent at 0.2) shares the
+    # first 8 blocks: the prefill worker hits 32 tokens and computes 8 (0.018 s: token at 0.219); the decode
+    # worker (at 0.220) hits the same 32 tokens in what it received, so only 8 tokens move: 0.003 + 0.008 -> done
+    # at 0.231; the last token's step -> first token at 0.242.
+    records, cluster = run(scenario(), [(0.0, request(1, 8, 2)), (0.2, request(2, 8, 2))])
+    r = records[2]
+    assert (r.cached_tokens, r.transfer_tokens) == (32, 8)
+    assert r.ttft_prefill_s == pytest.approx(0.018)
+    assert r.ttft_transfer_s == pytest.approx(0.011)
+    assert r.first_token_s == pytest.approx(0.242)
+    decode_stats = cluster.counters()[1].engine.prefix_cache
+    # vLLM's prefix-cache counters on the decode worker count its local lookups: 0 of 40, then 32 of 40.
+    assert (decode_stats.requests, decode_stats.queries, decode_stats.hits) == (2, 80, 32)
+    assert cluster.workers[1].engine.cache.peek_prefix_tokens(request(3, 8, 0)) == 32
+
+
+def test_conditional_disaggregation_prefills_a_short_uncached_part_locally():
+    # With conditional disaggregation (Dynamo's IslBounding: net-new < 2048 tokens and < 0.7 of the prompt on the
+    # decode worker the decode router would pick): request 1 finds nothing on the decode worker (net-new 40 of 40,
+    # ratio 1.0) and goes remote as above; request 2 finds 32 of 40 there (net-new 8, ratio 0.2) and is prefilled
+    # on the decode worker itself: at 0.201, 8 tokens in one step (0.018 s) -> first token at 0.219, no transfer.
+    sc = scenario({"name": "dynamo-disagg", "options": {"conditional_disagg": True}})
+    records, cluster = run(sc, [(0.0, request(1, 8, 2)), (0.2, request(2, 8, 2))])
+    assert (records[1].pd_prefill_worker, records[1].transfer_tokens) == (0, 40)
+    r = records[2]
+    assert (r.worker, r.pd_prefill_worker, r.transfer_tokens) == (1, 1, 0)
+    assert r.cached_tokens == 32
+    assert r.first_token_s == pytest.approx(0.219)
+    assert r.ttft_transfer_s == 0.0
+    # the prefill worker saw only request 1
+    assert cluster.counters()[0].engine.prefix_cache.requests == 1
+
+
+def test_conditional_disaggregation_keeps_a_long_uncached_part_remote():
+    # The same two requests with eff_isl_threshold 8: request 2's net-new 8 tokens are not < 8, so it goes remote.
+    sc = scenario({"name": "dynamo-disagg", "options": {"conditional_disagg": True, "eff_isl_threshold": 8}})
+    records, _ = run(sc, [(0.0, request(1, 8, 2)), (0.2, request(2, 8, 2))])
+    assert (records[2].pd_prefill_worker, records[2].transfer_tokens) == (0, 8)
+    assert records[2].first_token_s == pytest.approx(0.242)
+
+
+def test_an_aggregated_router_routes_each_pool():
+    # round-robin on a 1 + 2 cluster: prefill always worker 0, decode workers 1, 2, 1 in turn.
+    sc = scenario({"name": "round-robin"}, workers=3,
+                  disaggregation={"prefill": {"workers": 1}, "decode": {"workers": 2}})
+    records, _ = run(sc, [(0.0, request(1, 8, 2)), (0.3, request(2, 8, 2)), (0.6, request(3, 8, 2))])
+    assert [(records[i].pd_prefill_worker, records[i].worker) for i in (1, 2, 3)] == [(0, 1), (0, 2), (0, 1)]
+
+
+def test_pools_must_add_up_and_sglang_has_no_decode_side_yet():
+    with pytest.raises(ScenarioError, match=r"cluster.workers \(3\) must equal"):
+        scenario(workers=3)
+    with pytest.raises(ScenarioError, match="engine.kind 'sglang' has no P/D decode side"):
+        scenario(engine="sglang")
