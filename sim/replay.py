@@ -20,10 +20,9 @@ from dataclasses import dataclass
 import simpy
 
 from sim.cluster.arrivals import sessions as drive_sessions
-from sim.cluster.cluster import Cluster
 from sim.results.records import RequestRecord, WorkerCounters, prefix_cache_hit_rate, total_counters
 from sim.results.summary import slo_columns
-from sim.runner import build_router
+from sim.runner import build_cluster, build_router
 from sim.scenario import Scenario
 from sim.results.streaming_stats import StreamingStats
 from sim.workloads.sessions import Session
@@ -130,7 +129,7 @@ def _simulation(scenario: Scenario, bin_s: float, fast_forward: bool, keep_recor
     """A replay's SimPy environment, cluster, streaming statistics, the records list (filled only with
     `keep_records`) and the callback that takes each finished request's record."""
     env = simpy.Environment()
-    cluster = Cluster(env, scenario, build_router(scenario), fast_forward=fast_forward)
+    cluster = build_cluster(env, scenario, build_router(scenario), fast_forward=fast_forward)
     stats = StreamingStats(num_workers=len(cluster.workers), bin_s=bin_s, slo=scenario.slo.to_slo())
     records: list[RequestRecord] = []
     if not keep_records:
@@ -188,7 +187,10 @@ def _replay(scenario: Scenario, trace: Trace, *, bin_s: float, fast_forward: boo
                     continue
             if item.arrival_s > env.now:
                 yield env.timeout(item.arrival_s - env.now)
-            cluster.dispatch(request, cluster.route(request) if worker is None else worker, on_record)
+            if worker is None:
+                cluster.send(request, on_record)  # route and dispatch (a disaggregated cluster: through its pools)
+            else:
+                cluster.dispatch(request, worker, on_record)
 
     env.process(arrivals())
     env.run()

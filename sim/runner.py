@@ -131,6 +131,7 @@ def run(scenario: Scenario, stream: RequestStream | None = None, *, fast_forward
         yield env.process(one_at_a_time(env, cluster, stream.warmups, records))
         marks["start_s"] = env.now
         marks["warm"] = cluster.counters()
+        marks["busy"] = [d.busy_s for d in cluster.devices]
         workload = scenario.workload
         if scenario.has_sessions:
             source = SessionWorkload(workload, block_size=scenario.engine.block_size, seed=scenario.seed)
@@ -156,4 +157,21 @@ def run(scenario: Scenario, stream: RequestStream | None = None, *, fast_forward
         measured_start_s=marks["start_s"],
         measured_end_s=marks["end_s"],
         slo=scenario.slo.to_slo(),
+        **pool_figures(scenario, cluster, marks),
     )
+
+
+def pool_figures(scenario: Scenario, cluster, marks: dict[str, object]) -> dict[str, object]:
+    """A disaggregated run's `RunResult` fields: its pools' sizes and each pool's device utilisation over the
+    measured phase (nothing for an aggregated run)."""
+    pd = scenario.cluster.disaggregation
+    if pd is None:
+        return {}
+    span_s = marks["end_s"] - marks["start_s"]
+    busy = [d.busy_s - b for d, b in zip(cluster.devices, marks["busy"])]
+    P = pd.prefill.workers
+
+    def utilisation(part: list[float]) -> float:
+        return sum(part) / (len(part) * span_s) if span_s > 0 else float("nan")
+
+    return {"pools": (P, pd.decode.workers), "pool_utilisation": (utilisation(busy[:P]), utilisation(busy[P:]))}

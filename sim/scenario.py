@@ -882,6 +882,20 @@ def with_cpu_kv_gib(scenario: Scenario, gib: float) -> Scenario:
     return scenario.with_overrides(**{"engine.cpu_kv_bytes": int(round(gib * GIB))})
 
 
+def with_pools(scenario: Scenario, prefill_workers: int, decode_workers: int) -> Scenario:
+    """`scenario` as a disaggregated cluster of `prefill_workers` + `decode_workers` (its pools' devices, engine
+    overrides and link kept when it already has them)."""
+    if prefill_workers < 1 or decode_workers < 1:
+        raise ScenarioError(f"prefill_workers and decode_workers must be >= 1, got {prefill_workers} and "
+                            f"{decode_workers}")
+    pd = scenario.cluster.disaggregation
+    data = {} if pd is None else pd.model_dump()
+    data.setdefault("prefill", {})["workers"] = prefill_workers
+    data.setdefault("decode", {})["workers"] = decode_workers
+    return scenario.with_overrides(**{"cluster.workers": prefill_workers + decode_workers,
+                                      "cluster.disaggregation": data})
+
+
 def with_kv_gib(scenario: Scenario, gib: float) -> Scenario:
     """`scenario` with `gib` GiB of GPU KV cache per worker (vLLM --kv-cache-memory-bytes / 2^30), through the
     engine's own capacity rule (a block-count override is replaced)."""

@@ -26,9 +26,9 @@ err_console = Console(stderr=True)
 
 
 def router_names() -> list[str]:
-    from policies import ROUTERS  # the CLI is a composition root: it may import policies
+    from policies import PD_ROUTERS, ROUTERS  # the CLI is a composition root: it may import policies
 
-    return sorted(ROUTERS)
+    return sorted(ROUTERS) + sorted(PD_ROUTERS)
 
 
 def int_list(ctx: click.Context, param: click.Parameter, value: str | None) -> list[int] | None:
@@ -71,7 +71,7 @@ def router_list(ctx: click.Context, param: click.Parameter, value: str | None) -
     each option one its router has, as their labels."""
     if value is None:
         return None
-    from policies import ROUTERS
+    from policies import PD_ROUTERS, ROUTERS
     from sim.routing.spec import split_router_list, split_router_spec
 
     try:
@@ -80,14 +80,14 @@ def router_list(ctx: click.Context, param: click.Parameter, value: str | None) -
         raise click.BadParameter(str(err)) from None
     for label in labels:
         name, options = split_router_spec(label)
-        if name not in ROUTERS:
+        if name not in ROUTERS and name not in PD_ROUTERS:
             raise click.BadParameter(f"unknown router {name}; {suggestion(name, router_names())}")
         if name in NEEDS_A_RECORDING:
             raise click.BadParameter(f"{name} replays a recorded run's choices (kvsim validate); it cannot route a "
                                      f"workload of its own; allowed: "
                                      f"{', '.join(n for n in router_names() if n not in NEEDS_A_RECORDING)}")
         try:
-            ROUTERS[name].parse_options(options)
+            (ROUTERS.get(name) or PD_ROUTERS[name]).parse_options(options)
         except ValueError as err:
             raise click.BadParameter(f"{label}: {err}") from None
     return labels
@@ -490,3 +490,32 @@ def fmt(value: object, spec: str = ".3f") -> str:
     if isinstance(value, float):
         return "-" if math.isnan(value) else format(value, spec)
     return str(value)
+
+
+# ---------------------------------------------------------------------------------------------- P/D pools
+PD_HELP = ("Prefill/decode disaggregation: {what} (cluster.disaggregation; give both --prefill-workers and "
+           "--decode-workers; the cluster then has P + D workers, and an aggregated --router routes each pool, a "
+           "disaggregated one such as dynamo-disagg both; see `kvsim routers`). Default: the scenario's.")
+
+
+def pd_options(command):
+    """`--prefill-workers P --decode-workers D` (each a whole number >= 1, both or neither)."""
+    command = click.option("--decode-workers", "decode_workers", type=click.IntRange(min=1), default=None,
+                           help=PD_HELP.format(what="workers of the decode pool"))(command)
+    return click.option("--prefill-workers", "prefill_workers", type=click.IntRange(min=1), default=None,
+                        help=PD_HELP.format(what="workers of the prefill pool"))(command)
+
+
+def on_pd(scenario: Scenario, prefill_workers: int | None, decode_workers: int | None) -> Scenario:
+    """`scenario` with `--prefill-workers/--decode-workers` applied (unchanged without them), or a one-line error."""
+    from sim.scenario import with_pools
+
+    if prefill_workers is None and decode_workers is None:
+        return scenario
+    if prefill_workers is None or decode_workers is None:
+        missing = "--prefill-workers" if prefill_workers is None else "--decode-workers"
+        raise click.UsageError(f"{missing}: give both --prefill-workers and --decode-workers")
+    try:
+        return with_pools(scenario, prefill_workers, decode_workers)
+    except (ScenarioError, ValueError) as err:
+        raise click.ClickException(str(err).removeprefix("Value error, ")) from None

@@ -15,6 +15,7 @@ from sim.cli.app import (
     router_list, scenario_option, setup_text, slo_option, with_slo,
 )
 from sim.cli.render import Table, format_option
+from sim.cli.app import on_pd, pd_options
 from sim.cli.turn_table import show_turns, turn_files
 from sim.results.report import request_rows
 from sim.workloads.session_inference import DEFAULT_COMMON_REQUESTS
@@ -272,9 +273,11 @@ def trace_overrides(base: Scenario, *, block_size: int | None, kv_tokens: int | 
 @click.option("--cpu-kv-gib", "cpu_kv_gib", type=click.FloatRange(min=0), default=None, help=CPU_KV_HELP)
 @executor_options
 @format_option("the row of summary.csv")
+@pd_options
 def replay(trace_file, trace_path, workers, kv_tokens, kv_blocks, kv_bytes, router, engine, scenario_path, trace_fmt,
            session_timing, infer_sessions, common_requests, block_size, trace_block_size, speed, limit, bin_s, out_dir, write_requests, jobs,
-           reuse_breakdown, slo, cpu_kv_gib, executor_kind, dask_scheduler) -> None:
+           reuse_breakdown, slo, cpu_kv_gib, executor_kind, dask_scheduler, prefill_workers=None,
+           decode_workers=None) -> None:
     """Replay a JSONL trace and report prefix reuse, TTFT and throughput.
 
     The trace, TRACE or --trace FILE, has a request per line. Mooncake: timestamp (ms), input_length, output_length,
@@ -332,6 +335,11 @@ def replay(trace_file, trace_path, workers, kv_tokens, kv_blocks, kv_bytes, rout
     overrides, B = trace_overrides(base, block_size=block_size, kv_tokens=kv_tokens, kv_blocks=kv_blocks,
                                    kv_bytes=kv_bytes, reuse_breakdown=reuse_breakdown)
     overrides["cluster.workers"] = workers
+    if prefill_workers is not None or decode_workers is not None:
+        base = on_pd(base, prefill_workers, decode_workers)
+        if workers != base.cluster.workers:
+            raise UsageExit(f"--workers {workers}: a disaggregated cluster has --prefill-workers + --decode-workers "
+                            f"= {base.cluster.workers} workers")
     if router is not None:
         if len(router) != 1:
             raise click.BadParameter("give one router", param_hint="--router")

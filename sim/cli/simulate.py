@@ -18,6 +18,7 @@ from sim.cli.app import (
 )
 from sim.cli import render
 from sim.cli.render import Table, format_option
+from sim.cli.app import on_pd, pd_options
 from sim.cli.turn_table import show_turns, turn_files
 from sim.results.figures import engine_figure, hit_rate_figure, ttft_cdf_figure
 from sim.results.output_set import write_output_set
@@ -55,9 +56,11 @@ from sim.routing.spec import format_value, router_label, router_overrides
               help="Continue the sweep journaled in --out DIR/runs.jsonl: skip its finished runs (same scenario "
                    "needed). Without it the journal starts afresh.")
 @format_option("the rows of summary.csv (a row per run)")
+@pd_options
 @click.pass_context
 def sweep(ctx, scenario_path, prefixes, workers, concurrency, routers, engines, cpu_kv_gib, repeats, seed, jobs,
-          executor_kind, dask_scheduler, slo, model, gpu, kv_gib, out_dir, resume) -> None:
+          executor_kind, dask_scheduler, slo, model, gpu, kv_gib, out_dir, resume, prefill_workers=None,
+          decode_workers=None) -> None:
     """Run a grid of points and compare the hit rate with the formula and the measurements.
 
     The table shows, per (workers, N, concurrency, router), the mean over repeats of the request hit rate
@@ -73,7 +76,10 @@ def sweep(ctx, scenario_path, prefixes, workers, concurrency, routers, engines, 
     from sim.studies.sweep import sweep_points
 
     base, path = load_or_exit(scenario_path, gpu, shared_prefix="sweep")
-    base = on_hardware(with_slo(base, slo), model, gpu, kv_gib)
+    base = on_pd(on_hardware(with_slo(base, slo), model, gpu, kv_gib), prefill_workers, decode_workers)
+    if base.cluster.disaggregation is not None and workers and workers != [base.cluster.workers]:
+        raise click.UsageError(f"--workers: a disaggregated cluster has prefill + decode workers "
+                               f"({base.cluster.workers}); give the pools with --prefill-workers/--decode-workers")
     measurements = reference_measurements(base, path)
     reference = measured(measurements, "request_hit_rate")
     points = sweep_points(
@@ -194,8 +200,9 @@ def sweep(ctx, scenario_path, prefixes, workers, concurrency, routers, engines, 
               help="Write DIR/summary.csv (one row) and DIR/requests.csv (a row per request, warm-ups flagged); "
                    "with sessions also DIR/turns.csv (a row per turn).")
 @format_option("the row of summary.csv")
+@pd_options
 def run_command(scenario_file, scenario_path, prefixes, workers, concurrency, router, engine, cpu_kv_gib, seed, slo,
-                model, gpu, kv_gib, out_dir) -> None:
+                model, gpu, kv_gib, out_dir, prefill_workers=None, decode_workers=None) -> None:
     """Run one point of a scenario and print its summary.
 
     The scenario is SCENARIO or --scenario FILE (default: the built-in service-baseline); goodput counts the
@@ -210,6 +217,10 @@ def run_command(scenario_file, scenario_path, prefixes, workers, concurrency, ro
     out = checked_out_dir(out_dir)
     base, _ = load_or_exit(scenario_path, gpu)
     base = on_cpu_kv(on_hardware(with_slo(on_engine(base, engine), slo), model, gpu, kv_gib), cpu_kv_gib)
+    base = on_pd(base, prefill_workers, decode_workers)
+    if base.cluster.disaggregation is not None and workers is not None and workers != base.cluster.workers:
+        raise click.UsageError(f"--workers: a disaggregated cluster has prefill + decode workers "
+                               f"({base.cluster.workers}); give the pools with --prefill-workers/--decode-workers")
     overrides: dict = {k: v for k, v in {"cluster.workers": workers, "seed": seed}.items() if v is not None}
     if base.has_sessions:
         if prefixes is not None:

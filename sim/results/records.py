@@ -302,6 +302,10 @@ class RunResult:
     measured_end_s: float
     slo: Slo = Slo()
     """The scenario's latency objectives, which the summary counts goodput against (default: none set)."""
+    pools: tuple[int, int] | None = None
+    """A disaggregated run's (prefill workers, decode workers): workers 0..P-1 prefill; None: aggregated."""
+    pool_utilisation: tuple[float, float] = (0.0, 0.0)
+    """A disaggregated run's device busy time per pool over (its devices x the measured phase): (prefill, decode)."""
 
     @property
     def measured(self) -> tuple[RequestRecord, ...]:

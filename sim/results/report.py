@@ -47,6 +47,14 @@ SESSION_COLUMNS = (
 """The session columns (`SessionFigures.row`), appended to the summary's only when the run has sessions
 (`summary_columns`), so that a summary without sessions keeps its columns."""
 
+PD_COLUMNS = (
+    "prefill_workers", "decode_workers", "remote_prefill_requests", "transfer_tokens", "transfer_p50_ms",
+    "transfer_p99_ms", "ttft_queue_mean_ms", "ttft_prefill_mean_ms", "ttft_transfer_mean_ms", "ttft_other_mean_ms",
+    "prefill_utilisation", "decode_utilisation",
+)
+"""A disaggregated run's columns (`sim.results.pd_figures.PdFigures.row`), appended to the summary's only for such a
+run (`summary_columns`), so that an aggregated summary keeps its columns."""
+
 TURN_COLUMNS = (
     "turn", "requests", "hit_requests", "request_hit_rate", "prompt_tokens", "cached_tokens", "token_hit_rate",
     "ttft_p50_ms", "ttft_p99_ms", "context_requests", "context_tokens", "reprefill_tokens", "gpu_reprefill_tokens",
@@ -55,14 +63,17 @@ TURN_COLUMNS = (
 """The columns of `turns.csv`, a row per turn (`SessionFigures.turn_rows`)."""
 
 REQUEST_SESSION_COLUMNS = ("session_id", "turn", "context_tokens")
+"""The record's session fields, appended to `requests.csv` only when a request belongs to a session."""
+
 PD_RECORD_COLUMNS = ("pd_prefill_worker", "transfer_tokens", "ttft_queue_s", "ttft_prefill_s", "ttft_transfer_s")
 """requests.csv's P/D columns, written only for a disaggregated run (an aggregated run's file is as before)."""
-"""The record's session fields, appended to `requests.csv` only when a request belongs to a session."""
 
 
 def summary_columns(rows: Sequence[dict[str, object]]) -> tuple[str, ...]:
-    """The columns of a summary of `rows`: `SUMMARY_COLUMNS`, then `SESSION_COLUMNS` when a row has sessions."""
-    return SUMMARY_COLUMNS + (SESSION_COLUMNS if any("sessions" in row for row in rows) else ())
+    """The columns of a summary of `rows`: `SUMMARY_COLUMNS`, then `SESSION_COLUMNS` when a row has sessions, then
+    `PD_COLUMNS` when a row is of a disaggregated run."""
+    return (SUMMARY_COLUMNS + (SESSION_COLUMNS if any("sessions" in row for row in rows) else ())
+            + (PD_COLUMNS if any("transfer_p50_ms" in row for row in rows) else ()))
 
 
 def request_rows(records: Sequence[RequestRecord]) -> tuple[list[dict[str, object]], list[str]]:

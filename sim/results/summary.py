@@ -7,6 +7,7 @@ from dataclasses import dataclass, fields
 from functools import reduce
 
 from sim.engines.interface import EngineCounters
+from sim.results.pd_figures import PdFigures
 from sim.results.records import RequestRecord, RunResult, Slo, booked_add, booked_fraction, total_counters
 from sim.results.stats import NAN, per_second, percentile, ratio
 
@@ -443,6 +444,8 @@ class Summary(RequestRates):
     """Prompt tokens loaded from the host tier (part of `cached_tokens`)."""
     session_figures: SessionFigures | None = None
     """Of the measured requests that belong to sessions (None: none does): per-session and per-turn figures."""
+    pd_figures: PdFigures | None = None
+    """A disaggregated run's transfers, TTFT split and pool utilisation (None: an aggregated run)."""
 
     @property
     def token_hit_rate(self) -> float:
@@ -507,6 +510,8 @@ class Summary(RequestRates):
             "cpu_evicted_blocks": engine.cpu_evicted_blocks,
             # NOTE: only with sessions, so that the summary of a run without them keeps its columns.
             **(self.session_figures.row() if self.session_figures is not None else {}),
+            # NOTE: only for a disaggregated run, likewise.
+            **(self.pd_figures.row() if self.pd_figures is not None else {}),
         }
 
 
@@ -554,4 +559,7 @@ def summarize(result: RunResult) -> Summary:
         cpu_hit_requests=sum(1 for r in measured if r.is_cpu_hit),
         cpu_cached_tokens=sum(r.cpu_cached_tokens for r in measured),
         session_figures=SessionFigures.of(measured),
+        pd_figures=None if result.pools is None else PdFigures.of(
+            measured, prefill_workers=result.pools[0], decode_workers=result.pools[1],
+            utilisation=result.pool_utilisation),
     )
