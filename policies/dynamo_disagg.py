@@ -14,7 +14,10 @@ mocker's disaggregated replay `lib/mocker/src/replay/offline/disagg.rs` @02e4b1e
        bypass: the request goes to d as an aggregated request (prefilled locally there).
     2. otherwise the prefill pool's KV router (Dynamo's cost, `kv-aware`) picks the prefill worker; the prompt
        runs there with max_tokens = 1; when its response is back the decode pool's router picks the decode
-       worker (the mocker's decode router: `overlap_score_weight = 0`, i.e. by active blocks only).
+       worker. The two routers are `kv-aware` with Dynamo's derived configs (`composition_disagg.rs`): prefill
+       `router_track_active_blocks = false` (cost = prefill_load_scale x max(active prefill blocks + request
+       blocks - overlap, 0)), decode `overlap_score_credit = 0`, `router_assume_kv_reuse = false` (cost = active
+       blocks + the request's blocks: load only, cache-blind).
 Not modelled: the decode-busy gate (`conditional_disagg_decode_busy_threshold`, off by default), the prefill-load
 policies (`PrefillLoad`, `IslOrLoad`), router queueing, session pins.
 """
@@ -31,8 +34,8 @@ from sim.workloads.request import Request
 
 
 class DynamoDisaggOptions(PdRouterOptions):
-    prefill_options: dict[str, Any] = Field(default_factory=dict, description="kv-aware options of the prefill pool's KV router (Dynamo's router flags).")
-    decode_options: dict[str, Any] = Field(default_factory=lambda: {"overlap_score_weight": 0.0}, description="kv-aware options of the decode pool's router (the mocker's derive_decode_router_config: overlap_score_weight 0, routing by load).")
+    prefill_options: dict[str, Any] = Field(default_factory=lambda: {"router_track_active_blocks": False}, description="kv-aware options of the prefill pool's KV router (Dynamo's derive_prefill_router_config: router_track_active_blocks false, the prefill term alone).")
+    decode_options: dict[str, Any] = Field(default_factory=lambda: {"overlap_score_weight": 0.0, "router_assume_kv_reuse": False}, description="kv-aware options of the decode pool's router (Dynamo's derive_decode_router_config: no overlap credit, router_assume_kv_reuse false: active blocks + the request's blocks, cache-blind).")
     conditional_disagg: bool = Field(False, description="Prefill locally on the decode worker when the uncached part is short (Dynamo conditional_disagg_enabled, policy isl_bounding).")
     eff_isl_threshold: int = Field(2048, ge=0, description="Conditional: bypass only if prompt - decode overlap < this many tokens (Dynamo conditional_disagg_eff_isl_threshold).")
     eff_isl_ratio_threshold: float = Field(0.7, ge=0, le=1, description="Conditional: and only if (prompt - decode overlap) / prompt < this (Dynamo conditional_disagg_eff_isl_ratio_threshold).")

@@ -118,6 +118,8 @@ class KvAwareOptions(PrefixStateOptions):
     router_predicted_ttl_s: float | None = Field(None, gt=0, description="state=events: also count the router's own choices for this long (Dynamo --router-predicted-ttl-secs); null = off.")
     session_affinity_ttl_s: int | None = Field(None, ge=1, le=31_536_000, description="Session affinity with this idle TTL (s) from the end of a session's last response (Dynamo --router-session-affinity-ttl-secs); null = off.")
     session_affinity_mode: Literal["hard", "soft"] = Field("hard", description="How a live binding is used (Dynamo --router-session-affinity-mode): hard pins the worker; soft passes it as a target the default cost keeps while eligible and lmetric ignores (then the binding follows the dispatch).")
+    router_track_active_blocks: bool = Field(True, description="Count the workers' active (in-flight) blocks in the cost (Dynamo router_track_active_blocks); false: the prefill term alone, as Dynamo's prefill-pool router in disaggregated serving.")
+    router_assume_kv_reuse: bool = Field(True, description="A request's blocks already active on a worker are not new there (Dynamo router_assume_kv_reuse); false: every block counts as new, as Dynamo's decode-pool router.")
     enable_session_prefix_index: bool = Field(False, description="Dynamo --enable-session-prefix-index: a per-session lineage index written after routing, read by KV-hint policies, not by the cost (kvsim routes the same).")
 
     @model_validator(mode="after")
@@ -226,11 +228,15 @@ class KvAwareRouter(RouterBase):
         credit, scale = self.overlap_score_credit, self.prefill_load_scale
         costs = []
         hashes = request.block_hashes
+        track_active, assume_reuse = self.options.router_track_active_blocks, self.options.router_assume_kv_reuse
         for w in range(self.num_workers):
             active = self._active[w]
             raw_prefill_blocks = (self._prefill_tokens[w] + isl) / B
             adjusted_prefill_blocks = max(raw_prefill_blocks - credit * overlap[w], 0.0)
-            new_blocks = len(hashes) - active.held(hashes)
+            if not track_active:
+                costs.append(scale * adjusted_prefill_blocks)
+                continue
+            new_blocks = len(hashes) - active.held(hashes) if assume_reuse else len(hashes)
             costs.append(scale * adjusted_prefill_blocks + len(active) + new_blocks)
         return costs, overlap
 

@@ -384,17 +384,20 @@ def schema() -> None:
 def routers(names: tuple[str, ...]) -> None:
     """List the routers: each one's summary, options with their defaults (as --router NAME:key=value,...) and what
     `kvsim tune` searches; with NAME..., what each option of those routers means."""
-    from policies import ROUTERS
+    from policies import PD_ROUTERS, ROUTERS
     from policies.base import RouterOptions
+    from policies.disaggregated import PdRouterOptions
     from sim.studies.search_space import space_text
 
-    unknown = [n for n in names if n not in ROUTERS]
+    unknown = [n for n in names if n not in ROUTERS and n not in PD_ROUTERS]
     if unknown:
-        raise click.BadParameter(f"unknown router {', '.join(unknown)}; allowed: {', '.join(sorted(ROUTERS))}",
-                                 param_hint="NAME")
+        raise click.BadParameter(f"unknown router {', '.join(unknown)}; allowed: "
+                                 f"{', '.join(sorted(ROUTERS) + sorted(PD_ROUTERS))}", param_hint="NAME")
     common = RouterOptions.model_fields
 
     def own(name: str) -> dict:
+        if name in PD_ROUTERS:
+            return dict(PD_ROUTERS[name].Options.model_fields)
         return {k: v for k, v in ROUTERS[name].Options.model_fields.items() if k not in common}
 
     def defaults(fields: dict) -> str:
@@ -405,7 +408,7 @@ def routers(names: tuple[str, ...]) -> None:
         _show_options(common)
     else:
         render.entry("every router also takes", defaults(common))
-    for name in names or sorted(ROUTERS):
+    for name in [n for n in names if n in ROUTERS] if names else sorted(ROUTERS):
         cls = ROUTERS[name]
         render.entry(name, cls.summary)
         if names:
@@ -414,5 +417,16 @@ def routers(names: tuple[str, ...]) -> None:
             render.entry("options", defaults(own(name)), indent=4)
         if cls.search_space:
             render.entry("kvsim tune searches by default", space_text(cls.search_space), indent=4)
+    pd_names = [n for n in names if n in PD_ROUTERS] if names else sorted(PD_ROUTERS)
+    if pd_names:
+        render.entry("disaggregated routers", "for --prefill-workers/--decode-workers (cluster.disaggregation): a "
+                     "prefill-stage and a decode-stage choice, each over its pool; an aggregated router there routes "
+                     "each pool (as pd-stages with it on both)")
+    for name in pd_names:
+        render.entry(name, PD_ROUTERS[name].summary, indent=2)
+        if names:
+            _show_options(own(name))
+        else:
+            render.entry("options", defaults(own(name)), indent=4)
     if not names:
         console.print("`kvsim routers NAME...` says what each option of those routers means.", highlight=False)
