@@ -1,10 +1,10 @@
 """A disaggregated cluster: a prefill pool and a decode pool behind a two-stage router, the KV moving between them.
 
-A request's path (times are simulated; `hop` = router hop + router processing + per-request overhead, `resp` = the
-response overhead):
+A request's path (times are simulated; `hop` = router hop + router processing, `overhead` = the per-request
+overhead (HTTP, tokenisation: paid once), `resp` = the response overhead):
 
-    sent --hop--> prefill worker: queue, prefill (a request of 1 output token) --resp--> router: decode choice
-         --hop--> decode worker: admitted (local hit), receives the rest of the prompt's KV over the link,
+    sent --hop + overhead--> prefill worker: queue, prefill (a request of 1 output token) --resp--> router: decode
+         choice --hop--> decode worker: admitted (local hit), receives the rest of the prompt's KV over the link,
                   computes the last prompt token, samples the first token --resp--> client ... decode ... end
 
 A request the router prefills locally (`PdChoice.prefill_worker` None) goes straight to its decode worker as in an
@@ -141,8 +141,10 @@ class DisaggregatedCluster:
         self.num_prefill_workers = pd.prefill.workers
         kv_bytes_per_token = scenario.model.kv_bytes_per_token
         self._kv_bytes_per_token = kv_bytes_per_token
-        self._hop_s = (scenario.cluster.router_hop_s + getattr(router, "processing_s", 0.0)
-                       + scenario.cluster.request_overhead_s)
+        # NOTE: the request overhead (HTTP, tokenisation) is paid once, on the way in; the hop from the router to the
+        # decode worker after a remote prefill carries an already tokenised request (Dynamo's request plane).
+        self._decode_hop_s = scenario.cluster.router_hop_s + getattr(router, "processing_s", 0.0)
+        self._hop_s = self._decode_hop_s + scenario.cluster.request_overhead_s
         self._response_delay_s = scenario.cluster.response_overhead_s
         self.devices: list[Device] = []
         self.workers: list[Worker] = []
@@ -217,12 +219,13 @@ class DisaggregatedCluster:
         self.decode_view.dispatched(d, 1)
         index = self.num_prefill_workers + d
         target = self.workers[index]
-        arrival_s = self.env.now + self._hop_s
         if not remote:
+            arrival_s = self.env.now + self._hop_s
             self._after(self._hop_s, lambda: target.submit(request, arrival_s))
             return
+        arrival_s = self.env.now + self._decode_hop_s
         source = RemoteKv(self.links[index], self._kv_bytes_per_token, pending.choice.prefill_worker)
-        self._after(self._hop_s, lambda: target.submit_remote(request, arrival_s, source))
+        self._after(self._decode_hop_s, lambda: target.submit_remote(request, arrival_s, source))
 
     def _after(self, delay_s: float, action) -> None:
         if delay_s > 0:

@@ -125,6 +125,14 @@ def test_an_aggregated_router_routes_each_pool():
     assert [(records[i].pd_prefill_worker, records[i].worker) for i in (1, 2, 3)] == [(0, 1), (0, 2), (0, 1)]
 
 
+def test_the_request_overhead_is_paid_once_on_the_way_in():
+    # With a 4 ms per-request overhead (HTTP, tokenisation) the prefill worker gets the request at 0.005 and every
+    # later time of the first test moves by 4 ms: the decode hop carries a tokenised request and pays the hop only.
+    records, _ = run(scenario(request_overhead_s=0.004), [(0.0, request(1, 8, 2))])
+    assert records[1].arrival_s == pytest.approx(0.056)
+    assert records[1].first_token_s == pytest.approx(0.110)
+
+
 def test_pools_must_add_up_and_sglang_has_no_decode_side_yet():
     with pytest.raises(ScenarioError, match=r"cluster.workers \(3\) must equal"):
         scenario(workers=3)
