@@ -26,9 +26,17 @@ err_console = Console(stderr=True)
 
 
 def router_names() -> list[str]:
-    from policies import PD_ROUTERS, ROUTERS  # the CLI is a composition root: it may import policies
+    """The aggregated routers (what `compare` runs by default and real servers take)."""
+    from policies import ROUTERS  # the CLI is a composition root: it may import policies
 
-    return sorted(ROUTERS) + sorted(PD_ROUTERS)
+    return sorted(ROUTERS)
+
+
+def all_router_names() -> list[str]:
+    """Every router a --router option accepts: the aggregated ones, then the disaggregated ones."""
+    from policies import PD_ROUTERS
+
+    return router_names() + sorted(PD_ROUTERS)
 
 
 def int_list(ctx: click.Context, param: click.Parameter, value: str | None) -> list[int] | None:
@@ -81,7 +89,7 @@ def router_list(ctx: click.Context, param: click.Parameter, value: str | None) -
     for label in labels:
         name, options = split_router_spec(label)
         if name not in ROUTERS and name not in PD_ROUTERS:
-            raise click.BadParameter(f"unknown router {name}; {suggestion(name, router_names())}")
+            raise click.BadParameter(f"unknown router {name}; {suggestion(name, all_router_names())}")
         if name in NEEDS_A_RECORDING:
             raise click.BadParameter(f"{name} replays a recorded run's choices (kvsim validate); it cannot route a "
                                      f"workload of its own; allowed: "
