@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 import simpy
 
 from sim.cluster.device import Device
+from sim.cluster.reuse import ReuseLedger
 from sim.cluster.transfer_link import KvTransferLink, RemoteKv
 from sim.cluster.worker import Worker
 from sim.engines.interface import CacheListener, EngineLoad, ServedRequest
@@ -29,7 +30,7 @@ from sim.routing.prefix_state import build_prefix_state
 from sim.routing.scraper import MetricsScraper
 from sim.scenario import Scenario, ScenarioError
 from sim.timing.build import build_time_model
-from sim.workloads.request import BlockHash, Request
+from sim.workloads.request import BlockHash, Request, computed_block_hashes
 from sim.workloads.shared_prefix import rng_for
 
 
@@ -121,6 +122,8 @@ class _Pending:
     choice: PdChoice
     prefill: ServedRequest | None = None
     """The prefill worker's request (one output token), once it is done."""
+    reuse: tuple[int, int] = (-1, -1)
+    """(available, captured) tokens as the reuse ledger booked them at dispatch (-1: not booked)."""
 
 
 class DisaggregatedCluster:
@@ -174,6 +177,9 @@ class DisaggregatedCluster:
                                     cache_num_blocks=engines["decode"].num_blocks(kv_bytes_per_token),
                                     seed=scenario.seed)
         self._pending: dict[int, _Pending] = {}
+        # NOTE: the reuse captured is booked on the worker that prefills (whose cache gives the hit).
+        self._ledger = (ReuseLedger(len(self.workers), scenario.engine.block_size)
+                        if scenario.cluster.reuse_breakdown else None)
         try:
             router.bind(self.prefill_view, self.decode_view)
         except ValueError as err:
@@ -193,15 +199,21 @@ class DisaggregatedCluster:
         choice = self.router.route_pd(request, self.prefill_view, self.decode_view)
         self._check(choice)
         pending = self._pending[request.request_id] = _Pending(request, self.env.now, on_done, choice)
+        # NOTE: the prefill worker runs the prompt as a request of one output token (vLLM max_tokens=1 with
+        # do_remote_decode; Dynamo's mocker build_prefill_request): what it leaves cached is that request's.
+        prefill_request = request if choice.prefill_worker is None else replace(request, output_tokens=1)
+        ledger = self._ledger
+        if ledger is not None:
+            worker = (self.num_prefill_workers + choice.decode_worker if choice.prefill_worker is None
+                      else choice.prefill_worker)
+            pending.reuse = ledger.dispatch(computed_block_hashes(prefill_request, ledger.block_size),
+                                            request.prompt_tokens, worker)
         if choice.prefill_worker is None:
             self._dispatch_decode(pending, choice.decode_worker, remote=False)
             return done
         p = choice.prefill_worker
         self.router.on_dispatch(request, p, "prefill")
         self.prefill_view.dispatched(p, 1)
-        # NOTE: the prefill worker runs the prompt as a request of one output token (vLLM max_tokens=1 with
-        # do_remote_decode; Dynamo's mocker build_prefill_request).
-        prefill_request = replace(request, output_tokens=1)
         target = self.workers[p]
         arrival_s = self.env.now + self._hop_s
         self._after(self._hop_s, lambda: target.submit(prefill_request, arrival_s))
@@ -266,7 +278,7 @@ class DisaggregatedCluster:
         pending = self._pending.pop(state.request.request_id)
         self.router.on_complete(pending.request, d, "decode")
         record = RequestRecord.from_state(state, pending.sent_s, response_delay_s=self._response_delay_s,
-                                          routing=(-1, -1, -1, -1))
+                                          routing=(*pending.reuse, -1, -1))
         pending.on_done(pd_record(record, state, pending.prefill))
 
     # ------------------------------------------------------------------ counters
