@@ -216,7 +216,7 @@ class DisaggregatedCluster:
         self.prefill_view.dispatched(p, 1)
         target = self.workers[p]
         arrival_s = self.env.now + self._hop_s
-        self._after(self._hop_s, lambda: target.submit(prefill_request, arrival_s))
+        self._after(self._hop_s, lambda: target.submit_remote_decode(prefill_request, arrival_s))
         return done
 
     def _check(self, choice: PdChoice) -> None:
@@ -236,7 +236,9 @@ class DisaggregatedCluster:
             self._after(self._hop_s, lambda: target.submit(request, arrival_s))
             return
         arrival_s = self.env.now + self._decode_hop_s
-        source = RemoteKv(self.links[index], self._kv_bytes_per_token, pending.choice.prefill_worker)
+        prefill = pending.prefill
+        source = RemoteKv(self.links[index], self._kv_bytes_per_token, prefill.worker,
+                          on_read=lambda done_s: self._after(done_s - self.env.now, lambda: self._release(prefill)))
         self._after(self._decode_hop_s, lambda: target.submit_remote(request, arrival_s, source))
 
     def _after(self, delay_s: float, action) -> None:
@@ -264,6 +266,11 @@ class DisaggregatedCluster:
             d = self.router.route_decode(pending.request, self.decode_view, prefill_worker=p)
             self._check(PdChoice(p, d))
         self._dispatch_decode(pending, d, remote=True)
+
+    def _release(self, prefill: ServedRequest) -> None:
+        # NOTE: the decode side's completion notice reaches the prefill worker when the read is done (NIXL's
+        # notification; its latency is in the link's).
+        self.workers[prefill.worker].release_remote_decode(prefill)
 
     def _first_token(self, state: ServedRequest) -> None:
         d = state.worker - self.num_prefill_workers

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -27,6 +28,8 @@ class KvTransferLink:
         self._free_at_s = 0.0
 
     def transfer_done_s(self, *, start_s: float, num_bytes: int) -> float:
+        if num_bytes == 0:
+            return start_s  # nothing to read: only the completion notice, which takes no link time here
         done = (max(start_s, self._free_at_s) + self.latency_s + self.overhead_s
                 + num_bytes / self.bandwidth_bytes_per_s)
         self._free_at_s = done
@@ -35,11 +38,15 @@ class KvTransferLink:
 
 @dataclass(slots=True)
 class RemoteKv:
-    """A `sim.engines.interface.RemoteKvSource`: one request's prompt KV, on `prefill_worker`, read over `link`."""
+    """A `sim.engines.interface.RemoteKvSource`: one request's prompt KV, on `prefill_worker`, read over `link`;
+    `on_read(done_s)` is told when the read will be complete (the prefill worker frees its blocks then)."""
 
     link: KvTransferLink
     kv_bytes_per_token: int
     prefill_worker: int
+    on_read: Callable[[float], object]
 
     def load_done_s(self, *, start_s: float, num_tokens: int) -> float:
-        return self.link.transfer_done_s(start_s=start_s, num_bytes=num_tokens * self.kv_bytes_per_token)
+        done_s = self.link.transfer_done_s(start_s=start_s, num_bytes=num_tokens * self.kv_bytes_per_token)
+        self.on_read(done_s)
+        return done_s

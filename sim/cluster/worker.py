@@ -3,6 +3,7 @@ SimPy process."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import simpy
@@ -76,6 +77,20 @@ class Worker:
         self._arrived()
         return state
 
+    def submit_remote_decode(self, request: Request, arrival_s: float) -> ServedRequest:
+        """A request this worker prefills for another (P/D): it keeps its KV after its finish until released."""
+        self.num_changes += 1
+        state = self.engine.add_remote_decode(request, worker=self.index, arrival_s=arrival_s)
+        self._arrived()
+        return state
+
+    def release_remote_decode(self, state: ServedRequest) -> None:
+        """The decode side has read `state`'s KV: the engine frees it."""
+        self.sync()
+        self.num_changes += 1
+        self.engine.release_remote_decode(state)
+        self._arrived()  # blocks freed: a stalled admission may go on
+
     def submit_remote(self, request: Request, arrival_s: float, source: RemoteKvSource) -> ServedRequest:
         """A request another worker prefilled reaches the engine's queue (P/D: its prompt KV comes from `source`)."""
         self.num_changes += 1
@@ -131,7 +146,8 @@ class Worker:
                         raise RuntimeError(f"worker {self.index}: {engine.describe_stall()}")
                     # NOTE: only KV copies are in flight: sleep until the next completes or a request arrives.
                     self._wakeup = env.event()
-                    self._wake_after(self._wakeup, wake_s - env.now, 0)
+                    if wake_s != math.inf:  # inf: until a request arrives or held KV is released
+                        self._wake_after(self._wakeup, wake_s - env.now, 0)
                     yield self._wakeup
                     self._wakeup = None
                 continue  # the engine found nothing left to do (its loop went idle)

@@ -137,7 +137,9 @@ class RemoteKvSource(Protocol):
     tokens it does not hold itself when it admits the request (vLLM's NixlConnector: prompt - local hit)."""
 
     def load_done_s(self, *, start_s: float, num_tokens: int) -> float:
-        """When `num_tokens` tokens of the prompt's KV, requested at `start_s`, have all arrived."""
+        """When `num_tokens` tokens of the prompt's KV, requested at `start_s`, have all arrived. Called once per
+        request; an engine that holds the whole prompt itself calls it with 0 (nothing moves: the prefill worker
+        may free its copy)."""
         ...
 
 
@@ -308,6 +310,16 @@ class Engine(Protocol):
         computed here would. Its records' `num_remote_kv_tokens` and `remote_kv_*_s` say what came and when."""
         ...
 
+    def add_remote_decode(self, request: Request, *, worker: int, arrival_s: float) -> ServedRequest:
+        """A request this engine prefills for another worker (P/D: vLLM's `do_remote_decode`) reaches its queue now:
+        it is served like any request (the cluster sends it with one output token) but, once finished, keeps its KV
+        until `release_remote_decode` (the decode side has read it: vLLM's `delay_free_blocks`)."""
+        ...
+
+    def release_remote_decode(self, state: ServedRequest) -> None:
+        """The decode side has read `state`'s KV: free it (its blocks stay cached, evictable)."""
+        ...
+
     @property
     def has_work(self) -> bool: ...
 
@@ -338,7 +350,8 @@ class Engine(Protocol):
     def next_background_s(self) -> float | None:
         """When work the engine runs beside its steps (KV copies to or from a host tier) next completes, for an
         engine with nothing to schedule until then (a time at or before now: step again at once); None when there
-        is none."""
+        is none. `math.inf`: it waits for something outside it (P/D: a decode worker to read KV it holds); the worker
+        then sleeps until a request arrives or that KV is released."""
         ...
 
     def describe_stall(self) -> str:

@@ -92,6 +92,24 @@ def test_the_decode_worker_keeps_what_it_received_as_cached_prefix():
     assert cluster.workers[1].engine.cache.peek_prefix_tokens(request(3, 8, 0)) == 32
 
 
+def test_the_prefill_worker_keeps_its_blocks_until_the_decode_side_has_read_them():
+    # A prefill worker of 12 blocks (11 usable) and two 40-token prompts of their own, both sent at 0: request 1
+    # takes 10 blocks (+1 for its token) and request 2 does not fit. Request 1's token comes at 0.051 but its blocks
+    # stay held (NIXL's delay_free_blocks) until the decode worker has read them at 0.095 (as in the first test):
+    # only then is request 2 admitted (queued 0.094 s), prefilled by 0.145, its 40 tokens read by 0.189 (hop 1 ms:
+    # from 0.146), and its last token computed by 0.200. Freed at its token, request 2 would have started at 0.051.
+    sc = scenario(disaggregation={"prefill": {"workers": 1, "engine": {"num_gpu_blocks_override": 12}},
+                                  "decode": {"workers": 1},
+                                  "link": {"bandwidth_bytes_per_s": 1e6, "latency_s": 0.001, "overhead_s": 0.002}})
+    records, cluster = run(sc, [(0.0, request(1, 0, 10)), (0.0, request(2, 0, 10))])
+    assert records[1].first_token_s == pytest.approx(0.106)
+    assert records[2].ttft_queue_s == pytest.approx(0.094)
+    assert records[2].first_token_s == pytest.approx(0.200)
+    # both released: the prefill worker holds nothing, its blocks are cached and evictable
+    assert cluster.workers[0].engine.scheduler.num_held_requests == 0
+    assert cluster.workers[0].engine.cache.usage() == 0.0
+
+
 def test_conditional_disaggregation_prefills_a_short_uncached_part_locally():
     # With conditional disaggregation (Dynamo's IslBounding: net-new < 2048 tokens and < 0.7 of the prompt on the
     # decode worker the decode router would pick): request 1 finds nothing on the decode worker (net-new 40 of 40,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import ClassVar
 
@@ -78,6 +79,14 @@ class VllmEngine:
         self.scheduler.add_request(state)
         return state
 
+    def add_remote_decode(self, request: Request, *, worker: int, arrival_s: float) -> RequestState:
+        state = RequestState(request, worker, arrival_s, block_size=self.cache.block_size, hold_kv=True)
+        self.scheduler.add_request(state)
+        return state
+
+    def release_remote_decode(self, state: RequestState) -> None:
+        self.scheduler.release_held(state)
+
     @property
     def has_work(self) -> bool:
         return self.scheduler.has_work
@@ -133,7 +142,8 @@ class VllmEngine:
         remote_s = self.scheduler.next_remote_load_s()
         if self.transfers is None:
             if remote_s is None:
-                return None
+                # NOTE: finished P/D prefills hold blocks until the decode side reads them: wait for that.
+                return math.inf if self.scheduler.num_held_requests else None
             return 0.0 if self.scheduler.has_loaded_requests else remote_s
         if self.scheduler.has_loaded_requests:
             return 0.0  # a load reported done: the next step promotes it, at once

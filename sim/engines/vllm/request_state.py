@@ -21,6 +21,9 @@ class RequestState(ServedRequest):
     loading: bool = False
     """vLLM's WAITING_FOR_REMOTE_KVS: blocks allocated for a CPU hit (or a P/D transfer) whose async load is not yet
     promoted."""
+    hold_kv: bool = False
+    """P/D prefill side (vLLM's `do_remote_decode`): at its finish the request keeps its blocks (`delay_free_blocks`)
+    until the engine is told the decode side has read them."""
     remote_kv: RemoteKvSource | None = None
     """P/D decode side: where the prompt's KV comes from (vLLM `kv_transfer_params.do_remote_prefill`); cleared
     once the request asked for it (a preempted request recomputes, as vLLM clears do_remote_prefill)."""

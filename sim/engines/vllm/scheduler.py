@@ -63,6 +63,8 @@ class Scheduler:
         self._connector_step: ConnectorStep | None = None
         """The transfer jobs of the last `schedule()` (with a connector), until the worker side takes them."""
         self.num_preemptions = 0
+        self.num_held_requests = 0
+        """Finished P/D prefill requests whose blocks wait for the decode side to read them."""
         self._remote_loads: list[tuple[float, int, RequestState]] = []
         """P/D transfers in flight, a heap of (done_s, request id, request)."""
 
@@ -292,6 +294,8 @@ class Scheduler:
         """
         num_remote = state.request.prompt_tokens - num_gpu_hit
         if num_remote <= 0:
+            # NOTE: NIXL still notifies the prefill side, which frees its blocks.
+            state.remote_kv.load_done_s(start_s=now_s, num_tokens=0)
             state.remote_kv = None
             return True
         if not self.kv.allocate_for_load(state, hit_blocks, num_remote,
@@ -373,4 +377,18 @@ class Scheduler:
             if connector is not None:
                 self._inflight_prefills.discard(state)
                 connector.request_finished(state)
+            if state.hold_kv:
+                # NOTE: NIXL's request_finished answers delay_free_blocks for a do_remote_decode request that ended
+                # FINISHED_LENGTH_CAPPED: its blocks are freed when the decode side has read them.
+                self.num_held_requests += 1
+                continue
             self.kv.free(state)
+
+    def release_held(self, state: RequestState) -> None:
+        """The decode side has read a finished `do_remote_decode` request's blocks: free them (tail first)."""
+        if not state.hold_kv or state.finished_s is None:
+            raise RuntimeError(f"request {state.request.request_id} holds no KV to release "
+                               f"(hold_kv={state.hold_kv}, finished_s={state.finished_s})")
+        state.hold_kv = False
+        self.num_held_requests -= 1
+        self.kv.free(state)
