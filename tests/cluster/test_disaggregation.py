@@ -151,6 +151,24 @@ def test_the_request_overhead_is_paid_once_on_the_way_in():
     assert records[1].first_token_s == pytest.approx(0.110)
 
 
+def test_a_decode_worker_chosen_at_arrival_is_kept():
+    # pd-stages with decode_after_prefill false (SGLang's and llm-d's order): both workers are chosen when the
+    # request arrives. Request 1 (40 uncached tokens, prefill 0.05 s) and request 2 (4 tokens, 0.014 s) arrive
+    # together on two prefill workers: request 2 finishes its prefill first, yet the decode workers are those of
+    # arrival order (1 -> decode 0, 2 -> decode 1), as round robin handed them out then.
+    sc = scenario({"name": "pd-stages", "options": {"prefill_router": "round-robin", "decode_router": "round-robin",
+                                                     "decode_after_prefill": False}},
+                  workers=4, disaggregation={"prefill": {"workers": 2}, "decode": {"workers": 2}})
+    records, _ = run(sc, [(0.0, request(1, 0, 10)), (0.0, request(2, 0, 1))])
+    assert [(records[i].pd_prefill_worker, records[i].worker) for i in (1, 2)] == [(0, 2), (1, 3)]
+    assert records[2].ttft_prefill_s == pytest.approx(0.014)
+    # chosen after the prefill instead (the default), request 2 would have taken decode worker 0
+    sc = scenario({"name": "pd-stages", "options": {"prefill_router": "round-robin", "decode_router": "round-robin"}},
+                  workers=4, disaggregation={"prefill": {"workers": 2}, "decode": {"workers": 2}})
+    records, _ = run(sc, [(0.0, request(1, 0, 10)), (0.0, request(2, 0, 1))])
+    assert [(records[i].pd_prefill_worker, records[i].worker) for i in (1, 2)] == [(0, 3), (1, 2)]
+
+
 def test_pools_must_add_up_and_sglang_has_no_decode_side_yet():
     with pytest.raises(ScenarioError, match=r"cluster.workers \(3\) must equal"):
         scenario(workers=3)
