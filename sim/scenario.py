@@ -336,9 +336,6 @@ class Scenario(ConfigModel):
         pd = self.cluster.disaggregation
         if pd is None:
             return self
-        if self.engine.kind != "vllm":
-            raise ValueError(f"cluster.disaggregation: engine.kind {self.engine.kind!r} has no P/D decode side in "
-                             "kvsim yet (SGLang's DecodePreallocQueue/DecodeTransferQueue are not modelled); allowed: vllm")
         fields = [f for f in type(self.engine).model_fields if f != "kind"]
         for stage in ("prefill", "decode"):
             unknown = [k for k in getattr(pd, stage).engine if k not in fields]

@@ -306,8 +306,9 @@ class Engine(Protocol):
                              source: RemoteKvSource) -> ServedRequest:
         """A request whose prompt another worker prefilled (P/D disaggregation) reaches this engine's queue now: the
         engine admits it by its own rule, receives the prompt KV it lacks from `source` (the request waits for it,
-        holding its KV slots), then decodes; the received KV stays in this engine's prefix cache as a prefix
-        computed here would. Its records' `num_remote_kv_tokens` and `remote_kv_*_s` say what came and when."""
+        holding its KV slots), then decodes; what it keeps of the received KV afterwards is its own rule too (vLLM:
+        cached prefix blocks; SGLang: nothing, its decode radix cache being off by default). Its
+        `num_remote_kv_tokens` and `remote_kv_*_s` say what came and when."""
         ...
 
     def add_remote_decode(self, request: Request, *, worker: int, arrival_s: float) -> ServedRequest:

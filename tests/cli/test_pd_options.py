@@ -20,8 +20,6 @@ from tests.cli.test_bad_inputs import _one_line_error
      "--workers: a disaggregated cluster has prefill + decode workers (6)"),
     (["sweep", "--prefixes", "7", "--prefill-workers", "2", "--decode-workers", "4", "--workers", "3,6"],
      "--workers: a disaggregated cluster has prefill + decode workers (6)"),
-    (["run", "--prefill-workers", "1", "--decode-workers", "1", "--engine", "sglang"],
-     "engine.kind 'sglang' has no P/D decode side"),
     (["run", "--router", "dynamo-disagg"], "dynamo-disagg routes a disaggregated cluster"),
     (["run", "--prefill-workers", "1", "--decode-workers", "1", "--router", "dynamo-disagg:eff_isl_ratio_threshold=2"],
      "eff_isl_ratio_threshold"),
@@ -44,6 +42,17 @@ def test_a_disaggregated_run_writes_its_columns(tmp_path):
     assert parts == pytest.approx(sum(float(r["ttft_ms"]) for r in measured) / len(measured))
     assert {r["pd_prefill_worker"] for r in requests} == {"0"}
     assert {r["worker"] for r in requests} <= {"1", "2"}
+
+
+def test_sglang_runs_disaggregated_too(tmp_path):
+    result = CliRunner().invoke(main, ["run", "--prefill-workers", "2", "--decode-workers", "4", "--engine", "sglang",
+                                       "--router", "dynamo-disagg", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    [row] = list(csv.DictReader((tmp_path / "summary.csv").open()))
+    assert row["engine"] == "sglang" and int(row["remote_prefill_requests"]) == int(row["requests"])
+    # no decode radix cache: every transfer moves the whole prompt
+    assert int(row["transfer_tokens"]) == sum(
+        int(r["prompt_tokens"]) for r in csv.DictReader((tmp_path / "requests.csv").open()) if r["warmup"] == "False")
 
 
 def test_an_aggregated_run_has_no_pd_columns(tmp_path):

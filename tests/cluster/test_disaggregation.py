@@ -169,8 +169,47 @@ def test_a_decode_worker_chosen_at_arrival_is_kept():
     assert [(records[i].pd_prefill_worker, records[i].worker) for i in (1, 2)] == [(0, 3), (1, 2)]
 
 
-def test_pools_must_add_up_and_sglang_has_no_decode_side_yet():
+def test_sglang_decodes_from_the_prefill_servers_token_and_keeps_nothing():
+    # SGLang 0.5.23 (overlap scheduling, page 1), the same two requests. Request 1: prefill 0.05 s -> its token at
+    # 0.051; at the decode worker at 0.052 its 40 slots are preallocated and the whole prompt moves (no decode
+    # radix cache by default): 0.043 s -> 0.095, where it joins the running batch with the prefill server's token
+    # as its first (no forward pass, no recomputed token): TTFT 0.095; two decode steps -> done at 0.119.
+    # Request 2 hits 32 tokens on the prefill worker (0.018 s: token at 0.219) but nothing on the decode worker,
+    # whose finished requests were freed, not cached: all 40 tokens move again (0.220 -> 0.263).
+    records, cluster = run(scenario(engine="sglang"), [(0.0, request(1, 8, 2)), (0.2, request(2, 8, 2))])
+    r1, r2 = records[1], records[2]
+    assert (r1.worker, r1.pd_prefill_worker, r1.cached_tokens, r1.transfer_tokens) == (1, 0, 0, 40)
+    assert (r1.first_token_s, r1.finished_s) == (pytest.approx(0.095), pytest.approx(0.119))
+    assert (r1.ttft_prefill_s, r1.ttft_transfer_s) == (pytest.approx(0.050), pytest.approx(0.043))
+    assert (r2.cached_tokens, r2.transfer_tokens) == (32, 40)
+    assert r2.first_token_s == pytest.approx(0.263)
+    assert cluster.workers[1].engine.cache.peek_prefix_tokens(request(3, 8, 0)) == 0
+    # the prefill worker released what it held, and keeps request 1's and 2's prompts cached
+    assert not cluster.workers[0].engine.scheduler.held
+    assert cluster.workers[0].engine.cache.peek_prefix_tokens(request(2, 8, 2)) == 40
+
+
+def test_sglangs_prefill_server_holds_its_kv_until_the_transfer():
+    # SGLang's prefill server keeps a finished request's KV locked in its tree (disagg_prefill_inflight_queue) until
+    # the decode side has it: at 0.07 (request 1's token at 0.051, transfer until 0.095) its 40 tokens are protected
+    # (token usage 40 / 400 slots); after the transfer they are evictable (usage 0).
+    sc = scenario(engine="sglang")
+    env_records = {}
+    env = simpy.Environment()
+    cluster = build_cluster(env, sc, build_pd_router(sc))
+    usage = {}
+
+    def probe(at_s):
+        yield env.timeout(at_s)
+        usage[at_s] = cluster.workers[0].engine.cache.usage()
+
+    env.process(probe(0.07))
+    env.process(probe(0.2))
+    cluster.send(request(1, 8, 2), env_records.setdefault)
+    env.run()
+    assert usage == {0.07: pytest.approx(0.1), 0.2: 0.0}
+
+
+def test_pools_must_add_up():
     with pytest.raises(ScenarioError, match=r"cluster.workers \(3\) must equal"):
         scenario(workers=3)
-    with pytest.raises(ScenarioError, match="engine.kind 'sglang' has no P/D decode side"):
-        scenario(engine="sglang")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import heapq
+import math
+from collections import deque
 from collections.abc import Sequence
 from typing import ClassVar
 
@@ -11,11 +14,13 @@ from sim.engines.interface import (
     EngineCounters,
     EngineLoad,
     HostLink,
+    RemoteKvSource,
     StepOutcome,
     StepPlan,
     StepTimeModel,
 )
 from sim.engines.sglang.decode_stretch import SglangDecodeStretch
+from sim.engines.sglang.kv_pool import ceil_div
 from sim.engines.sglang.radix_cache import RadixCache
 from sim.engines.sglang.request_state import SglangRequest
 from sim.engines.sglang.scheduler import Scheduler, SchedulerLimits
@@ -80,8 +85,65 @@ class SglangEngine:
         self.cache = SglangPrefixCache(self.tree, self.scheduler.pool, hash_block_size=spec.block_size)
         # NOTE: SGLang truncates max_new_tokens at intake so that a request fits (`init_req_max_new_tokens`).
         self._max_req_len = min(spec.max_model_len - 1, n - 1)
+        self._prealloc: deque[tuple[SglangRequest, RemoteKvSource]] = deque()
+        """P/D decode side: requests waiting for KV slots (SGLang's `DecodePreallocQueue`), in arrival order."""
+        self._transfers: list[tuple[float, int, SglangRequest]] = []
+        """P/D decode side: requests whose KV is on its way (`DecodeTransferQueue`), a heap by completion."""
+
+    def add_remote_decode(self, request: Request, *, worker: int, arrival_s: float) -> SglangRequest:
+        state = self.add_request(request, worker=worker, arrival_s=arrival_s)
+        state.hold_kv = True
+        return state
+
+    def release_remote_decode(self, state: SglangRequest) -> None:
+        self.scheduler.release_held(state)
+
+    def add_remote_prefilled(self, request: Request, *, worker: int, arrival_s: float,
+                             source: RemoteKvSource) -> SglangRequest:
+        """P/D decode side (SGLang 0.5.23, `disaggregation/decode.py`): the request waits in the prealloc queue
+        until its whole prompt's slots fit (no decode radix cache by default: nothing is matched, the whole prompt
+        moves), then in the transfer queue until the KV has arrived; it then joins the running batch with the
+        prefill server's token as its first, and its KV is freed, not cached, when it ends."""
+        if request.output_tokens <= 1:
+            raise ValueError(f"request {request.request_id}: a request of one output token ends on SGLang's prefill "
+                             "server; kvsim's SGLang decode side needs at least two")
+        state = self._new_state(request, worker, arrival_s)
+        state.cache_on_finish = False
+        self._prealloc.append((state, source))
+        return state
+
+    def _advance_pd(self, now_s: float) -> None:
+        """Move arrived transfers to the scheduler's prebuilt list and preallocate the queue's head requests."""
+        transfers, scheduler = self._transfers, self.scheduler
+        while transfers and transfers[0][0] <= now_s:
+            scheduler.prebuilt.append(heapq.heappop(transfers)[2])
+        pool, queue = scheduler.pool, self._prealloc
+        while queue:
+            state, source = queue[0]
+            tokens = state.input_len
+            pages = ceil_div(tokens, pool.page_size)
+            pool.evict_to_free_tokens(pages * pool.page_size)
+            if pages * pool.page_size > pool.available_size() or pool.available_rows() <= 0:
+                break  # FIFO: the head waits for room
+            queue.popleft()
+            pool._take(state, pages)
+            state.holds_kv = True
+            pool.rows_in_use += 1
+            state.kv_allocated_len = state.kv_committed_len = tokens
+            state.prefix_len = state.extend_end = tokens
+            state.num_cached_tokens = 0
+            state.admitted_s = now_s
+            state.num_remote_kv_tokens = tokens
+            state.remote_kv_start_s = now_s
+            done_s = state.remote_kv_done_s = source.load_done_s(start_s=now_s, num_tokens=tokens)
+            heapq.heappush(transfers, (done_s, state.request.request_id, state))
 
     def add_request(self, request: Request, *, worker: int, arrival_s: float) -> SglangRequest:
+        state = self._new_state(request, worker, arrival_s)
+        self.scheduler.add_request(state)
+        return state
+
+    def _new_state(self, request: Request, worker: int, arrival_s: float) -> SglangRequest:
         spec = self.spec
         origin = self.cache.tokens(request)
         if spec.ignore_eos:
@@ -93,23 +155,28 @@ class SglangEngine:
         pool = self.scheduler.pool
         max_new = max(1, min(max_new, self._max_req_len - input_len - 1,
                              pool.max_total_tokens - pool.ceil_paged(input_len) - pool.page_size - 1))
-        state = SglangRequest(request, worker, arrival_s, origin=origin, max_new_tokens=max_new,
-                              ignore_eos=spec.ignore_eos, eos_at=eos_at)
-        self.scheduler.add_request(state)
-        return state
+        return SglangRequest(request, worker, arrival_s, origin=origin, max_new_tokens=max_new,
+                             ignore_eos=spec.ignore_eos, eos_at=eos_at)
 
     @property
     def has_work(self) -> bool:
-        return self.scheduler.has_work
+        return self.scheduler.has_work or bool(self._prealloc or self._transfers)
 
     @property
     def num_requests(self) -> int:
-        return self.scheduler.num_requests
+        return self.scheduler.num_requests + len(self._prealloc) + len(self._transfers)
 
     def load(self) -> EngineLoad:
-        return self.scheduler.load()
+        load = self.scheduler.load()
+        if not (self._prealloc or self._transfers):
+            return load
+        return EngineLoad(num_running=load.num_running,
+                          num_waiting=load.num_waiting + len(self._prealloc) + len(self._transfers),
+                          kv_usage=load.kv_usage)
 
     def schedule(self, now_s: float) -> StepPlan:
+        if self._prealloc or self._transfers:
+            self._advance_pd(now_s)
         step = self.scheduler.schedule(now_s)
         return step if step is not None else StepPlan()
 
@@ -121,6 +188,8 @@ class SglangEngine:
 
     def plan_decode_stretch(self, time_model: StepTimeModel, *, speed: float,
                             now_s: float) -> SglangDecodeStretch | None:
+        if self._prealloc or self._transfers or self.scheduler.prebuilt:
+            return None  # P/D arrivals would change the batch: step
         return SglangDecodeStretch.plan(self.scheduler, time_model, speed=speed, now_s=now_s)
 
     def finish_stretch(self, stretch: SglangDecodeStretch, num_steps: int, now_s: float) -> list[SglangRequest]:
@@ -133,7 +202,12 @@ class SglangEngine:
                               evicted_tokens=evicted, preemptions=self.scheduler.num_retractions)
 
     def next_background_s(self) -> float | None:
-        return None  # no host tier (HiCache is not modelled)
+        # NOTE: no host tier (HiCache is not modelled); P/D transfers and held prefills only.
+        if self.scheduler.prebuilt:
+            return 0.0
+        if self._transfers:
+            return self._transfers[0][0]
+        return math.inf if (self.scheduler.held or self._prealloc) else None
 
     def describe_stall(self) -> str:
         return self.scheduler.describe_stall()

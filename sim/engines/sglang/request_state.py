@@ -45,6 +45,12 @@ class SglangRequest(ServedRequest):
     inflight_middle_chunks: int = 0
     finished_reason: str | None = None
     """None while running; "length" (max_new_tokens reached) or "eos"."""
+    hold_kv: bool = False
+    """P/D prefill side: at its finish the request's KV goes into the tree locked, and is released (unlocked) only
+    when the decode side has it (SGLang's `disagg_prefill_inflight_queue`)."""
+    cache_on_finish: bool = True
+    """False on a P/D decode worker: its radix cache is off by default (`--disaggregation-decode-enable-radix-cache`
+    unset), so a finished request's KV is freed, not cached."""
 
     @property
     def input_len(self) -> int:

@@ -134,6 +134,13 @@ class Scheduler:
         """The step of `last_batch` (under overlap: launched, its result not processed yet)."""
         self._retracted_now: list[SglangRequest] = []
         self._now_s = 0.0
+        self.prebuilt: list[SglangRequest] = []
+        """P/D decode side: requests whose prompt KV has arrived, to join the running batch at the next iteration
+        (SGLang's prebuilt batch: no forward, the prefill server's token is their first)."""
+        self.prebuilt_first_tokens: list[SglangRequest] = []
+        """Of those, the ones joined since the last result: their first token goes out with it."""
+        self.held: set[SglangRequest] = set()
+        """P/D prefill side: finished requests whose KV is kept (locked in the tree) until the decode side has it."""
         self.on_launch = None
         """Called with each batch as it is launched (an observer for the differential tests)."""
 
@@ -142,7 +149,8 @@ class Scheduler:
     def has_work(self) -> bool:
         last = self.last_batch
         return bool(self.inbox or self.waiting or self.running_batch.reqs or self._launched or self._awaiting
-                    or self.chunked_req is not None or (last is not None and last.mode == "extend" and last.reqs))
+                    or self.chunked_req is not None or (last is not None and last.mode == "extend" and last.reqs)
+                    or self.prebuilt)
 
     @property
     def num_requests(self) -> int:
@@ -179,6 +187,8 @@ class Scheduler:
             if self.inbox:
                 self.waiting.extend(self.inbox)  # ingest_requests -> _add_request_to_queue
                 self.inbox.clear()
+            if self.prebuilt:
+                self._join_prebuilt(now_s)
             batch = self._get_next_batch_to_run()
             step = self._launch(batch) if batch is not None else None
             if overlap:
@@ -198,6 +208,25 @@ class Scheduler:
                 return
             self._await(step, batch)
             return
+
+    def _join_prebuilt(self, now_s: float) -> None:
+        """P/D decode side: requests whose KV has arrived join the running batch with the prefill server's token
+        as their first (`process_prebuilt`: no forward pass), and decode from there."""
+        for req in self.prebuilt:
+            req.num_output_tokens = 1
+            req.first_token_s = now_s
+            req.update_finish_state()
+            self.prebuilt_first_tokens.append(req)
+        self.running_batch.reqs = self.running_batch.reqs + self.prebuilt
+        self.running_batch.batch_is_full = False
+        self.prebuilt = []
+
+    def release_held(self, req: SglangRequest) -> None:
+        """P/D prefill side: the decode side has the KV of finished `req`: unlock it (it stays cached)."""
+        if req not in self.held:
+            raise RuntimeError(f"request {req.request.request_id} holds no KV to release")
+        self.held.discard(req)
+        self.pool.release_kv_cache(req, checkpoint=True)
 
     def _await(self, step: SglangStep, next_last: Batch | None) -> None:
         """The loop waits for `step`'s result; once processed, `next_last` is the last batch."""
@@ -452,7 +481,12 @@ class Scheduler:
                 self._append_token(req, now_s, first_token)
                 if req.finished():
                     finished.append(req)
-                    pool.release_kv_cache(req, checkpoint=True)
+                    if req.hold_kv:
+                        # NOTE: SGLang's disagg prefill caches the prompt (locked) and releases it after the transfer.
+                        pool.checkpoint_kv_cache(req)
+                        self.held.add(req)
+                    else:
+                        pool.release_kv_cache(req, checkpoint=True)
                 else:
                     pool.checkpoint_kv_cache(req)
         else:
@@ -462,7 +496,14 @@ class Scheduler:
                 self._append_token(req, now_s, first_token)
                 if req.finished():
                     finished.append(req)
-                    pool.release_kv_cache(req, checkpoint=True)
+                    pool.release_kv_cache(req, checkpoint=req.cache_on_finish)
+        if self.prebuilt_first_tokens:
+            first_token = self.prebuilt_first_tokens + first_token
+            finished = [r for r in self.prebuilt_first_tokens if r.finished()] + finished
+            for req in self.prebuilt_first_tokens:
+                if req.finished():  # one output token: done at the prebuilt batch
+                    pool.release_kv_cache(req, checkpoint=req.cache_on_finish)
+            self.prebuilt_first_tokens = []
         for req in finished:
             req.finished_s = now_s
         self.last_batch = self._next_last_batch
