@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 import simpy
 
 from sim.cluster.device import Device
+from sim.cluster.host_link import HostLinkQueue
 from sim.cluster.reuse import ReuseLedger
 from sim.cluster.transfer_link import KvTransferLink, RemoteKv
 from sim.cluster.worker import Worker
@@ -159,7 +160,11 @@ class DisaggregatedCluster:
                             num_workers=dev.workers, cores=dev.cores)
             self.devices.append(device)
             time_model = build_time_model(scenario.device_time_model(dev), scenario.model)
-            engine = build_engine(engines[stage], kv_bytes_per_token=kv_bytes_per_token)
+            host_link = None
+            if getattr(engines[stage], "cpu_kv_bytes", 0):
+                bandwidth, latency = scenario.device_host_link(dev)
+                host_link = HostLinkQueue(bandwidth_bytes_per_s=bandwidth, latency_s=latency)
+            engine = build_engine(engines[stage], kv_bytes_per_token=kv_bytes_per_token, host_link=host_link)
             prefill = stage == "prefill"
             self.workers.append(Worker(
                 env, len(self.workers), engine, device, time_model,
