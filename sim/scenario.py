@@ -137,6 +137,7 @@ class TransferLinkSpec(ConfigModel):
     bandwidth_bytes_per_s: float = Field(50e9, gt=0, description="Bytes per second of one decode worker's inbound link (default 50e9: a 400 Gb/s RDMA NIC per GPU; Dynamo's mocker --kv-transfer-bandwidth says ~450e9 for intra-node NVLink).")
     latency_s: float = Field(1e-5, ge=0, description="Seconds per transfer before its bytes flow (network round trip; default 10 us).")
     overhead_s: float = Field(0.0, ge=0, description="Further seconds per transfer outside the wire (NIXL descriptor setup and completion notification; default 0).")
+    layerwise: bool = Field(False, description="The connector streams each layer's KV while the prefill computes it (LMCache and Mooncake layer-wise modes; vLLM's NixlConnector does not): only the last layer's share (bytes / model.architecture.num_hidden_layers) is left to move when the decode worker asks. Needs the model's architecture.")
 
 
 class PoolSpec(ConfigModel):
@@ -342,6 +343,9 @@ class Scenario(ConfigModel):
             if unknown:
                 raise ValueError(f"cluster.disaggregation.{stage}.engine.{unknown[0]}: unknown option; "
                                  f"{suggestion(unknown[0], fields)}")
+            if stage == "decode" and pd.link.layerwise and self.model.architecture is None:
+                raise ValueError("cluster.disaggregation.link.layerwise needs model.architecture (model.config: a "
+                                 "shipped model or a config.json) for the number of layers")
             if self.pool_engine(stage).block_size != self.engine.block_size:
                 raise ValueError(f"cluster.disaggregation.{stage}.engine.block_size: the pools must share the "
                                  f"engine's block size ({self.engine.block_size}): KV moves block by block")

@@ -144,7 +144,9 @@ class DisaggregatedCluster:
         self.router = router
         self.num_prefill_workers = pd.prefill.workers
         kv_bytes_per_token = scenario.model.kv_bytes_per_token
-        self._kv_bytes_per_token = kv_bytes_per_token
+        # NOTE: layer-wise, the prefill has streamed all but the last layer's KV by the time the decode side asks.
+        self._kv_bytes_per_token = (kv_bytes_per_token / scenario.model.architecture.num_hidden_layers
+                                    if pd.link.layerwise else kv_bytes_per_token)
         # NOTE: the request overhead (HTTP, tokenisation) is paid once, on the way in; the hop from the router to the
         # decode worker after a remote prefill carries an already tokenised request (Dynamo's request plane).
         self._decode_hop_s = scenario.cluster.router_hop_s + getattr(router, "processing_s", 0.0)

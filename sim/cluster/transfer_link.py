@@ -42,7 +42,8 @@ class RemoteKv:
     `on_read(done_s)` is told when the read will be complete (the prefill worker frees its blocks then)."""
 
     link: KvTransferLink
-    kv_bytes_per_token: int
+    kv_bytes_per_token: float
+    """Bytes per token still to move when the decode side asks (layer-wise: one layer's)."""
     prefill_worker: int
     on_read: Callable[[float], object]
 

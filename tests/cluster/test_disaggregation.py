@@ -210,6 +210,24 @@ def test_sglangs_prefill_server_holds_its_kv_until_the_transfer():
     assert usage == {0.07: pytest.approx(0.1), 0.2: 0.0}
 
 
+def test_a_layerwise_transfer_leaves_only_the_last_layer_to_move():
+    # With 4 layers (an architecture whose KV is 1,000 bytes a token), layer-wise streaming leaves 250 bytes a token
+    # to move after the prefill: 40 tokens take 0.003 + 0.010 s instead of 0.043 s (0.052 -> 0.065), then the
+    # last-token step -> first token at 0.076.
+    arch = {"num_hidden_layers": 4, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 1,
+            "head_dim": 125, "intermediate_size": 128, "vocab_size": 100, "dtype_bytes": 1}
+    data = scenario().model_dump()
+    data["model"]["architecture"] = arch
+    data["cluster"]["disaggregation"]["link"]["layerwise"] = True
+    from sim.scenario import validate_scenario as validate
+    records, _ = run(validate(data, source="test"), [(0.0, request(1, 8, 2))])
+    assert records[1].ttft_transfer_s == pytest.approx(0.013)
+    assert records[1].first_token_s == pytest.approx(0.076)
+    data["model"]["architecture"] = None
+    with pytest.raises(ScenarioError, match="layerwise needs model.architecture"):
+        validate(data, source="test")
+
+
 def test_pools_must_add_up():
     with pytest.raises(ScenarioError, match=r"cluster.workers \(3\) must equal"):
         scenario(workers=3)
