@@ -365,6 +365,20 @@ class Scenario(ConfigModel):
         """The host (CPU) KV tier per worker in bytes: `engine.cpu_kv_bytes`, 0 for an engine without one."""
         return getattr(self.engine, "cpu_kv_bytes", 0)
 
+    @property
+    def shared_kv_bytes(self) -> int:
+        """The cluster-shared KV store in bytes: `engine.shared_kv_bytes`, 0 for an engine without one."""
+        return getattr(self.engine, "shared_kv_bytes", 0)
+
+    def device_shared_link(self, device: DeviceSpec) -> tuple[float, float, float]:
+        """(bandwidth bytes/s per direction, latency s, per-transfer overhead s) of `device`'s network link to the
+        shared store: `engine.shared_link`; with tensor parallelism every rank moves its share of a block over its
+        own NIC, so the device's rate is that many NICs' (as its host link's)."""
+        link = self.engine.shared_link
+        spec = self.device_time_model(device)
+        tp = spec.tensor_parallel if spec.kind == "roofline" else 1
+        return link.bandwidth * tp, link.latency_s, link.overhead_s
+
     def device_host_link(self, device: DeviceSpec) -> tuple[float, float]:
         """(bandwidth bytes/s per direction, latency s per copy) of `device`'s link to host memory: the time model's
         `host_link`, else its hardware profile's link x efficiency; with tensor parallelism every rank copies its
@@ -895,6 +909,24 @@ def with_pools(scenario: Scenario, prefill_workers: int, decode_workers: int) ->
     data.setdefault("decode", {})["workers"] = decode_workers
     return scenario.with_overrides(**{"cluster.workers": prefill_workers + decode_workers,
                                       "cluster.disaggregation": data})
+
+
+def with_shared_kv_gib(scenario: Scenario, gib: float) -> Scenario:
+    """`scenario` with a cluster-shared KV store of `gib` GiB for the whole cluster (0: none)."""
+    if gib < 0 or not math.isfinite(gib):
+        raise ScenarioError(f"shared_kv_gib must be a number of GiB >= 0, got {gib!r}")
+    if "shared_kv_bytes" not in type(scenario.engine).model_fields:
+        if gib == 0:
+            return scenario
+        # NOTE: SGLang's HiCache storage backends (its L3: Mooncake, 3FS, file) are not modelled.
+        raise ScenarioError(f"shared_kv_gib: engine.kind {scenario.engine.kind!r} has no cluster-shared KV tier in "
+                            "kvsim (only vllm)")
+    return scenario.with_overrides(**{"engine.shared_kv_bytes": int(round(gib * GIB))})
+
+
+def shared_kv_gib(scenario: Scenario) -> float:
+    """The scenario's cluster-shared KV store in GiB (0 when it has none)."""
+    return scenario.shared_kv_bytes / GIB
 
 
 def with_kv_gib(scenario: Scenario, gib: float) -> Scenario:

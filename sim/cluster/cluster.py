@@ -8,10 +8,11 @@ import simpy
 
 from sim.cluster.device import Device
 from sim.cluster.host_link import HostLinkQueue
+from sim.cluster.network_link import NetworkLinkQueue, StoreBandwidth
 from sim.cluster.reuse import ReuseLedger
 from sim.cluster.worker import Worker
-from sim.engines.interface import CacheListener, EngineLoad, ServedRequest
-from sim.engines.registry import build_engine
+from sim.engines.interface import CacheListener, EngineLoad, ServedRequest, SharedTier
+from sim.engines.registry import build_engine, build_shared_store
 from sim.results.records import RequestRecord, WorkerCounters
 from sim.routing.interface import PrefixState, PrefixStateSpec, Router
 from sim.routing.prefix_state import build_prefix_state
@@ -45,6 +46,12 @@ class Cluster:
         self._response_delay_s = scenario.cluster.response_overhead_s
         self.devices: list[Device] = []
         self.workers: list[Worker] = []
+        shared_store = store_bandwidth = None
+        if scenario.shared_kv_bytes:
+            # NOTE: one store for the cluster; each device reaches it over its own NIC (sim/cluster/network_link.py).
+            shared_store = build_shared_store(scenario.engine, kv_bytes_per_token=scenario.model.kv_bytes_per_token)
+            if scenario.engine.shared_link.store_bandwidth is not None:
+                store_bandwidth = StoreBandwidth(bandwidth_bytes_per_s=scenario.engine.shared_link.store_bandwidth)
         for dev in scenario.cluster.devices():
             device = Device(env, dev.name, speed=dev.speed, sharing_efficiency=dev.sharing_efficiency,
                             num_workers=dev.workers, cores=dev.cores)
@@ -55,9 +62,14 @@ class Cluster:
                 bandwidth, latency = scenario.device_host_link(dev)
                 # NOTE: the workers sharing a device share its link.
                 link = HostLinkQueue(bandwidth_bytes_per_s=bandwidth, latency_s=latency)
+            shared_tier = None
+            if shared_store is not None:
+                bandwidth, latency, overhead = scenario.device_shared_link(dev)
+                shared_tier = SharedTier(shared_store, NetworkLinkQueue(
+                    bandwidth_bytes_per_s=bandwidth, latency_s=latency, overhead_s=overhead, store=store_bandwidth))
             for _ in range(dev.workers):
                 engine = build_engine(scenario.engine, kv_bytes_per_token=scenario.model.kv_bytes_per_token,
-                                      host_link=link)
+                                      host_link=link, shared_tier=shared_tier)
                 worker = Worker(
                     env, len(self.workers), engine, device, time_model,
                     on_first_token=self._first_token, on_finished=self._finished, fast_forward=fast_forward,

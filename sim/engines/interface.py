@@ -57,6 +57,12 @@ class ServedRequest:
     With a CPU tier it includes the tokens loaded from it."""
     num_cpu_hit_tokens: int = 0
     """Of the first admission's hit, the tokens loaded from the CPU (host) tier (vLLM's `host` source)."""
+    num_shared_hit_tokens: int = 0
+    """Of the first admission's hit, the tokens loaded from a cluster-shared KV store (never in the same request as
+    `num_cpu_hit_tokens`: a request loads from one tier, vLLM's MultiConnector rule)."""
+    tier_load_s: float = 0.0
+    """Of the first admission, the seconds from the step that admitted it with a tier hit to the step that promoted
+    its loaded blocks (the load's share of its TTFT; 0 without a tier hit)."""
     admitted_s: float | None = None
     first_token_s: float | None = None
     finished_s: float | None = None
@@ -141,6 +147,15 @@ class RemoteKvSource(Protocol):
         request; an engine that holds the whole prompt itself calls it with 0 (nothing moves: the prefill worker
         may free its copy)."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class SharedTier:
+    """What a worker's engine needs of a cluster-shared KV store: the store itself, built once for the cluster by
+    its engine class (`EngineClass.shared_store`) and opaque outside the engine, and this worker's link to it."""
+
+    store: object
+    link: HostLink
 
 
 class DecodeStretch(Protocol):
@@ -230,6 +245,16 @@ class EngineCounters:
     """Blocks loaded back from the host tier (vLLM `kv_offload_load_bytes` / block bytes)."""
     cpu_evicted_blocks: int = 0
     """Blocks evicted from the host tier to make room."""
+    shared_stored_blocks: int = 0
+    """Blocks this worker copied to a cluster-shared KV store (0 without one)."""
+    shared_loaded_blocks: int = 0
+    """Blocks this worker loaded from the shared store."""
+    shared_evicted_blocks: int = 0
+    """Blocks evicted from the shared store to make room for this worker's stores."""
+    shared_link_bytes: int = 0
+    """Bytes this worker moved over its network link to the shared store, both directions."""
+    host_link_bytes: int = 0
+    """Bytes this worker moved over its host link for the host tier, both directions."""
 
 
 # ---------------------------------------------------------------------------------------------- cache events
@@ -410,4 +435,7 @@ class EngineClass(Protocol):
     Spec: ClassVar[type]
 
     def __call__(self, spec: EngineSpec, *, kv_bytes_per_token: int, host_link: HostLink | None = None) -> Engine: ...
+
+    # NOTE: an engine with a cluster-shared KV tier (vLLM) also takes `shared_tier: SharedTier` and has
+    # `shared_store(spec, kv_bytes_per_token) -> object`; the registry calls them only when a scenario has one.
 

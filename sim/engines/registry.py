@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
-from sim.engines.interface import Engine, EngineClass, EngineSpec, HostLink
+from sim.engines.interface import Engine, EngineClass, EngineSpec, HostLink, SharedTier
 from sim.engines.sglang.spec import SglangEngineSpec
 from sim.engines.vllm.spec import VllmEngineSpec
 
@@ -49,9 +49,24 @@ ENGINES = _registry(
 )
 
 
-def build_engine(spec: EngineSpec, *, kv_bytes_per_token: int, host_link: HostLink | None = None) -> Engine:
-    """The engine of `spec.kind`, built from its spec; `host_link` times a host KV tier's copies, if it has one."""
-    return ENGINES[spec.kind].engine_class()(spec, kv_bytes_per_token=kv_bytes_per_token, host_link=host_link)
+def build_engine(spec: EngineSpec, *, kv_bytes_per_token: int, host_link: HostLink | None = None,
+                 shared_tier: SharedTier | None = None) -> Engine:
+    """The engine of `spec.kind`, built from its spec; `host_link` times a host KV tier's copies, if it has one;
+    `shared_tier` is the cluster-shared KV store and this worker's link to it, if the scenario has one."""
+    cls = ENGINES[spec.kind].engine_class()
+    if shared_tier is None:
+        return cls(spec, kv_bytes_per_token=kv_bytes_per_token, host_link=host_link)
+    return cls(spec, kv_bytes_per_token=kv_bytes_per_token, host_link=host_link, shared_tier=shared_tier)
 
 
-__all__ = ["ENGINES", "EngineEntry", "build_engine"]
+def build_shared_store(spec: EngineSpec, *, kv_bytes_per_token: int) -> object:
+    """The cluster-shared KV store of `spec` (one per cluster), built by its engine class; ValueError for an engine
+    kind without one."""
+    cls = ENGINES[spec.kind].engine_class()
+    make = getattr(cls, "shared_store", None)
+    if make is None:
+        raise ValueError(f"engine.kind {spec.kind!r} has no cluster-shared KV tier in kvsim (only vllm)")
+    return make(spec, kv_bytes_per_token)
+
+
+__all__ = ["ENGINES", "EngineEntry", "build_engine", "build_shared_store"]

@@ -6,13 +6,22 @@ import math
 from collections.abc import Callable
 from typing import ClassVar
 
-from sim.engines.interface import (EngineCounters, EngineLoad, HostLink, RemoteKvSource, StepOutcome, StepPlan,
-                                   StepTimeModel)
+from sim.engines.interface import (
+    EngineCounters,
+    EngineLoad,
+    HostLink,
+    RemoteKvSource,
+    SharedTier,
+    StepOutcome,
+    StepPlan,
+    StepTimeModel,
+)
 from sim.engines.vllm.behaviour import VllmBehaviour
 from sim.engines.vllm.decode_stretch import DecodeStretch
 from sim.engines.vllm.kv_cache_manager import KVCacheManager
 from sim.engines.vllm.offload.connector import OffloadingConnector
 from sim.engines.vllm.offload.cpu_manager import CpuOffloadingManager
+from sim.engines.vllm.offload.multi import MultiConnector, MultiTransfers
 from sim.engines.vllm.offload.transfers import HostTransfers
 from sim.engines.vllm.request_state import RequestState
 from sim.engines.vllm.scheduler import Scheduler, SchedulerLimits
@@ -31,7 +40,15 @@ class VllmEngine:
     kind: ClassVar[str] = "vllm"
     Spec: ClassVar[type[VllmEngineSpec]] = VllmEngineSpec
 
-    def __init__(self, spec: VllmEngineSpec, *, kv_bytes_per_token: int, host_link: HostLink | None = None) -> None:
+    @staticmethod
+    def shared_store(spec: VllmEngineSpec, kv_bytes_per_token: int) -> CpuOffloadingManager:
+        """The cluster-shared KV store of `spec` (`engine.shared_kv_bytes`): one manager every worker's shared
+        connector uses (sim/engines/vllm/offload/multi.py)."""
+        return CpuOffloadingManager(spec.num_shared_chunks(kv_bytes_per_token),
+                                    eviction_policy=spec.shared_eviction_policy)
+
+    def __init__(self, spec: VllmEngineSpec, *, kv_bytes_per_token: int, host_link: HostLink | None = None,
+                 shared_tier: SharedTier | None = None) -> None:
         behaviour = VllmBehaviour.for_version(spec.vllm_version)
         self.spec = spec
         self.cache = KVCacheManager(
@@ -39,16 +56,30 @@ class VllmEngine:
             max_model_len=spec.max_model_len, unhashed_to_head=behaviour.unhashed_to_head,
             free_tail_first=spec.free_order == "tail-first",
         )
-        self.connector: OffloadingConnector | None = None
-        self.transfers: HostTransfers | None = None
+        self.connector: OffloadingConnector | MultiConnector | None = None
+        self.transfers: HostTransfers | MultiTransfers | None = None
+        self._bytes_per_block = spec.block_size * kv_bytes_per_token
+        host = None
         if spec.cpu_kv_bytes:
             if host_link is None:
                 raise ValueError("engine.cpu_kv_bytes needs a host link to time its copies")
             manager = CpuOffloadingManager(spec.num_cpu_chunks(kv_bytes_per_token),
                                            eviction_policy=spec.cpu_eviction_policy)
-            self.connector = OffloadingConnector(manager, block_size=spec.block_size,
-                                                 bytes_per_block=spec.block_size * kv_bytes_per_token)
-            self.transfers = HostTransfers(self.connector, host_link)
+            host = OffloadingConnector(manager, block_size=spec.block_size, bytes_per_block=self._bytes_per_block)
+        if spec.shared_kv_bytes:
+            if shared_tier is None:
+                raise ValueError("engine.shared_kv_bytes needs the cluster's shared store and a network link")
+            assert isinstance(shared_tier.store, CpuOffloadingManager)
+            shared = OffloadingConnector(shared_tier.store, block_size=spec.block_size,
+                                         bytes_per_block=self._bytes_per_block, medium="SHARED",
+                                         defer_on_pending=False)
+            # NOTE: vLLM's MultiConnector order [host, shared]: a request loads from the first tier with a hit.
+            tiers, links = ([host, shared], [host_link, shared_tier.link]) if host else ([shared], [shared_tier.link])
+            self.connector = MultiConnector(tiers)
+            self.transfers = MultiTransfers(self.connector, links)
+        elif host is not None:
+            self.connector = host
+            self.transfers = HostTransfers(host, host_link)
         self.scheduler = Scheduler(SchedulerLimits(spec.max_num_batched_tokens, spec.max_num_seqs, spec.max_model_len),
                                    self.cache, behaviour, self.connector)
         # NOTE: `Engine.schedule` is the scheduler's own method: the worker calls it every step, and binding it
@@ -131,12 +162,23 @@ class VllmEngine:
     def counters(self) -> EngineCounters:
         evicted = self.cache.num_evicted_blocks
         c = self.connector
+        tiers = {}
+        if isinstance(c, MultiConnector):
+            for tier, counts in zip(c.tiers, c.counters):
+                name = "cpu" if tier.medium == "CPU" else "shared"
+                tiers[f"{name}_stored_blocks"] = counts.num_stored_chunks
+                tiers[f"{name}_loaded_blocks"] = counts.num_loaded_chunks
+                tiers[f"{name}_evicted_blocks"] = counts.num_evicted_chunks
+        elif c is not None:
+            tiers = {"cpu_stored_blocks": c.counters.num_stored_chunks,
+                     "cpu_loaded_blocks": c.counters.num_loaded_chunks, "cpu_evicted_blocks": c.num_evicted_chunks}
+        B = self._bytes_per_block
         return EngineCounters(prefix_cache=self.cache.stats.copy(), evicted_blocks=evicted,
                               evicted_tokens=evicted * self.cache.block_size,
-                              preemptions=self.scheduler.num_preemptions,
-                              cpu_stored_blocks=0 if c is None else c.counters.num_stored_chunks,
-                              cpu_loaded_blocks=0 if c is None else c.counters.num_loaded_chunks,
-                              cpu_evicted_blocks=0 if c is None else c.num_evicted_chunks)
+                              preemptions=self.scheduler.num_preemptions, **tiers,
+                              host_link_bytes=B * (tiers.get("cpu_stored_blocks", 0) + tiers.get("cpu_loaded_blocks", 0)),
+                              shared_link_bytes=B * (tiers.get("shared_stored_blocks", 0)
+                                                     + tiers.get("shared_loaded_blocks", 0)))
 
     def next_background_s(self) -> float | None:
         remote_s = self.scheduler.next_remote_load_s()

@@ -27,6 +27,8 @@ class RequestState(ServedRequest):
     remote_kv: RemoteKvSource | None = None
     """P/D decode side: where the prompt's KV comes from (vLLM `kv_transfer_params.do_remote_prefill`); cleared
     once the request asked for it (a preempted request recomputes, as vLLM clears do_remote_prefill)."""
+    load_admitted_s: float | None = None
+    """When the first admission's tier load was created (for `tier_load_s`); None: no tier hit yet."""
 
     @property
     def is_finished(self) -> bool:

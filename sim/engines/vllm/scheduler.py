@@ -15,6 +15,7 @@ from sim.engines.interface import EngineLoad, StepOutcome, StepPlan
 from sim.engines.vllm.behaviour import VllmBehaviour
 from sim.engines.vllm.kv_cache_manager import KVCacheManager
 from sim.engines.vllm.offload.connector import ConnectorStep, OffloadingConnector
+from sim.engines.vllm.offload.multi import MultiConnector
 from sim.engines.vllm.request_state import RequestState
 
 
@@ -47,7 +48,7 @@ class Scheduler:
     """
 
     def __init__(self, limits: SchedulerLimits, kv: KVCacheManager, behaviour: VllmBehaviour,
-                 connector: OffloadingConnector | None = None) -> None:
+                 connector: OffloadingConnector | MultiConnector | None = None) -> None:
         self.limits = limits
         self.kv = kv
         self.behaviour = behaviour
@@ -246,7 +247,11 @@ class Scheduler:
                 if behaviour.stats_at_admission_only:
                     self._record_lookup(state, num_gpu_hit, preempted_before)
                 if not preempted_before and state.num_cached_tokens is None:
-                    state.num_cpu_hit_tokens = num_ext
+                    if connector.chosen_medium(state) == "SHARED":
+                        state.num_shared_hit_tokens = num_ext
+                    else:
+                        state.num_cpu_hit_tokens = num_ext
+                    state.load_admitted_s = now_s
                 state.num_computed_tokens = num_gpu_hit + num_ext
                 state.loading = True
                 self._inflight_prefills.add(state)
@@ -274,6 +279,9 @@ class Scheduler:
                 # NOTE: a load reaching the prompt's end recomputes its last token: the request's cached tokens
                 # are one fewer than it loaded (vLLM's connector still counts the load in full).
                 state.num_cpu_hit_tokens = min(state.num_cpu_hit_tokens, computed)
+                state.num_shared_hit_tokens = min(state.num_shared_hit_tokens, computed)
+                if state.load_admitted_s is not None:
+                    state.tier_load_s = now_s - state.load_admitted_s
                 state.admitted_s = now_s
             plan.admitted.append(state)
             plan.num_scheduled_tokens[state] = num_new

@@ -11,6 +11,26 @@ from sim.engines.vllm.behaviour import DEFAULT_VLLM_VERSION, parse_version
 from sim.engines.vllm.math_utils import cdiv
 
 
+class SharedLinkSpec(ConfigModel):
+    """A worker's network path to the cluster-shared KV store (`sim.cluster.network_link`); the defaults are kvsim's
+    assumptions for an RDMA store such as Mooncake Store (docs/concepts/kv-tiers.md, section "Defaults")."""
+
+    bandwidth: float = Field(
+        2.2e10, gt=0, allow_inf_nan=False,
+        description="Bytes/s per direction of one device's NIC to the store: 2.2e10 = a 200 Gb/s RDMA NIC per GPU "
+                    "at ~88 % of line rate (Mooncake's Transfer Engine reports 87 GB/s over 4 x 200 Gb/s NICs).")
+    latency_s: float = Field(2e-5, ge=0, allow_inf_nan=False,
+                             description="Network latency per copy (pipelined: it does not hold the NIC's queue).")
+    overhead_s: float = Field(
+        1e-4, ge=0, allow_inf_nan=False,
+        description="Per-transfer cost that holds the NIC's queue: the store's metadata lookup or allocation and "
+                    "the transfer's set-up (Mooncake: a master RPC per get/put batch).")
+    store_bandwidth: float | None = Field(
+        None, gt=0, allow_inf_nan=False,
+        description="The store's aggregate bytes/s per direction, shared by every worker's copies (its memory "
+                    "nodes' NICs); null: not a bottleneck.")
+
+
 class VllmEngineSpec(ConfigModel):
     """vLLM v1 with prefix caching (`sim/engines/vllm/`); defaults are `vllm serve`'s for GPUs under 70 GiB."""
 
@@ -37,6 +57,17 @@ class VllmEngineSpec(ConfigModel):
         "lru", description="The host tier's eviction policy (kv_connector_extra_config eviction_policy): vLLM's "
                            "default lru (request-scoped recency), or arc (adaptive replacement: chunks seen once "
                            "vs reused, with ghost lists), both as in vLLM 0.33.0's CPU offloading manager.")
+    shared_kv_bytes: int = Field(
+        0, ge=0,
+        description="A cluster-shared KV store in bytes, one capacity for the whole cluster (Mooncake Store, an "
+                    "LMCache server, Dynamo's G3): every worker writes its prompts' full blocks through to it and "
+                    "loads what any worker stored, over its device's network link (shared_link); 0: none. With a "
+                    "host tier too, the two chain as vLLM's MultiConnector [host, shared]: a request loads from the "
+                    "first tier with a hit (docs/concepts/kv-tiers.md).")
+    shared_eviction_policy: Literal["lru", "arc"] = Field(
+        "lru", description="The shared store's eviction policy, the host tier's managers' lru or arc.")
+    shared_link: SharedLinkSpec = Field(default_factory=SharedLinkSpec,
+                                        description="Each device's network link to the shared store.")
     free_order: Literal["tail-first", "head-first"] = Field(
         "tail-first",
         description="Order a finished request's blocks enter the free queue: vLLM's tail-first, or the naive-LRU "
@@ -64,6 +95,11 @@ class VllmEngineSpec(ConfigModel):
         block bytes rounded up to the 4 KiB page) (`CS` 106-130)."""
         block_bytes = self.block_size * kv_bytes_per_token
         return self.cpu_kv_bytes // (-(-block_bytes // 4096) * 4096)
+
+    def num_shared_chunks(self, kv_bytes_per_token: int) -> int:
+        """The shared store's chunks (one GPU block each), counted as the host tier counts its own."""
+        block_bytes = self.block_size * kv_bytes_per_token
+        return self.shared_kv_bytes // (-(-block_bytes // 4096) * 4096)
 
     def capacity_tokens(self, kv_bytes_per_token: int) -> int:
         """Usable token slots: every block but the null block."""

@@ -108,8 +108,16 @@ class OffloadingConnector:
       store on a reallocated block is then flushed).
     """
 
-    def __init__(self, manager: CpuOffloadingManager, *, block_size: int, bytes_per_block: int) -> None:
+    def __init__(self, manager: CpuOffloadingManager, *, block_size: int, bytes_per_block: int,
+                 medium: str = "CPU", defer_on_pending: bool = True) -> None:
         self.manager = manager
+        self.medium = medium
+        """The tier's medium as its KV events name it (vLLM `BlockStored.medium`: "CPU" for this connector's host
+        tier; kvsim names a cluster-shared store "SHARED", sim/engines/vllm/offload/multi.py)."""
+        self.defer_on_pending = defer_on_pending
+        """A lookup reaching a chunk whose store is in flight defers the request (vLLM's OffloadingConnector, `OS`
+        788-796); False: the chunk is a miss and the hit stops before it (a shared store, whose put is visible
+        only once written: sim/engines/vllm/offload/multi.py)."""
         self.block_size = block_size
         self.bytes_per_block = bytes_per_block
         self.counters = OffloadCounters()
@@ -148,6 +156,10 @@ class OffloadingConnector:
         """Chunks the CPU tier evicted to make room so far (its manager's count)."""
         return self.manager.counters().num_evicted_chunks
 
+    def chosen_medium(self, state: RequestState) -> str:
+        """The medium a hit of this connector loads from (one tier: its own)."""
+        return self.medium
+
     def job(self, job_id: int) -> TransferJob:
         return self._jobs[job_id]
 
@@ -184,7 +196,7 @@ class OffloadingConnector:
         pending = False
         for h in state.block_hashes(start, num_chunks):
             result = manager.lookup(h)
-            if result is LookupResult.MISS:
+            if result is LookupResult.MISS or (result is LookupResult.HIT_PENDING and not self.defer_on_pending):
                 break
             hits += 1
             pending |= result is LookupResult.HIT_PENDING
