@@ -158,6 +158,7 @@ def run(scenario: Scenario, stream: RequestStream | None = None, *, fast_forward
         measured_end_s=marks["end_s"],
         slo=scenario.slo.to_slo(),
         **pool_figures(scenario, cluster, marks),
+        shared_tier=scenario.shared_kv_bytes > 0,
     )
 
 

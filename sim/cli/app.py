@@ -218,6 +218,40 @@ def on_cpu_kv(scenario: Scenario, gib: float | None) -> Scenario:
         raise click.ClickException(str(err).removeprefix("Value error, ")) from None
 
 
+# --- the cluster-shared KV store (--shared-kv-gib) ----------------------------------------------------------------
+SHARED_KV_HELP = ("Cluster-shared KV store in GiB, one capacity for the whole cluster (Mooncake Store, an LMCache "
+                  "server, Dynamo G3; vLLM engine only): every worker writes its prompts' full blocks through to it "
+                  "and loads what any worker stored over its device's network link (engine.shared_link); with "
+                  "--cpu-kv-gib the tiers chain as vLLM's MultiConnector [host, shared] (docs/concepts/kv-tiers.md); "
+                  "0 = none. Default: the scenario's (engine.shared_kv_bytes).")
+
+
+def shared_kv_option(command: Callable) -> Callable:
+    """`--shared-kv-gib GIB` (parameter `shared_kv_gib`); apply it with `on_shared_kv`."""
+    return click.option("--shared-kv-gib", "shared_kv_gib", type=click.FloatRange(min=0), callback=finite_float,
+                        default=None, help=SHARED_KV_HELP)(command)
+
+
+def on_shared_kv(scenario: Scenario, gib: float | None) -> Scenario:
+    """`scenario` with `--shared-kv-gib` applied (unchanged without it), or a one-line error."""
+    from sim.scenario import with_shared_kv_gib
+
+    if gib is None:
+        return scenario
+    try:
+        return with_shared_kv_gib(scenario, gib)
+    except (ScenarioError, ValueError) as err:
+        raise click.ClickException(str(err).removeprefix("Value error, ")) from None
+
+
+def shared_kv_columns(scenario: Scenario) -> dict[str, float]:
+    """The summary row's `shared_kv_gib` column when `scenario` has a shared store (else none: the row keeps its
+    columns)."""
+    from sim.scenario import shared_kv_gib
+
+    return {"shared_kv_gib": shared_kv_gib(scenario)} if scenario.shared_kv_bytes else {}
+
+
 def _gpu_option(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[str, int] | None:
     from sim.timing.hardware import parse_gpu
 
@@ -291,6 +325,9 @@ def setup_text(scenario: Scenario, kv: str = "the scenario's", workers: Iterable
     host = getattr(engine, "num_cpu_chunks", None)
     tier = (f", host KV {host(scenario.model.kv_bytes_per_token):,} blocks/worker ({cpu_kv_gib(scenario):g} GiB)"
             if host is not None and scenario.cpu_kv_bytes else "")
+    if scenario.shared_kv_bytes:
+        tier += (f", shared KV {engine.num_shared_chunks(scenario.model.kv_bytes_per_token):,} blocks "
+                 f"({scenario.shared_kv_bytes / GIB:g} GiB for the cluster)")
     return (f"{scenario.model.name} on {_hardware_text(scenario, workers)}, {engine.kind} {engine.version}, "
             f"KV {scenario.num_blocks:,} blocks/worker ({_kv_gib(scenario):.3g} GiB, {kv}){tier}; time model "
             f"{scenario.time_model_origin()}")

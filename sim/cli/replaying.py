@@ -12,6 +12,7 @@ import click
 from sim.cli.app import (
     CPU_KV_HELP, ENGINE_HELP, SHARED_FIRST_BLOCK, SLO_HELP, UsageExit, checked_out_dir, console, err_console,
     executor_options, fmt, hit_rates_legend, load_or_exit, main, on_cpu_kv, on_engine, one_engine, open_executor_or_exit, positional_or_option, progress_bar,
+    on_shared_kv, shared_kv_columns, shared_kv_option,
     router_list, scenario_option, setup_text, slo_option, with_slo,
 )
 from sim.cli.render import Table, format_option
@@ -168,11 +169,23 @@ def _show_inference(index) -> None:
         f"per session {sizes}; gaps {gaps}", highlight=False)
 
 
-def _requests_csv(records, session_trace) -> bytes:
+def _shared_tier_columns(scenario, result) -> dict[str, float | int]:
+    """A replay's shared-store columns: the store's GiB, its hit rates and the engines' shared-store counters (the
+    replay's streaming stats keep no per-request TTFT split)."""
+    from sim.results.records import total_counters
+
+    st, engine = result.stats, total_counters(result.workers)
+    return {**shared_kv_columns(scenario), "shared_hit_rate": st.shared_hit_rate,
+            "shared_prefix_reuse": st.shared_prefix_reuse, "shared_stored_blocks": engine.shared_stored_blocks,
+            "shared_loaded_blocks": engine.shared_loaded_blocks, "shared_evicted_blocks": engine.shared_evicted_blocks,
+            "shared_link_bytes": engine.shared_link_bytes, "host_link_bytes": engine.host_link_bytes}
+
+
+def _requests_csv(records, session_trace, *, shared_tier: bool = False) -> bytes:
     """requests.csv of a replay, by request id; with a session trace, each request's parent's request id, its gap
     (the closed-loop delay after its parent finished) and its parent's finish time (empty for a first turn)."""
     records = sorted(records, key=lambda r: r.request_id)
-    rows, columns = request_rows(records)
+    rows, columns = request_rows(records, shared_tier=shared_tier)
     if session_trace is not None:
         finished = {r.request_id: r.finished_s for r in records}
         for row in rows:
@@ -271,12 +284,13 @@ def trace_overrides(base: Scenario, *, block_size: int | None, kv_tokens: int | 
                    "sent: turn it off for traces of millions of requests to keep memory bounded by the caches.")
 @click.option("--slo", callback=slo_option, default=None, help=SLO_HELP)
 @click.option("--cpu-kv-gib", "cpu_kv_gib", type=click.FloatRange(min=0), default=None, help=CPU_KV_HELP)
+@shared_kv_option
 @executor_options
 @format_option("the row of summary.csv")
 @pd_options
 def replay(trace_file, trace_path, workers, kv_tokens, kv_blocks, kv_bytes, router, engine, scenario_path, trace_fmt,
            session_timing, infer_sessions, common_requests, block_size, trace_block_size, speed, limit, bin_s, out_dir, write_requests, jobs,
-           reuse_breakdown, slo, cpu_kv_gib, executor_kind, dask_scheduler, prefill_workers=None,
+           reuse_breakdown, slo, cpu_kv_gib, shared_kv_gib, executor_kind, dask_scheduler, prefill_workers=None,
            decode_workers=None) -> None:
     """Replay a JSONL trace and report prefix reuse, TTFT and throughput.
 
@@ -325,7 +339,7 @@ def replay(trace_file, trace_path, workers, kv_tokens, kv_blocks, kv_bytes, rout
         raise UsageExit(f"--sessions is for session traces ({', '.join(SESSION_FORMATS)}) or --infer-sessions; this "
                         f"trace is {kind} (independent requests, open loop)")
     sessions_of_trace = kind != "mooncake" or infer_sessions
-    base = on_cpu_kv(with_slo(trace_base(scenario_path, engine), slo), cpu_kv_gib)
+    base = on_shared_kv(on_cpu_kv(with_slo(trace_base(scenario_path, engine), slo), cpu_kv_gib), shared_kv_gib)
     if sessions_of_trace and block_size is None:
         tb = trace_block_size or _session_block_tokens(trace, kind)
         if tb % base.engine.block_size:
@@ -366,6 +380,8 @@ def replay(trace_file, trace_path, workers, kv_tokens, kv_blocks, kv_bytes, rout
         "kv_tokens_per_worker": scenario.capacity_tokens,
         # NOTE: only with sessions, so that a replay without them keeps its columns.
         **(sessions.row() if sessions is not None else {}),
+        # NOTE: only with a shared store, likewise.
+        **(_shared_tier_columns(scenario, result) if scenario.shared_kv_bytes else {}),
     }
     kv = next((f"--{name}" for name, value in (("kv-tokens", kv_tokens), ("kv-blocks", kv_blocks),
                                                 ("kv-bytes", kv_bytes)) if value is not None), "the scenario's")
@@ -413,6 +429,7 @@ def replay(trace_file, trace_path, workers, kv_tokens, kv_blocks, kv_bytes, rout
             write_atomic(out / name, data)
         if write_requests:
             turns["requests.csv"] = b""
-            write_atomic(out / "requests.csv", _requests_csv(result.records, session_trace))
+            write_atomic(out / "requests.csv", _requests_csv(result.records, session_trace,
+                                                                shared_tier=scenario.shared_kv_bytes > 0))
         written = [str(out / name) for name in ("summary.csv", "workers.csv", "replay.png", *turns)]
         console.print(f"wrote {', '.join(written[:-1])} and {written[-1]}")

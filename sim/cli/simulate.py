@@ -13,7 +13,8 @@ from sim.studies.analytic import formula_hit_rate
 from sim.cli.app import (
     CPU_KV_DETAIL, CPU_KV_HELP, ENGINE_HELP, SLO_HELP, capacity_text, checked_out_dir, console, engine_list,
     executor_options, fmt, gib_list, hardware_options, hit_rates_legend, int_list, kv_origin, kv_rule_note,
-    load_or_exit, main, on_cpu_kv, on_engine, on_hardware, one_engine, positional_or_option, reference_measurements,
+    load_or_exit, main, on_cpu_kv, on_engine, on_hardware, on_shared_kv, one_engine, positional_or_option,
+    reference_measurements, shared_kv_columns, shared_kv_option,
     router_list, scenario_option, setup_text, slo_option, with_slo, workload_keys, workload_text,
 )
 from sim.cli import render
@@ -43,6 +44,7 @@ from sim.routing.spec import format_value, router_label, router_overrides
 @click.option("--cpu-kv-gib", "cpu_kv_gib", callback=gib_list, default=None,
               help="Host (CPU) KV tiers per worker to sweep, in GiB, comma-separated (e.g. 0,16); each is "
                    + CPU_KV_DETAIL)
+@shared_kv_option
 @click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True, help="Runs per point; repeat r uses seed + r.")
 @click.option("--seed", type=int, default=None, help="Base seed. Default: the scenario's.")
 @executor_options
@@ -58,8 +60,8 @@ from sim.routing.spec import format_value, router_label, router_overrides
 @format_option("the rows of summary.csv (a row per run)")
 @pd_options
 @click.pass_context
-def sweep(ctx, scenario_path, prefixes, workers, concurrency, routers, engines, cpu_kv_gib, repeats, seed, jobs,
-          executor_kind, dask_scheduler, slo, model, gpu, kv_gib, out_dir, resume, prefill_workers=None,
+def sweep(ctx, scenario_path, prefixes, workers, concurrency, routers, engines, cpu_kv_gib, shared_kv_gib, repeats,
+          seed, jobs, executor_kind, dask_scheduler, slo, model, gpu, kv_gib, out_dir, resume, prefill_workers=None,
           decode_workers=None) -> None:
     """Run a grid of points and compare the hit rate with the formula and the measurements.
 
@@ -76,10 +78,13 @@ def sweep(ctx, scenario_path, prefixes, workers, concurrency, routers, engines, 
     from sim.studies.sweep import sweep_points
 
     base, path = load_or_exit(scenario_path, gpu, shared_prefix="sweep")
-    base = on_pd(on_hardware(with_slo(base, slo), model, gpu, kv_gib), prefill_workers, decode_workers)
+    base = on_shared_kv(on_pd(on_hardware(with_slo(base, slo), model, gpu, kv_gib), prefill_workers, decode_workers),
+                        shared_kv_gib)
     if base.cluster.disaggregation is not None and workers and workers != [base.cluster.workers]:
         raise click.UsageError(f"--workers: a disaggregated cluster has prefill + decode workers "
                                f"({base.cluster.workers}); give the pools with --prefill-workers/--decode-workers")
+    for kind in engines or ():
+        on_shared_kv(on_engine(base, kind), shared_kv_gib)  # a one-line error for an engine without a shared store
     measurements = reference_measurements(base, path)
     reference = measured(measurements, "request_hit_rate")
     points = sweep_points(
@@ -121,7 +126,7 @@ def sweep(ctx, scenario_path, prefixes, workers, concurrency, routers, engines, 
         key = (row["workers"], row["prefixes"], row["concurrency"])
         # NOTE: the reference was measured with the scenario's own router, engine and host tier (none).
         ours = (row["router"] == base.router.name and row["engine"] == base.engine.kind
-                and float(row.get("cpu_kv_gib", 0.0)) == cpu_kv_gib_of(base))
+                and float(row.get("cpu_kv_gib", 0.0)) == cpu_kv_gib_of(base) and not base.shared_kv_bytes)
         meas = reference.get(key) if ours else None
         hit = float(row["request_hit_rate"])
         sd = f" ±{row['request_hit_rate_sd']:.3f}" if repeats > 1 else ""
@@ -193,6 +198,7 @@ def sweep(ctx, scenario_path, prefixes, workers, concurrency, routers, engines, 
               "Default: the scenario's.")
 @click.option("--engine", callback=one_engine, default=None, help=ENGINE_HELP)
 @click.option("--cpu-kv-gib", "cpu_kv_gib", type=click.FloatRange(min=0), default=None, help=CPU_KV_HELP)
+@shared_kv_option
 @click.option("--seed", type=int, default=None, help="Seed. Default: the scenario's.")
 @click.option("--slo", callback=slo_option, default=None, help=SLO_HELP)
 @hardware_options
@@ -201,8 +207,8 @@ def sweep(ctx, scenario_path, prefixes, workers, concurrency, routers, engines, 
                    "with sessions also DIR/turns.csv (a row per turn).")
 @format_option("the row of summary.csv")
 @pd_options
-def run_command(scenario_file, scenario_path, prefixes, workers, concurrency, router, engine, cpu_kv_gib, seed, slo,
-                model, gpu, kv_gib, out_dir, prefill_workers=None, decode_workers=None) -> None:
+def run_command(scenario_file, scenario_path, prefixes, workers, concurrency, router, engine, cpu_kv_gib,
+                shared_kv_gib, seed, slo, model, gpu, kv_gib, out_dir, prefill_workers=None, decode_workers=None) -> None:
     """Run one point of a scenario and print its summary.
 
     The scenario is SCENARIO or --scenario FILE (default: the built-in service-baseline); goodput counts the
@@ -221,6 +227,7 @@ def run_command(scenario_file, scenario_path, prefixes, workers, concurrency, ro
     if base.cluster.disaggregation is not None and workers is not None and workers != base.cluster.workers:
         raise click.UsageError(f"--workers: a disaggregated cluster has prefill + decode workers "
                                f"({base.cluster.workers}); give the pools with --prefill-workers/--decode-workers")
+    base = on_shared_kv(base, shared_kv_gib)
     overrides: dict = {k: v for k, v in {"cluster.workers": workers, "seed": seed}.items() if v is not None}
     if base.has_sessions:
         if prefixes is not None:
@@ -246,7 +253,7 @@ def run_command(scenario_file, scenario_path, prefixes, workers, concurrency, ro
     row = {"workers": result.num_workers, "prefixes": prefixes_key,
            "concurrency": concurrency_key, "router": router_label(scenario.router.name, scenario.router.options),
            "engine": scenario.engine.kind, "cpu_kv_gib": host_gib, "repeat": 0, "seed": scenario.seed,
-           **summary.row()}
+           **summary.row(), **shared_kv_columns(scenario)}
     kv = kv_origin(model, gpu, kv_gib)
     table = Table(title=f"{scenario.name}: {setup_text(scenario, kv)}; {result.num_workers} workers, "
                         f"{workload_text(scenario)}, router={scenario.router.name}, seed={scenario.seed}")
@@ -287,7 +294,7 @@ def run_command(scenario_file, scenario_path, prefixes, workers, concurrency, ro
     if out_dir:
         out = Path(out_dir)
         write_atomic(out / "summary.csv", csv_bytes([row], columns))
-        records, record_columns = request_rows(result.records)
+        records, record_columns = request_rows(result.records, shared_tier=result.shared_tier)
         write_atomic(out / "requests.csv", csv_bytes(records, record_columns))
         turns = turn_files(summary.session_figures)
         for name, data in turns.items():

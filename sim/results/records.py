@@ -76,6 +76,12 @@ class RequestRecord:
     """Of the TTFT, the prefill: admission to the first token on the worker that prefilled."""
     ttft_transfer_s: float = 0.0
     """Of the TTFT, the KV transfer: its start to its end (on the decode worker's inbound link)."""
+    shared_cached_tokens: int = 0
+    """Of `cached_tokens`, those loaded from a cluster-shared KV store (a request loads from one tier only, so
+    never with `cpu_cached_tokens`)."""
+    tier_load_s: float = 0.0
+    """The load-from-tier part of the TTFT: from the step that admitted the request with a tier hit (host or shared)
+    to the step that promoted its loaded blocks (0 without a tier hit)."""
 
     @property
     def ttft_s(self) -> float:
@@ -107,10 +113,20 @@ class RequestRecord:
         """Part of the hit came from the host tier (a load-back): its TTFT includes the copy."""
         return self.cpu_cached_tokens > 0
 
+    @property
+    def is_shared_hit(self) -> bool:
+        """Part of the hit came from the cluster-shared store: its TTFT includes the copy over the network."""
+        return self.shared_cached_tokens > 0
+
+    @property
+    def tier_cached_tokens(self) -> int:
+        """Of `cached_tokens`, those loaded from a tier beyond the GPU (host or shared store)."""
+        return self.cpu_cached_tokens + self.shared_cached_tokens
+
     # --- the session's context at this request's arrival -----------------------------------------------------------
     #
     #     prompt:  | context_tokens (earlier turns' prompt + output blocks) | this turn's new tokens |
-    #     cached:  | GPU part (cached - cpu_cached) | CPU part (cpu_cached) |
+    #     cached:  | GPU part (cached - tier_cached) | host or shared part (tier_cached) |
     #
     # The hit is a prefix of the prompt and its GPU part a prefix of the hit (the host tier loads the continuation),
     # so the context found is min(hit, context) and the context the GPU alone held is min(GPU part, context).
@@ -123,7 +139,7 @@ class RequestRecord:
     @property
     def gpu_context_hit_tokens(self) -> int:
         """Of `context_tokens`, those found on the GPU (without the host tier's load-back)."""
-        return min(self.cached_tokens - self.cpu_cached_tokens, self.context_tokens)
+        return min(self.cached_tokens - self.tier_cached_tokens, self.context_tokens)
 
     @property
     def reprefill_tokens(self) -> int:
@@ -138,7 +154,7 @@ class RequestRecord:
     @property
     def gpu_context_survived(self) -> bool:
         """The request has a context and found all of it on the GPU, without the host tier's help."""
-        return self.context_tokens > 0 and self.cached_tokens - self.cpu_cached_tokens >= self.context_tokens
+        return self.context_tokens > 0 and self.cached_tokens - self.tier_cached_tokens >= self.context_tokens
 
     @property
     def is_full_hit(self) -> bool:
@@ -176,6 +192,8 @@ class RequestRecord:
             session_id=req.session_id,
             turn=req.turn,
             context_tokens=req.num_context_tokens,
+            shared_cached_tokens=state.num_shared_hit_tokens,
+            tier_load_s=state.tier_load_s,
         )
 
 
@@ -306,6 +324,8 @@ class RunResult:
     """A disaggregated run's (prefill workers, decode workers): workers 0..P-1 prefill; None: aggregated."""
     pool_utilisation: tuple[float, float] = (0.0, 0.0)
     """A disaggregated run's device busy time per pool over (its devices x the measured phase): (prefill, decode)."""
+    shared_tier: bool = False
+    """The run had a cluster-shared KV store (its summary then has the shared tier's columns)."""
 
     @property
     def measured(self) -> tuple[RequestRecord, ...]:

@@ -68,25 +68,41 @@ REQUEST_SESSION_COLUMNS = ("session_id", "turn", "context_tokens")
 PD_RECORD_COLUMNS = ("pd_prefill_worker", "transfer_tokens", "ttft_queue_s", "ttft_prefill_s", "ttft_transfer_s")
 """requests.csv's P/D columns, written only for a disaggregated run (an aggregated run's file is as before)."""
 
+SHARED_TIER_COLUMNS = (
+    "shared_kv_gib", "shared_hit_rate", "shared_token_hit_rate", "ttft_shared_hit_p50_ms", "ttft_shared_hit_p99_ms",
+    "tier_load_p50_ms", "tier_load_p99_ms", "shared_stored_blocks", "shared_loaded_blocks", "shared_evicted_blocks",
+    "shared_link_bytes", "host_link_bytes",
+)
+"""The cluster-shared KV store's columns (`Summary.shared_tier_row` and the store's GiB), appended to the summary's
+only when a row has a shared store (`summary_columns`), so that a summary without one keeps its columns."""
+
+REQUEST_TIER_COLUMNS = ("shared_cached_tokens", "tier_load_s")
+"""The record's shared-store fields, appended to `requests.csv` only for a run with a shared store."""
+
 
 def summary_columns(rows: Sequence[dict[str, object]]) -> tuple[str, ...]:
     """The columns of a summary of `rows`: `SUMMARY_COLUMNS`, then `SESSION_COLUMNS` when a row has sessions, then
-    `PD_COLUMNS` when a row is of a disaggregated run."""
+    `PD_COLUMNS` when a row is of a disaggregated run, then `SHARED_TIER_COLUMNS` when a row has a shared store."""
     return (SUMMARY_COLUMNS + (SESSION_COLUMNS if any("sessions" in row for row in rows) else ())
-            + (PD_COLUMNS if any("transfer_p50_ms" in row for row in rows) else ()))
+            + (PD_COLUMNS if any("transfer_p50_ms" in row for row in rows) else ())
+            + (SHARED_TIER_COLUMNS if any("shared_kv_gib" in row for row in rows) else ()))
 
 
-def request_rows(records: Sequence[RequestRecord]) -> tuple[list[dict[str, object]], list[str]]:
+def request_rows(records: Sequence[RequestRecord], *, shared_tier: bool = False
+                 ) -> tuple[list[dict[str, object]], list[str]]:
     """The rows and columns of `requests.csv`: a record's fields, its TTFT, E2E and TPOT in ms, then its session
-    fields when any request belongs to a session."""
+    fields when any request belongs to a session, then its shared-store fields with `shared_tier`."""
     rows = [asdict(r) | {"ttft_ms": r.ttft_s * 1000, "e2e_ms": r.e2e_s * 1000,
                          "tpot_ms": float("nan") if r.tpot_s is None else r.tpot_s * 1000}
             for r in records]
-    columns = [c for c in rows[0] if c not in REQUEST_SESSION_COLUMNS and c not in PD_RECORD_COLUMNS] if rows else []
+    late = REQUEST_SESSION_COLUMNS + PD_RECORD_COLUMNS + REQUEST_TIER_COLUMNS
+    columns = [c for c in rows[0] if c not in late] if rows else []
     if any(r.session_id is not None for r in records):
         columns += REQUEST_SESSION_COLUMNS
     if any(r.pd_prefill_worker >= 0 for r in records):
         columns += PD_RECORD_COLUMNS
+    if shared_tier:
+        columns += REQUEST_TIER_COLUMNS
     return rows, columns
 
 AGGREGATED_COLUMNS = (

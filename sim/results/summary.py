@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from functools import reduce
 
 from sim.engines.interface import EngineCounters
@@ -56,13 +56,24 @@ class HitRates:
 
     @property
     def gpu_hit_rate(self) -> float:
-        """Requests whose whole hit was on the GPU / requests (with `cpu_hit_rate`: `request_hit_rate`)."""
-        return ratio(self.hit_requests - self.cpu_hit_requests, self.requests)
+        """Requests whose whole hit was on the GPU / requests (with `cpu_hit_rate` and `shared_hit_rate`:
+        `request_hit_rate`)."""
+        return ratio(self.hit_requests - self.cpu_hit_requests - self.shared_hit_requests, self.requests)
 
     @property
     def cpu_hit_rate(self) -> float:
         """Requests that loaded part of their hit from the host (CPU) KV tier / requests."""
         return ratio(self.cpu_hit_requests, self.requests)
+
+    @property
+    def shared_hit_rate(self) -> float:
+        """Requests that loaded part of their hit from the cluster-shared KV store / requests."""
+        return ratio(self.shared_hit_requests, self.requests)
+
+    @property
+    def shared_prefix_reuse(self) -> float:
+        """Prompt tokens loaded from the shared store / prompt tokens (part of `prefix_reuse`)."""
+        return ratio(self.shared_cached_tokens, self.prompt_tokens)
 
     @property
     def prefix_reuse(self) -> float:
@@ -177,9 +188,15 @@ class HitCounts(HitRates):
     """Of those, tokens cached at each request's first admission."""
     cpu_cached_tokens: int = 0
     """Of `cached_tokens`, those loaded from the host tier."""
+    shared_hit_requests: int = 0
+    """Requests whose hit came partly from the cluster-shared KV store."""
+    shared_cached_tokens: int = 0
+    """Of `cached_tokens`, those loaded from the shared store."""
 
     def add(self, r: RequestRecord) -> None:
         self.requests += 1
+        self.shared_hit_requests += r.is_shared_hit
+        self.shared_cached_tokens += r.shared_cached_tokens
         self.hit_requests += r.is_hit
         self.full_hit_requests += r.is_full_hit
         self.cpu_hit_requests += r.is_cpu_hit
@@ -362,6 +379,10 @@ class RequestCounts(HitRates):
     """Requests whose hit came partly from the host (CPU) KV tier."""
     cpu_cached_tokens: int = 0
     """Of `cached_tokens`, those loaded from the host tier."""
+    shared_hit_requests: int = 0
+    """Requests whose hit came partly from a cluster-shared KV store."""
+    shared_cached_tokens: int = 0
+    """Of `cached_tokens`, those loaded from the shared store."""
 
     @property
     def rate_span_s(self) -> float:
@@ -442,6 +463,15 @@ class Summary(RequestRates):
     """Measured requests whose hit came partly from the host tier."""
     cpu_cached_tokens: int = 0
     """Prompt tokens loaded from the host tier (part of `cached_tokens`)."""
+    shared_hit_requests: int = 0
+    """Measured requests whose hit came partly from the cluster-shared KV store."""
+    shared_cached_tokens: int = 0
+    """Prompt tokens loaded from the shared store (part of `cached_tokens`)."""
+    shared_tier: bool = False
+    """The run had a cluster-shared KV store: `row()` then appends `SHARED_TIER_COLUMNS`."""
+    tier_load_ms: dict[str, float] = field(default_factory=dict)
+    """The load-from-tier part of the TTFT (`RequestRecord.tier_load_s`) over the measured requests that loaded
+    from a tier (host or shared): keys p50, p99; NaN without one."""
     session_figures: SessionFigures | None = None
     """Of the measured requests that belong to sessions (None: none does): per-session and per-turn figures."""
     pd_figures: PdFigures | None = None
@@ -512,6 +542,24 @@ class Summary(RequestRates):
             **(self.session_figures.row() if self.session_figures is not None else {}),
             # NOTE: only for a disaggregated run, likewise.
             **(self.pd_figures.row() if self.pd_figures is not None else {}),
+            # NOTE: only with a shared store, likewise (`shared_kv_gib` itself comes from the caller's row).
+            **(self.shared_tier_row() if self.shared_tier else {}),
+        }
+
+    def shared_tier_row(self) -> dict[str, float | int]:
+        """The cluster-shared store's columns (`SHARED_TIER_COLUMNS` but `shared_kv_gib`): its hits, TTFT of its
+        hits, the load-from-tier part of TTFT, blocks stored, loaded and evicted, bytes over each link."""
+        engine = self.engine
+        return {
+            "shared_hit_rate": self.shared_hit_rate,
+            "shared_token_hit_rate": self.shared_prefix_reuse,
+            **{f"ttft_shared_hit_p{q}_ms": self.ttft_ms[f"shared_hit_p{q}"] for q in (50, 99)},
+            **{f"tier_load_p{q}_ms": self.tier_load_ms[f"p{q}"] for q in (50, 99)},
+            "shared_stored_blocks": engine.shared_stored_blocks,
+            "shared_loaded_blocks": engine.shared_loaded_blocks,
+            "shared_evicted_blocks": engine.shared_evicted_blocks,
+            "shared_link_bytes": engine.shared_link_bytes,
+            "host_link_bytes": engine.host_link_bytes,
         }
 
 
@@ -524,8 +572,10 @@ def summarize(result: RunResult) -> Summary:
     ttft_all = [r.ttft_s for r in measured]
     ttft_hit = [r.ttft_s for r in measured if r.is_hit]
     ttft_miss = [r.ttft_s for r in measured if not r.is_hit]
-    ttft_gpu_hit = [r.ttft_s for r in measured if r.is_hit and not r.is_cpu_hit]
+    ttft_gpu_hit = [r.ttft_s for r in measured if r.is_hit and not r.is_cpu_hit and not r.is_shared_hit]
     ttft_cpu_hit = [r.ttft_s for r in measured if r.is_cpu_hit]
+    ttft_shared_hit = [r.ttft_s for r in measured if r.is_shared_hit]
+    tier_load = [r.tier_load_s for r in measured if r.tier_cached_tokens]
     per_worker = [0] * result.num_workers
     for r in measured:
         per_worker[r.worker] += 1
@@ -542,7 +592,8 @@ def summarize(result: RunResult) -> Summary:
             for prefix, values in (("", ttft_all), ("hit_", ttft_hit), ("miss_", ttft_miss))
             for q in (50, 90, 99)
         } | {f"{tier}_hit_p{q}": _percentile_ms(values, q)
-             for tier, values in (("gpu", ttft_gpu_hit), ("cpu", ttft_cpu_hit)) for q in (50, 99)},
+             for tier, values in (("gpu", ttft_gpu_hit), ("cpu", ttft_cpu_hit), ("shared", ttft_shared_hit))
+             for q in (50, 99)},
         requests_per_worker=tuple(per_worker),
         slo=slo,
         slo_met_requests=sum(1 for r in measured if slo.met_by(r)),
@@ -558,6 +609,10 @@ def summarize(result: RunResult) -> Summary:
         view_false_tokens=sum(max(0, r.believed_tokens - r.held_tokens) for r in measured),
         cpu_hit_requests=sum(1 for r in measured if r.is_cpu_hit),
         cpu_cached_tokens=sum(r.cpu_cached_tokens for r in measured),
+        shared_hit_requests=sum(1 for r in measured if r.is_shared_hit),
+        shared_cached_tokens=sum(r.shared_cached_tokens for r in measured),
+        shared_tier=result.shared_tier,
+        tier_load_ms={f"p{q}": _percentile_ms(tier_load, q) for q in (50, 99)},
         session_figures=SessionFigures.of(measured),
         pd_figures=None if result.pools is None else PdFigures.of(
             measured, prefill_workers=result.pools[0], decode_workers=result.pools[1],

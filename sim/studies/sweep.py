@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from sim.results.records import TtftSamples
 from sim.routing.spec import router_overrides
 from sim.runner import build_router, run
-from sim.scenario import Scenario, cpu_kv_gib, with_cpu_kv_gib
+from sim.scenario import Scenario, cpu_kv_gib, shared_kv_gib, with_cpu_kv_gib
 from sim.results.summary import summarize
 from sim.studies.executor import Executor, LocalExecutor, available_cores, using
 
@@ -87,6 +87,8 @@ def run_point(base: Scenario, point: SweepPoint) -> PointOutcome:
         "router": point.router, "engine": scenario.engine.kind, "cpu_kv_gib": cpu_kv_gib(scenario),
         "repeat": point.repeat, "seed": point.seed,
         **summary.row(),
+        # NOTE: only with a shared store, so that a sweep without one keeps its columns.
+        **({"shared_kv_gib": shared_kv_gib(scenario)} if scenario.shared_kv_bytes else {}),
     }
     return PointOutcome(point, row, TtftSamples.of(result.measured))
 
