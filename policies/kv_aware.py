@@ -12,12 +12,20 @@ Default cost. For each worker w, B the block size (tokens), ISL the prompt token
     overlap_w          = the request's leading blocks cached on w, up to w's first miss (`RadixTree::find_matches`:
                          a worker drops out of the walk at the first node it lacks)
     raw_prefill_w      = (active_prefill_tokens_w + ISL) / B          # `raw_prefill_blocks`; ISL/B is not rounded
-    credit_w           = overlap_score_credit * overlap_w             # host/disk tiers, shared cache: none here
+    credit_w           = overlap_score_credit * overlap_w             # + tiers, below
     adjusted_prefill_w = max(raw_prefill_w - credit_w, 0)
     decode_w           = active_blocks_w + new_blocks_w               # `potential_decode_blocks`
     cost_w             = prefill_load_scale * adjusted_prefill_w + decode_w
 argmin with uniform random ties (reservoir sampling) at temperature 0; at T > 0 softmax over
 `-(c - c_min) / (T (c_max - c_min))` (uniform if all costs are equal), first w whose cumulative p >= u.
+Tiers (Dynamo's tiered matches; `cache_hit_estimates_from_tiered_matches` and `router_credit_blocks` in
+`lib/llm/src/kv_router.rs`, defaults in `lib/kv-router/src/scheduling/config.rs`), read from the tiers' KV events
+(`sim.routing.tier_index.TierIndex`) only when a weight is set:
+
+    credit_w += host_cache_hit_weight * host_extension_w              # host-tier blocks right after the GPU match
+              + shared_cache_multiplier * max(0, shared - overlap_w)  # the shared store's leading run beyond it
+Dynamo's defaults are 0.75 and 0; kvsim's host weight defaults to 0, so that routing stays on GPU hits unless the
+option is set (`kv-aware:host_cache_hit_weight=0.75`). The disk tier (`disk_cache_hit_weight`) has no kvsim tier.
 With the defaults (credit 1, scale 1) this equals the older `overlap_score_weight * (P + ISL - overlap*B)/B + decode`
 with weight 1, bit for bit when B is a power of two (every term is then an exact float).
 Deprecated `overlap_score_weight = x`: `prefill_load_scale = x`, and x = 0 also sets `overlap_score_credit = 0`
@@ -100,6 +108,7 @@ from policies.active_blocks import ActiveBlocks
 from policies.base import PrefixStateOptions, RouterBase
 from sim.routing.interface import ClusterView, PrefixStateSpec
 from sim.routing.knobs import FloatKnob
+from sim.routing.tier_index import TierIndex
 from sim.workloads.request import Request
 
 
@@ -120,6 +129,8 @@ class KvAwareOptions(PrefixStateOptions):
     session_affinity_mode: Literal["hard", "soft"] = Field("hard", description="How a live binding is used (Dynamo --router-session-affinity-mode): hard pins the worker; soft passes it as a target the default cost keeps while eligible and lmetric ignores (then the binding follows the dispatch).")
     router_track_active_blocks: bool = Field(True, description="Count the workers' active (in-flight) blocks in the cost (Dynamo router_track_active_blocks); false: the prefill term alone, as Dynamo's prefill-pool router in disaggregated serving.")
     router_assume_kv_reuse: bool = Field(True, description="A request's blocks already active on a worker are not new there (Dynamo router_assume_kv_reuse); false: every block counts as new, as Dynamo's decode-pool router.")
+    host_cache_hit_weight: float = Field(0.0, ge=0, description="Credit per block of a worker's host (CPU) tier that extends its GPU match, from the tier's KV events (Dynamo --router-host-cache-hit-weight, default 0.75 there; kvsim's 0 routes on GPU hits only, as before tiers were indexed).")
+    shared_cache_multiplier: float = Field(0.0, ge=0, description="Credit per block the cluster-shared store holds beyond a worker's GPU match (Dynamo shared_cache_multiplier, default 0).")
     enable_session_prefix_index: bool = Field(False, description="Dynamo --enable-session-prefix-index: a per-session lineage index written after routing, read by KV-hint policies, not by the cost (kvsim routes the same).")
 
     @model_validator(mode="after")
@@ -191,6 +202,7 @@ class KvAwareRouter(RouterBase):
             self.prefill_load_scale = opts.overlap_score_weight
             if opts.overlap_score_weight == 0:
                 self.overlap_score_credit = 0.0
+        self._tiers: TierIndex | None = None
         self._prefill_tokens = [0] * self.num_workers
         self._active = [ActiveBlocks() for _ in range(self.num_workers)]
         self._pending_prefill: dict[int, int] = {}
@@ -201,6 +213,11 @@ class KvAwareRouter(RouterBase):
         self._leases: dict[int, tuple[int, int]] = {}  # request id -> (session, the binding version it took)
         self._binding_versions = 0
         self._next_reap_s = 0.0
+
+    def bind(self, view: ClusterView) -> None:
+        super().bind(view)
+        opts = self.options
+        self._tiers = TierIndex(view) if opts.host_cache_hit_weight or opts.shared_cache_multiplier else None
 
     def prefix_state_spec(self) -> PrefixStateSpec:
         opts = self.options
@@ -229,16 +246,28 @@ class KvAwareRouter(RouterBase):
         costs = []
         hashes = request.block_hashes
         track_active, assume_reuse = self.options.router_track_active_blocks, self.options.router_assume_kv_reuse
+        tier_credit = self._tier_credit(request, overlap) if self._tiers is not None else None
         for w in range(self.num_workers):
             active = self._active[w]
             raw_prefill_blocks = (self._prefill_tokens[w] + isl) / B
-            adjusted_prefill_blocks = max(raw_prefill_blocks - credit * overlap[w], 0.0)
+            credit_blocks = credit * overlap[w] if tier_credit is None else credit * overlap[w] + tier_credit[w]
+            adjusted_prefill_blocks = max(raw_prefill_blocks - credit_blocks, 0.0)
             if not track_active:
                 costs.append(scale * adjusted_prefill_blocks)
                 continue
             new_blocks = len(hashes) - active.held(hashes) if assume_reuse else len(hashes)
             costs.append(scale * adjusted_prefill_blocks + len(active) + new_blocks)
         return costs, overlap
+
+    def _tier_credit(self, request: Request, overlap: list[int]) -> list[float]:
+        """Per worker the credit of its tiers beyond the GPU match (Dynamo `router_credit_blocks` less the device
+        term, `lib/llm/src/kv_router.rs`): host_cache_hit_weight x host extension + shared_cache_multiplier x the
+        shared store's blocks beyond the device match."""
+        tiers, keys = self._tiers, self.view.cache_block_keys(request)
+        host_w, shared_w = self.options.host_cache_hit_weight, self.options.shared_cache_multiplier
+        shared = tiers.shared_blocks(keys) if shared_w else 0
+        return [host_w * tiers.host_extension_blocks(w, keys, overlap[w]) + shared_w * max(0, shared - overlap[w])
+                for w in range(self.num_workers)]
 
     def _lmetric_scores(self, request: Request, overlap: list[int]) -> list[float]:
         B, isl = self.block_size, request.prompt_tokens

@@ -142,6 +142,7 @@ from policies.base import LoadOptions, RouterBase, session_key
 from sim.routing.interface import ClusterView, PrefixState, PrefixStateSpec
 from sim.routing.routing_history import RoutingHistory
 from sim.routing.knobs import FloatKnob
+from sim.routing.tier_index import TierIndex
 from sim.workloads.request import Request
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -184,6 +185,8 @@ class LlmdOptions(LoadOptions):
     event_loss: float = Field(0.0, ge=0, lt=1, description="precise: probability that each KV event is lost.")
     speculative_indexing: bool = Field(False, description="precise producer speculativeIndexing: index the router's own choices too.")
     speculative_ttl_s: float = Field(2.0, gt=0, description="precise producer speculativeTTL.")
+    cpu_tier_weight: float = Field(0.0, ge=0, description="precise: weight of a block found only in the worker's host (CPU) tier, from the tier's KV events (kvCacheBackendConfigs cpu, 0.8 in llm-d; kvsim's 0 scores GPU blocks only, as before tiers were indexed).")
+    shared_tier_weight: float = Field(0.0, ge=0, description="precise: weight of a block found only in the cluster-shared store (a pool: pseudo-pod tier, e.g. lmcache-l2-<backend>: no llm-d default, set explicitly).")
     precise_normalization: Literal["ratio", "min_max"] = Field(
         "ratio", description="precise score: min(depth/blocks, 1) (since PR #1107, 2026-05-14) or min-max over the hit pods (before).")
     # ---- scorer parameters
@@ -290,6 +293,7 @@ class LlmdRouter(RouterBase):
         o = self.options
         self._approx: _ApproxIndex | None = None
         self._precise: PrefixState | None = None
+        self._tiers: TierIndex | None = None
         self._inflight_tokens = [0] * self.num_workers
         self._pending_tokens: dict[int, tuple[int, int]] = {}
         self._cold: dict[int, bool] = {}
@@ -316,6 +320,9 @@ class LlmdRouter(RouterBase):
     def bind(self, view: ClusterView) -> None:
         super().bind(view)
         self._precise = self.prefix
+        o = self.options
+        self._tiers = (TierIndex(view) if o.prefix_cache == "precise" and (o.cpu_tier_weight or o.shared_tier_weight)
+                       else None)
         if self._needs_approx:
             o = self.options
             engine_block = view.cache_block_size() if o.auto_tune else 0
@@ -478,6 +485,12 @@ class LlmdRouter(RouterBase):
         block = view.cache_block_size()
         depths = [t // block for t in self.prefix_tokens(request)]
         full_blocks = len(view.cache_block_keys(request))
+        if self._tiers is not None:
+            # NOTE: llm-d's LongestPrefixScorer walks on through blocks held on any medium, each at the largest
+            # weight among its media (`pkg/kvcache/kvblock_scorer.go` fillMainWeights); the GPU's weight is 1.
+            keys, o = view.cache_block_keys(request), self.options
+            weights = {"GPU": 1.0, "CPU": o.cpu_tier_weight, "SHARED": o.shared_tier_weight}
+            depths = [self._tiers.weighted_depth(w, keys, d, weights) for w, d in enumerate(depths)]
         if self.options.precise_normalization == "ratio":
             return [min(d / full_blocks, 1.0) if full_blocks else 0.0 for d in depths]
         hits = [d for d in depths if d > 0]

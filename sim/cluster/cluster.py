@@ -143,6 +143,13 @@ class Cluster:
     def subscribe_cache(self, worker: int, listener: CacheListener) -> None:
         self.workers[worker].engine.cache.subscribe(listener)
 
+    def subscribe_tier_events(self, worker: int, listener: CacheListener) -> None:
+        """Receive `worker`'s KV tier events (`CacheEvent.medium` set) from now on; nothing for an engine without
+        tiers."""
+        subscribe = getattr(self.workers[worker].engine, "subscribe_tiers", None)
+        if subscribe is not None:
+            subscribe(listener)
+
     def prefix_state(self, spec: PrefixStateSpec) -> PrefixState:
         # NOTE: each state draws its event losses from a stream of its own, so losses do not shift routing draws.
         self._num_prefix_states += 1

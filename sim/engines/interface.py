@@ -285,6 +285,11 @@ class CacheEvent(NamedTuple):
     parent_hash: BlockHash | None = None
     block_size: int = 0
     """Tokens per block (page) of `block_hashes`."""
+    medium: str | None = None
+    """Where the blocks live: None for the engine's own (GPU) cache; a KV tier's events name theirs, as vLLM's
+    `BlockStored.medium` does ("CPU" for the host tier; kvsim's cluster-shared store is "SHARED"). Tier events go
+    only to tier subscribers (`sim.engines.vllm.engine.VllmEngine.subscribe_tiers`), never to `PrefixCache`
+    subscribers."""
 
 
 CacheListener = Callable[[Sequence[CacheEvent], float], None]

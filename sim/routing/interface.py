@@ -132,6 +132,9 @@ class ClusterView(Protocol):
         """A new prefix state of `spec`'s kind over this cluster (each router replica builds its own)."""
         ...
 
+    # NOTE: a view may also have `subscribe_tier_events(worker, listener)`: `worker`'s KV tier events (host tier,
+    # shared store; `CacheEvent.medium` set), which `sim.routing.tier_index.TierIndex` reads when it exists.
+
 
 class Router(Protocol):
     """A routing policy. `route` picks a worker index; the hooks let it keep its own state (load, history).

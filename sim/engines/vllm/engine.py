@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import ClassVar
 
 from sim.engines.interface import (
+    CacheListener,
     EngineCounters,
     EngineLoad,
     HostLink,
@@ -80,6 +81,7 @@ class VllmEngine:
         elif host is not None:
             self.connector = host
             self.transfers = HostTransfers(host, host_link)
+        self._tier_listeners: list[CacheListener] = []
         self.scheduler = Scheduler(SchedulerLimits(spec.max_num_batched_tokens, spec.max_num_seqs, spec.max_model_len),
                                    self.cache, behaviour, self.connector)
         # NOTE: `Engine.schedule` is the scheduler's own method: the worker calls it every step, and binding it
@@ -137,7 +139,34 @@ class VllmEngine:
             outcome = self.scheduler.update_from_output(plan, now_s, finished_jobs=transfers.end_step(now_s))
         # NOTE: vLLM's engine core takes the step's KV events after processing its output.
         self.cache.publish(now_s)
+        if self._tier_listeners:
+            self._publish_tiers(now_s)
         return outcome
+
+    @property
+    def tier_connectors(self) -> list[OffloadingConnector]:
+        """The connectors of the engine's KV tiers, in chain order (none without a tier)."""
+        c = self.connector
+        return [] if c is None else list(c.tiers) if isinstance(c, MultiConnector) else [c]
+
+    def subscribe_tiers(self, listener: CacheListener) -> None:
+        """Publish the KV tiers' events (`CacheEvent.medium` set) to `listener` after each step, after the GPU
+        cache's (vLLM appends the connector's events to the step's batch). Nothing is recorded until someone
+        subscribes."""
+        for tier in self.tier_connectors:
+            if tier.events is None:
+                tier.events = []
+        self._tier_listeners.append(listener)
+
+    def _publish_tiers(self, now_s: float) -> None:
+        batch = []
+        for tier in self.tier_connectors:
+            if tier.events:
+                batch.extend(tier.events)
+                tier.events.clear()
+        if batch:
+            for listener in self._tier_listeners:
+                listener(batch, now_s)
 
     def plan_decode_stretch(self, time_model: StepTimeModel, *, speed: float, now_s: float) -> DecodeStretch | None:
         s = self.scheduler
@@ -157,6 +186,8 @@ class VllmEngine:
             done = self.transfers.seen_by(stretch.start_s + stretch.elapsed_s(num_steps - 1))
             if done:
                 self.scheduler.complete_transfers(done)
+                if self._tier_listeners:
+                    self._publish_tiers(now_s)
         return finished
 
     def counters(self) -> EngineCounters:

@@ -137,3 +137,23 @@ def test_the_network_link_queues_per_direction_and_the_store_bandwidth_is_shared
     # The other direction is free; the same NIC's next load queues behind its first (overhead holds the queue).
     assert nic1.copy_done_s(to_device=False, start_s=0.0, num_bytes=1_000_000) == pytest.approx(1.003)
     assert nic1.copy_done_s(to_device=True, start_s=0.0, num_bytes=0) == pytest.approx(2.003)
+
+
+def test_tiers_publish_their_events_with_their_medium_to_tier_subscribers_only():
+    # Host tier + a 6-chunk store. X's 4 chunks are stored in both when the stores complete (vLLM's BlockStored
+    # medium "CPU", queued at complete_store); the store's eviction for Y is a removed event of medium "SHARED",
+    # queued in the schedule() whose offer needed the room. The GPU cache's subscribers hear only GPU events.
+    store, (a, b) = _workers(2, shared_blocks=6, cpu_blocks=32)
+    tier_events, gpu_events = [], []
+    for engine in (a, b):
+        engine.subscribe_tiers(lambda batch, now_s: tier_events.extend((e.kind, e.medium, e.block_hashes)
+                                                                        for e in batch))
+        engine.cache.subscribe(lambda batch, now_s: gpu_events.extend(batch))
+    _, t = _serve(a, 0, 70, prefix=1, t=0.0)
+    x = tuple((1, i) for i in range(4))
+    assert sorted(tier_events) == [("stored", "CPU", x), ("stored", "SHARED", x)]
+    tier_events.clear()
+    _serve(b, 1, 70, prefix=2, t=t)
+    y = tuple((2, i) for i in range(4))
+    assert tier_events == [("removed", "SHARED", ((1, 3), (1, 2))), ("stored", "CPU", y), ("stored", "SHARED", y)]
+    assert gpu_events and all(e.medium is None for e in gpu_events)

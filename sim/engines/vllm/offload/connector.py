@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from sim.engines.interface import PrefixCacheStats
+from sim.engines.interface import CacheEvent, PrefixCacheStats
 from sim.engines.vllm.offload.cpu_manager import CpuOffloadingManager, LookupResult
 from sim.engines.vllm.request_state import RequestState
 
@@ -132,6 +132,9 @@ class OffloadingConnector:
         """Requests whose last store offer found no room: they offer again at their next step."""
         self._block_fences: dict[int, set[int]] = {}
         """GPU block id -> in-flight store jobs reading it, for requests that have finished (`OS` 2336-2376)."""
+        self.events: list[CacheEvent] | None = None
+        """The tier's KV events since they were last taken, once someone subscribed (None: not recorded): stored
+        chunks when their store completes, evicted ones when a store offer evicts them (rules §5.2)."""
 
     # ------------------------------------------------------------------ state
     @property
@@ -311,6 +314,8 @@ class OffloadingConnector:
         st.next_stored_chunk = num_chunks
         if out.evicted_chunk_hashes:
             step.evicted.append((state, out.evicted_chunk_hashes))
+            if self.events is not None:
+                self.events.append(CacheEvent("removed", out.evicted_chunk_hashes, None, B, self.medium))
         if not out.chunk_hashes_to_store:
             return
         stored = set(out.chunk_hashes_to_store)
@@ -350,6 +355,8 @@ class OffloadingConnector:
             hashes = [state.block_hash(i) for i in job.chunk_indices]
             if job.is_store:
                 manager.complete_store(hashes)
+                if self.events is not None:
+                    self.events.append(CacheEvent("stored", tuple(hashes), None, self.block_size, self.medium))
             else:
                 manager.complete_load(hashes)
                 self._chunks_being_loaded.difference_update(hashes)
