@@ -65,3 +65,36 @@ def test_replay_with_a_shared_store(tmp_path):
 def test_bad_shared_kv_input_is_one_line(args, message):
     res = CliRunner().invoke(main, args)
     assert res.exit_code != 0 and message in res.output and "Traceback" not in res.output
+
+
+def _scenario_with(tmp_path, engine_lines: str):
+    """The built-in scenario with `engine_lines` added to its engine section."""
+    from sim.scenario import builtin_scenario_path
+
+    text = builtin_scenario_path().read_text()
+    assert "\nengine:\n" in text
+    path = tmp_path / "tiered.yaml"
+    path.write_text(text.replace("\nengine:\n", "\nengine:\n" + engine_lines, 1))
+    return path
+
+
+def test_the_scenario_form_sets_the_store_and_its_link(tmp_path):
+    path = _scenario_with(tmp_path, "  shared_kv_bytes: 68719476736\n"
+                                    "  shared_link: {bandwidth: 1.1e10, overhead_s: 0.0}\n")
+    res = invoke("run", "--scenario", str(path), "--prefixes", "24", "--workers", "6", "--router", "random",
+                 "--out", str(tmp_path / "out"))
+    assert res.exit_code == 0, res.output
+    row = next(csv.DictReader((tmp_path / "out" / "summary.csv").open()))
+    assert float(row["shared_kv_gib"]) == 64 and float(row["request_hit_rate"]) > 0.99
+    # Half the default bandwidth and no overhead: a 127-block load takes 1.835 MB x 127 / 1.1e10 + 20 us.
+    assert float(row["tier_load_p50_ms"]) >= 127 * 16 * 114688 / 1.1e10 * 1000
+
+
+@pytest.mark.parametrize("lines, message", [
+    ("  shared_kv_bytes: -1\n", "engine.shared_kv_bytes"),
+    ("  shared_link: {bandwidth: 0}\n", "engine.shared_link.bandwidth"),
+    ("  shared_eviction_policy: fifo\n", "engine.shared_eviction_policy"),
+])
+def test_a_bad_scenario_store_is_one_line(tmp_path, lines, message):
+    res = CliRunner().invoke(main, ["run", "--scenario", str(_scenario_with(tmp_path, lines))])
+    assert res.exit_code != 0 and message in res.output and "Traceback" not in res.output
