@@ -69,6 +69,7 @@ class MultiConnector:
         self._chosen: dict[RequestState, int] = {}
         """The tier each request's last lookup chose to load from (`MC` `_requests_to_connector`)."""
         self.counters = [TierCounters() for _ in self.tiers]
+        self._shared = [t for t in self.tiers if t.medium == "SHARED"]
 
     # ------------------------------------------------------------------ state
     @property
@@ -77,7 +78,10 @@ class MultiConnector:
 
     @property
     def blocks_decode_stretch(self) -> bool:
-        return any(t.blocks_decode_stretch for t in self.tiers)
+        """A tier's own reasons, or a copy to or from the shared store in flight: other workers read the store,
+        and a store that completes inside a stretch would become visible to them only at its end (step by step it
+        is taken at the first step that sees it), so a worker with shared copies in flight steps one at a time."""
+        return any(t.blocks_decode_stretch for t in self.tiers) or any(t.has_jobs for t in self._shared)
 
     @property
     def has_work(self) -> bool:
