@@ -183,3 +183,15 @@ def test_fast_forward_is_exact_with_a_shared_store_under_pressure(cpu_gib):
     assert [r.first_token_s for r in fast.records] == pytest.approx([r.first_token_s for r in slow.records])
     assert fast.workers == slow.workers
     assert sum(r.shared_cached_tokens > 0 for r in slow.records) > 50
+
+
+def test_a_replay_with_a_shared_store_never_splits_over_processes():
+    # Every worker reads what the others stored: a random-routed replay that would split over 3 processes stays one.
+    from sim.replay import device_groups
+    from sim.scenario import load_scenario, with_shared_kv_gib
+    from tests.support.paths import SCENARIOS
+
+    s, _ = load_scenario(SCENARIOS / "trace-replay.yaml")
+    s = s.with_overrides(**{"cluster.workers": 8, "router.name": "random", "router.options": {}})
+    assert len(device_groups(s, 3)) == 3
+    assert device_groups(with_shared_kv_gib(s, 8), 3) == [frozenset(range(8))]
