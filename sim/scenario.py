@@ -396,6 +396,15 @@ class Scenario(ConfigModel):
         return bandwidth * spec.tensor_parallel, latency
 
     @model_validator(mode="after")
+    def _shared_store_is_aggregated_only(self) -> Scenario:
+        # NOTE: a P/D cluster's workers are built by sim/cluster/disaggregated.py, which gives them no shared store.
+        if self.cluster.disaggregation is not None and any(
+                getattr(self.pool_engine(stage), "shared_kv_bytes", 0) for stage in ("prefill", "decode")):
+            raise ValueError("engine.shared_kv_bytes: a cluster-shared KV store with prefill/decode pools "
+                             "(cluster.disaggregation) is not modelled; give one or the other")
+        return self
+
+    @model_validator(mode="after")
     def _host_tier_needs_a_link(self) -> Scenario:
         if self.cpu_kv_bytes:
             for dev in self.all_devices():

@@ -61,6 +61,8 @@ def test_replay_with_a_shared_store(tmp_path):
     (["run", "--engine", "sglang", "--shared-kv-gib", "4"], "has no cluster-shared KV tier"),
     (["sweep", "--prefixes", "2", "--engine", "vllm,sglang", "--shared-kv-gib", "4"], "has no cluster-shared KV tier"),
     (["replay", str(TRACES / "conversation_head400.jsonl"), "--shared-kv-gib", "x"], "--shared-kv-gib"),
+    (["run", "--prefill-workers", "2", "--decode-workers", "4", "--shared-kv-gib", "8"],
+     "with prefill/decode pools (cluster.disaggregation) is not modelled"),
 ])
 def test_bad_shared_kv_input_is_one_line(args, message):
     res = CliRunner().invoke(main, args)
