@@ -879,7 +879,7 @@ def with_cpu_kv_gib(scenario: Scenario, gib: float) -> Scenario:
         if gib == 0:
             return scenario
         raise ScenarioError(f"cpu_kv_gib: engine.kind {scenario.engine.kind!r} has no host KV tier in kvsim "
-                            "(only vllm: its OffloadingConnector)")
+                            "(vllm: its OffloadingConnector; sglang: HiCache)")
     return scenario.with_overrides(**{"engine.cpu_kv_bytes": int(round(gib * GIB))})
 
 
