@@ -70,7 +70,7 @@ class HiTreeNode(TreeNode):
     """A tree node with its tiers: `evicted` (no device copy), `backuped` (a host copy), `host_lock_ref` (pinned on
     the host while a load-back is built), `write_pending` (a write-through copy not yet acknowledged)."""
 
-    __slots__ = ("evicted", "backuped", "host_lock_ref", "write_pending")
+    __slots__ = ("evicted", "backuped", "host_lock_ref", "write_pending", "load_pending")
 
     def __init__(self, cache: RadixCache, priority: int = 0) -> None:
         super().__init__(cache, priority)
@@ -78,6 +78,8 @@ class HiTreeNode(TreeNode):
         self.backuped = False
         self.host_lock_ref = 0
         self.write_pending = False
+        self.load_pending: Copy | None = None
+        """The load-back (not yet acknowledged) that gave the node its device copy (`load_back_pending_id`)."""
 
     def __repr__(self) -> str:
         tiers = ("D" if not self.evicted else "") + ("H" if self.backuped else "")
@@ -106,7 +108,8 @@ class HiRadixCache(RadixCache):
         self.host_used = 0
         self.host_leaves: set[HiTreeNode] = set()
         self.duplicates: dict[HiTreeNode, None] = {}
-        """write_back only: nodes on both tiers, in the order they became so (`full_host_duplicates`)."""
+        """write_back only: nodes registered as settled on both tiers, in registration order; entries go stale
+        lazily and are swept by host eviction, as SGLang's `full_host_duplicates`."""
         self.pending_writes: list[Copy] = []
         """Write-through backups issued and not acknowledged, in issue order (each holds a device lock)."""
         self.pending_loads: list[Copy] = []
@@ -235,6 +238,7 @@ class HiRadixCache(RadixCache):
             if node.evicted:
                 # NOTE: the request's fresh KV becomes the node's device copy (`_unevict_node_on_insert`).
                 self._set_device(node, True)
+                self._track_duplicate(node)
             if total_prefix_length > inserted_len and self._inc_hit_count_and_check(node):
                 backups.append(node)
             if total_prefix_length < length:
@@ -272,6 +276,7 @@ class HiRadixCache(RadixCache):
         new_node.backuped = child.backuped
         new_node.host_lock_ref = child.host_lock_ref
         new_node.write_pending = child.write_pending
+        new_node.load_pending = child.load_pending
         suffix = child.key.slice(split_len)
         new_node.children = {self.child_key(suffix): child}
         new_node.parent = child.parent
@@ -280,13 +285,22 @@ class HiRadixCache(RadixCache):
         child.parent = new_node
         child.key = suffix
         new_node.parent.children[self.child_key(new_node.key)] = new_node
-        if child in self.duplicates:
-            self.duplicates[new_node] = None
         self._update_leaf_status(new_node)
         self._update_leaf_status(child)
+        self._track_duplicate(new_node)
         return new_node
 
     # ------------------------------------------------------------------ backups (device -> host)
+    def _track_duplicate(self, node: HiTreeNode) -> None:
+        """`_update_duplicate_tracking` (write_back only matters): register a node settled on both tiers (keeping an
+        earlier registration's place), else drop it."""
+        if not self.write_back:
+            return
+        if not node.evicted and node.backuped and not node.write_pending and node.load_pending is None:
+            self.duplicates.setdefault(node, None)
+        else:
+            self.duplicates.pop(node, None)
+
     def _backup_chain(self, node: HiTreeNode) -> None:
         """Write-through: `node` and its unbacked ancestors, root first; the chain stops at the first that finds
         no host room (`_execute_and_commit_kv_backup`, unified_radix_cache.py:1681-1716)."""
@@ -318,8 +332,6 @@ class HiRadixCache(RadixCache):
         self.num_stored_tokens += n
         copy = Copy(None, n)
         self.new_writes.append(copy)
-        if self.write_back and not node.evicted:
-            self.duplicates[node] = None
         self._update_leaf_status(node)
         return copy
 
@@ -339,7 +351,14 @@ class HiRadixCache(RadixCache):
         loads = self.pending_loads
         k = 0
         while k < len(loads) and loads[k].done_s is not None and loads[k].done_s <= now_s:
-            self.dec_lock_ref(loads[k].node)
+            copy = loads[k]
+            x = copy.node
+            while x is not None and x is not self.root_node:  # `finish_load_back` (unified_tree_core.py:2740-)
+                if x.load_pending is copy:
+                    x.load_pending = None
+                    self._track_duplicate(x)
+                x = x.parent
+            self.dec_lock_ref(copy.node)
             k += 1
         if k:
             del loads[:k]
@@ -382,18 +401,19 @@ class HiRadixCache(RadixCache):
             if x not in self.evictable_leaves:
                 continue
             n = len(x.key)
+            parent = x.parent
             if x.backuped:
                 self._demote(x)
             elif not self.write_back:
                 self.num_unbacked_evicted_tokens += n
                 self._delete_subtree(x)
             elif self._backup(x) is not None:
+                self._track_duplicate(x)  # NOTE: acknowledged synchronously, a settled duplicate until demoted
                 self._demote(x)
             elif not self._drop_subtree(x):
                 continue  # NOTE: locked below: stays on the device until host room frees
             num_evicted += n
-            parent = x.parent
-            if parent is not None and parent in self.evictable_leaves:
+            if parent in self.evictable_leaves:
                 heapq.heappush(heap, (get_priority(parent), parent.id, parent))
         self.num_evicted_tokens += num_evicted
         return num_evicted
@@ -407,11 +427,6 @@ class HiRadixCache(RadixCache):
         else:
             self.evictable_size_ += sign * n
         node.evicted = not on_device
-        if self.write_back:
-            if on_device and node.backuped:
-                self.duplicates[node] = None
-            else:
-                self.duplicates.pop(node, None)
         self._update_leaf_status(node)
         self._update_leaf_status(node.parent)
         if self.records_events:
@@ -434,7 +449,6 @@ class HiRadixCache(RadixCache):
                 self.host_used -= len(x.key)
             self.evictable_leaves.discard(x)
             self.host_leaves.discard(x)
-            self.duplicates.pop(x, None)
         parent = node.parent
         if parent.children.pop(self.child_key(node.key), None) is not node:
             raise RuntimeError(f"{node!r} is not a child of its parent")
@@ -460,19 +474,29 @@ class HiRadixCache(RadixCache):
         leaves by the eviction policy, each with its childless dead ancestors. Returns the tokens freed."""
         freed = 0
         if self.write_back:
+            # `_reclaim_full_host_duplicates` (unified_tree_core.py:1975-): pass 1 spares D-leaves (about to be
+            # demoted), pass 2 takes them; stale entries and released ones are swept after the walk
+            swept = []
             for spare_leaves in (True, False):
-                for node in list(self.duplicates):
+                if freed >= num_tokens:
+                    break
+                for node in self.duplicates:
                     if freed >= num_tokens:
                         break
-                    if node.evicted or not node.backuped or node.write_pending or node.host_lock_ref:
+                    if node.evicted or not node.backuped:
+                        swept.append(node)
                         continue
                     if spare_leaves and node in self.evictable_leaves:
                         continue
+                    if node.write_pending or node.load_pending is not None or node.host_lock_ref:
+                        continue
                     node.backuped = False
-                    del self.duplicates[node]
                     self.host_used -= len(node.key)
                     freed += len(node.key)
                     self._update_leaf_status(node)
+                    swept.append(node)
+            for node in swept:
+                self.duplicates.pop(node, None)
         get_priority = self._priority
         heap = [(get_priority(node), node.id, node) for node in self.host_leaves]
         heapq.heapify(heap)
@@ -515,10 +539,11 @@ class HiRadixCache(RadixCache):
                 return 0
         finally:
             self.dec_lock_ref(node)
+        copy = Copy(node, tokens)
         for x in reversed(path):
             self._set_device(x, True)
+            x.load_pending = copy
         self.inc_lock_ref(node)
-        copy = Copy(node, tokens)
         self.pending_loads.append(copy)
         self.new_loads.append(copy)
         self.num_loaded_tokens += tokens
