@@ -59,6 +59,15 @@ class SglangEngineSpec(ConfigModel):
         """KV pages per worker."""
         return self.max_total_num_tokens(kv_bytes_per_token) // self.page_size
 
+    def num_cpu_chunks(self, kv_bytes_per_token: int) -> int:
+        """HiCache's host pages per worker (0 without a host tier): `--hicache-size`'s slots / page_size
+        (`sim.engines.sglang.hiradix_cache.host_capacity_tokens`)."""
+        if not self.cpu_kv_bytes:
+            return 0
+        from sim.engines.sglang.hiradix_cache import host_capacity_tokens
+
+        return host_capacity_tokens(self.cpu_kv_bytes, kv_bytes_per_token, self.page_size) // self.page_size
+
     def capacity_tokens(self, kv_bytes_per_token: int) -> int:
         """Every slot is usable (SGLang's padding slot lies outside them)."""
         return self.max_total_num_tokens(kv_bytes_per_token)

@@ -13,6 +13,8 @@ from sim.engines.sglang.engine import SglangEngine
 from sim.engines.sglang.hiradix_cache import HiRadixCache, host_capacity_tokens
 from sim.engines.sglang.spec import SglangEngineSpec
 from sim.engines.sglang.tokens import Tokens
+from sim.runner import run
+from sim.scenario import load_scenario, with_cpu_kv_gib
 from sim.timing.linear import LinearStepTimeModel
 from sim.workloads.request import Request
 
@@ -175,3 +177,21 @@ def test_without_a_host_tier_the_engine_runs_the_plain_tree():
     assert type(engine.tree).__name__ == "RadixCache" and engine.hicache is None
     with pytest.raises(ValueError, match="needs a host link"):
         SglangEngine(SglangEngineSpec(kv_cache_bytes=1, max_total_tokens=100, cpu_kv_bytes=10), kv_bytes_per_token=1)
+
+
+@pytest.mark.parametrize("policy", ["write_through", "write_through_selective", "write_back"])
+def test_decode_stretches_are_exact_with_a_host_tier(policy):
+    # 2 workers of 4,000 device slots and a 1 GiB host each, 6 prefixes of 1,000 tokens: the device holds about
+    # three of them, the host the rest, so requests hit both tiers; stepping every decode batch or advancing
+    # stretches must give the same records.
+    scenario, _ = load_scenario()
+    s = with_cpu_kv_gib(scenario.with_engine("sglang").with_overrides(**{
+        "cluster.deployments": [], "cluster.workers": 2, "workload.prefixes": 6, "workload.prefix_tokens": 1000,
+        "workload.tail_tokens": 50, "workload.concurrency": 8, "workload.output_tokens": 40,
+        "engine.kv_cache_bytes": 4000 * 114688, "engine.hicache_write_policy": policy}), 1)
+    slow, fast = run(s, fast_forward=False), run(s, fast_forward=True)
+    key = [(r.request_id, r.worker, r.cached_tokens, r.cpu_cached_tokens) for r in slow.records]
+    assert [(r.request_id, r.worker, r.cached_tokens, r.cpu_cached_tokens) for r in fast.records] == key
+    assert [r.finished_s for r in fast.records] == pytest.approx([r.finished_s for r in slow.records])
+    assert fast.workers == slow.workers
+    assert sum(1 for r in slow.records if r.cpu_cached_tokens) > 10
