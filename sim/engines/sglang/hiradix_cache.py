@@ -115,7 +115,7 @@ class HiRadixCache(RadixCache):
         self.pending_loads: list[Copy] = []
         """Load-backs issued and not acknowledged (each holds a device lock on its best-match node)."""
         self.new_writes: list[Copy] = []
-        """Backups issued since the owner last took them (`take_new_copies`), to be timed."""
+        """Backups issued since the owner last took them (`take_new_writes`), to be timed."""
         self.new_loads: list[Copy] = []
         self.num_stored_tokens = 0
         self.num_loaded_tokens = 0
@@ -150,12 +150,6 @@ class HiRadixCache(RadixCache):
         """The backups issued since the last call, handed over."""
         writes, self.new_writes = self.new_writes, []
         return writes
-
-    def take_new_copies(self) -> tuple[list[Copy], list[Copy]]:
-        """(backups, load-backs) issued since the last call, handed over for timing."""
-        writes, loads = self.new_writes, self.new_loads
-        self.new_writes, self.new_loads = [], []
-        return writes, loads
 
     # ------------------------------------------------------------------ match
     def match_prefix(self, key: Tokens) -> tuple[int, TreeNode]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 import simpy
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sim.cluster.device import Device
 from sim.cluster.host_link import HostLinkQueue
@@ -195,3 +197,37 @@ def test_decode_stretches_are_exact_with_a_host_tier(policy):
     assert [r.finished_s for r in fast.records] == pytest.approx([r.finished_s for r in slow.records])
     assert fast.workers == slow.workers
     assert sum(1 for r in slow.records if r.cpu_cached_tokens) > 10
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from(["write_through", "write_through_selective", "write_back"]), st.integers(1, 2),
+       st.lists(st.tuples(st.sampled_from(["insert", "match_load", "evict", "ack", "lock", "unlock"]),
+                          st.integers(0, 5), st.integers(1, 30)), max_size=60))
+def test_any_sequence_of_operations_keeps_the_tiers_consistent(policy, page_size, ops):
+    # Keys from 3 prefixes x 2 tails; a device of 64 tokens (make_room) and a host of 50: every operation leaves the
+    # sizes equal to the tree's (device: evictable + protected; host: backed-up tokens <= capacity), the leaf sets
+    # current, no dead node, no device node under a host-only one (`check_invariants`), and nothing lost: the
+    # device holds what the pool says.
+    c = HiRadixCache(page_size=page_size, host_capacity=50, write_policy=policy)
+    locks = []
+    for op, k, n in ops:
+        key = Tokens([(("p", k % 3), 0, 12), (("t", k), 0, n)])
+        if op == "insert":
+            if room(c, 64)(len(key)):
+                c.insert(key)
+        elif op == "match_load":
+            d, node, h, best = c.match_prefix_tiers(key)
+            loaded = c.load_back(best, room(c, 64)) if h else 0
+            assert loaded in (0, h) and (loaded == 0 or h >= 10)
+        elif op == "evict":
+            c.evict(n)
+        elif op == "ack":
+            ack_all(c)
+        elif op == "lock":
+            _, node = c.match_prefix(key)
+            c.inc_lock_ref(node)
+            locks.append(node)
+        elif locks:
+            c.dec_lock_ref(locks.pop(k % len(locks)))
+        c.check_invariants()
+        assert c.total_size() <= 64  # room() made space before every insert and load: the device never overflows
