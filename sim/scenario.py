@@ -895,14 +895,15 @@ def load_scenario(path: str | Path | None = None, *, checks: Sequence[Callable[[
 
 
 def with_cpu_kv_gib(scenario: Scenario, gib: float) -> Scenario:
-    """`scenario` with a host (CPU) KV tier of `gib` GiB per worker (vLLM --kv-offloading-size; 0: none)."""
+    """`scenario` with a host (CPU) KV tier of `gib` GiB per worker (vLLM --kv-offloading-size, SGLang HiCache's
+    --hicache-size in GiB; 0: none)."""
     if gib < 0 or not math.isfinite(gib):
         raise ScenarioError(f"cpu_kv_gib must be a number of GiB >= 0, got {gib!r}")
     if "cpu_kv_bytes" not in type(scenario.engine).model_fields:
         if gib == 0:
             return scenario
         raise ScenarioError(f"cpu_kv_gib: engine.kind {scenario.engine.kind!r} has no host KV tier in kvsim "
-                            "(only vllm: its OffloadingConnector)")
+                            "(vllm: its OffloadingConnector; sglang: HiCache)")
     return scenario.with_overrides(**{"engine.cpu_kv_bytes": int(round(gib * GIB))})
 
 

@@ -188,8 +188,9 @@ def hardware_options(command: Callable) -> Callable:
 
 CPU_KV_DETAIL = ("vLLM's --kv-offloading-size (its OffloadingConnector, rules of vLLM 0.33.0): prompts' full blocks "
                  "are copied there as they are computed and loaded back over the device's host link "
-                 "(time_model.host_link) when the GPU no longer holds them; 0 = none. Default: the scenario's "
-                 "(engine.cpu_kv_bytes).")
+                 "(time_model.host_link) when the GPU no longer holds them; with --engine sglang, SGLang 0.5.23's "
+                 "HiCache (--hicache-size; write policy engine.hicache_write_policy, default write_through); 0 = "
+                 "none. Default: the scenario's (engine.cpu_kv_bytes).")
 CPU_KV_HELP = "Host (CPU) KV tier per worker in GiB: " + CPU_KV_DETAIL
 
 

@@ -167,7 +167,11 @@ def analytic_hit_rate(scenario: Scenario, router: str) -> float:
     K, U = analytic.shared_prefix_blocks(prefix, prompt, output, B)
     # NOTE: a host tier counts as more blocks of the same LRU: an optimistic screen (it holds prompt blocks only,
     # and its order is not the GPU's); the bisection's simulations decide.
-    cpu_blocks = scenario.engine.num_cpu_chunks(scenario.model.kv_bytes_per_token) if cpu_kv_gib(scenario) else 0
+    cpu_blocks = 0
+    if cpu_kv_gib(scenario):
+        # NOTE: the host tier's chunks are the engine's blocks (vLLM) or pages (SGLang HiCache), counted here in B
+        chunk_tokens = getattr(scenario.engine, "page_size", B)
+        cpu_blocks = scenario.engine.num_cpu_chunks(scenario.model.kv_bytes_per_token) * chunk_tokens // B
     common = dict(popularity=np.array(w.popularity_weights()), prefix_blocks=K, own_blocks=U,
                   usable_blocks=scenario.capacity_tokens // B + cpu_blocks, block_size=B, prompt_tokens=prompt)
     if _partitions(router):

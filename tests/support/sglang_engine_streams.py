@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import random
 
+from sim.engines.sglang.hiradix_cache import HiRadixCache
 from sim.engines.sglang.radix_cache import RadixCache
 from sim.engines.sglang.request_state import SglangRequest
 from sim.engines.sglang.scheduler import Scheduler, SchedulerLimits
@@ -197,9 +198,18 @@ def _runs_out(runs, index_of_out, eos_at) -> list[list[int]]:
 
 
 def replay_kvsim(stream: dict) -> dict:
-    """kvsim's answer to `stream`, in the oracle's output format (minus `sglang_version`)."""
-    tree = RadixCache(page_size=stream["page_size"], eviction_policy=stream["radix_eviction_policy"])
+    """kvsim's answer to `stream`, in the oracle's output format (minus `sglang_version`). With `hicache` the tree
+    has SGLang's host tier and every copy completes at once, as SGLang's CPU events report (acknowledged at the
+    next scheduling pass)."""
+    hicache = stream.get("hicache")
     n = stream["max_total_tokens"]
+    if hicache is None:
+        tree = RadixCache(page_size=stream["page_size"], eviction_policy=stream["radix_eviction_policy"])
+    else:
+        P = stream["page_size"]
+        tree = HiRadixCache(page_size=P, eviction_policy=stream["radix_eviction_policy"],
+                            host_capacity=(int(n // P * P * hicache.get("host_ratio", 2.0)) // P + 1) * P,
+                            write_policy=hicache.get("write_policy", "write_through"))
     limits = SchedulerLimits(
         max_total_tokens=n, max_running_requests=max(1, min(stream["max_running_requests"], n // 2)),
         chunked_prefill_size=stream["chunked_prefill_size"], max_prefill_tokens=stream["max_prefill_tokens"],
@@ -220,7 +230,13 @@ def replay_kvsim(stream: dict) -> dict:
     records = [{"id": r["id"], "cached_tokens": None, "admit_batch": None, "first_token_batch": None,
                 "finish_batch": None, "num_retractions": 0, "output_tokens": 0} for r in reqs]
 
+    def copies_done(now_s: float, step=None) -> None:
+        if hicache is not None:
+            for copy in tree.take_new_writes() + tree.take_new_loads() + (step.host_loads if step else []):
+                copy.done_s = now_s
+
     def on_launch(step) -> None:
+        copies_done(now[0], step)
         b = len(batches)
         entry = {"mode": step.mode, "retracted": [s.request.request_id for s in step.preempted]}
         if step.mode == "extend":
@@ -261,14 +277,18 @@ def replay_kvsim(stream: dict) -> dict:
     for _ in range(stream["concurrency"]):
         submit_next()
     tick = 0
+    now = [0.0]
     while sched.has_work:
+        now[0] = float(tick)
         step = sched.schedule(float(tick))
+        copies_done(float(tick))
         if step is None:
             if sched.has_work:
                 raise RuntimeError(f"kvsim stalled at tick {tick}")
             break
         tick += 1
         outcome = sched.update_from_output(step, float(tick))
+        copies_done(float(tick))
         b = step_index[id(step)]
         for s in outcome.first_token:
             records[index[s.request.request_id]]["first_token_batch"] = b
@@ -280,12 +300,17 @@ def replay_kvsim(stream: dict) -> dict:
                 submit_next()
     if len(states) != len(reqs):
         raise RuntimeError(f"kvsim received {len(states)} of {len(reqs)} requests")
+    if hicache is not None:
+        copies_done(float(tick))
+        tree.check_events(float(tick))  # as the oracle's final state: every copy acknowledged
     out_index = {rid: i for rid, i in index.items()}
     eos_at = {i: r["eos_after"] for i, r in enumerate(reqs) if not r["ignore_eos"] and r.get("eos_after") is not None}
     for s in states:
         rec = records[index[s.request.request_id]]
         rec.update(cached_tokens=s.num_cached_tokens, num_retractions=s.num_preemptions,
                    output_tokens=s.num_output_tokens)
+        if hicache is not None:
+            rec["cached_tokens_host"] = s.num_cpu_hit_tokens
     tree_nodes = []
     stack = [tree.root_node]
     while stack:
@@ -302,7 +327,7 @@ def replay_kvsim(stream: dict) -> dict:
 # ---------------------------------------------------------------------------------------------- SGLang side
 BATCH_KEYS = ("mode", "reqs", "retracted", "available", "evictable", "protected", "new_token_ratio", "waiting")
 REQUEST_KEYS = ("cached_tokens", "admit_batch", "first_token_batch", "finish_batch", "num_retractions",
-                "output_tokens")
+                "output_tokens", "cached_tokens_host")
 
 
 def differences(expected: dict, actual: dict, *, limit: int = 12) -> list[str]:

@@ -59,7 +59,9 @@ DEFAULTS = {
     "disable_overlap_schedule": False,
     "concurrency": 8,
     "tree_cache": "unified",
+    "hicache": None,
 }
+HICACHE_POLICIES = ("write_through", "write_through_selective", "write_back")
 REQ_DEFAULTS = {"max_new_tokens": 64, "ignore_eos": True, "eos_after": None, "after": None}
 # "random" needs a seeded RNG and "priority"/"routing-key" need request fields this format does not carry.
 POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "hrrn", "shortest-prefill-first")
@@ -112,6 +114,16 @@ def parse_spec(spec) -> dict:
         raise BadInput(f"radix_eviction_policy: one of {EVICTION_POLICIES}, got {cfg['radix_eviction_policy']!r}")
     if cfg["tree_cache"] not in TREES:
         raise BadInput(f"tree_cache: one of {TREES}, got {cfg['tree_cache']!r}")
+    hc = cfg["hicache"]
+    if hc is not None:
+        if not isinstance(hc, dict) or set(hc) - {"write_policy", "host_ratio"}:
+            raise BadInput("hicache: null or {\"write_policy\": ..., \"host_ratio\": ...}")
+        if hc.get("write_policy", "write_through") not in HICACHE_POLICIES:
+            raise BadInput(f"hicache.write_policy: one of {HICACHE_POLICIES}")
+        if not isinstance(hc.get("host_ratio", 2.0), (int, float)) or hc.get("host_ratio", 2.0) <= 0:
+            raise BadInput("hicache.host_ratio: a number > 0")
+        if cfg["tree_cache"] == "radix":
+            raise BadInput("hicache: needs tree_cache unified or unified-python")
     if cfg["max_total_tokens"] < 2 * cfg["page_size"]:
         raise BadInput("max_total_tokens: must hold at least two pages")
     reqs = spec.get("requests")
@@ -208,6 +220,10 @@ class EngineShell:
             schedule_policy=cfg["schedule_policy"],
             radix_eviction_policy=cfg["radix_eviction_policy"],
             disable_overlap_schedule=cfg["disable_overlap_schedule"],
+            **({} if cfg["hicache"] is None else dict(
+                enable_hierarchical_cache=True, hicache_ratio=float(cfg["hicache"].get("host_ratio", 2.0)),
+                hicache_io_backend="direct", hicache_mem_layout="page_first_direct",
+                hicache_write_policy=cfg["hicache"].get("write_policy", "write_through"))),
         )
         get_context().set_server_args(sa)  # no resolve_once(): it would read the model config and probe the GPU
 
@@ -224,11 +240,25 @@ class EngineShell:
         # context_len, which at 40960 x 2048 rows would cost 335 MB of int32 here for no decision.
         row_len = min(ctx_len, max_req_len + 1) + 2 * P + 8
         self.r2t = ReqToTokenPool(size=max_running, max_context_len=row_len, device="cpu", enable_memory_saver=False)
+        kvcache = None
+        if cfg["hicache"] is not None:
+            # HiCache's host pool reads the device pool's geometry: a real (tiny) one, and the three CPU patches
+            # (README.md, "HiCache oracle")
+            from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+            import sglang.srt.mem_cache.pool_host.common as pool_host_common
+            from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
+
+            pool_host_common._cuda_host_register = lambda *args, **kwargs: None
+            MHATokenToKVPoolHost.backup_from_device_all_layer = lambda self, *args, **kwargs: None
+            MHATokenToKVPoolHost.load_to_device_per_layer = lambda self, *args, **kwargs: None
+            kvcache = MHATokenToKVPool(size=N, page_size=P, dtype=torch.bfloat16, head_num=1, head_dim=8,
+                                       layer_num=2, device="cpu", enable_alt_stream=False, enable_memory_saver=False)
         if P == 1:  # kv_cache_configurator.py:2795-2930, need_sort=False outside PD
-            self.alloc = TokenToKVPoolAllocator(N, dtype=torch.bfloat16, device="cpu", kvcache=None, need_sort=False)
+            self.alloc = TokenToKVPoolAllocator(N, dtype=torch.bfloat16, device="cpu", kvcache=kvcache,
+                                                need_sort=False)
         else:
             self.alloc = PagedTokenToKVPoolAllocator(N, page_size=P, dtype=torch.bfloat16, device="cpu",
-                                                     kvcache=None, need_sort=False)
+                                                     kvcache=kvcache, need_sort=False)
         kind = cfg["tree_cache"]
         params = CacheInitParams(  # kv_cache_builder.py:389 with the single-GPU, non-hybrid values
             disable=False,
@@ -242,6 +272,9 @@ class EngineShell:
             tree_core_backend="python" if kind == "unified-python" else None,
         )
         self.tree = RadixCache(params) if kind == "radix" else UnifiedRadixCache(params)
+        self.hicache = cfg["hicache"] is not None
+        if self.hicache:
+            self.tree.init_hicache(sa, params)  # create_unified_radix_cache (mem_cache/registry.py:193-200)
         self.tree_kind = kind
         self.page_size = P
         self.N = N
@@ -271,7 +304,7 @@ class EngineShell:
             schedule_low_priority_values_first=get_schedule().schedule_low_priority_values_first,
             priority_scheduling_preemption_threshold=get_schedule().priority_scheduling_preemption_threshold,
             enable_lora=False, enable_overlap=overlap, enable_overlap_mlx=False, enable_pdmux=False,
-            spec_algorithm=SpeculativeAlgorithm.NONE, page_size=P, enable_hierarchical_cache=False,
+            spec_algorithm=SpeculativeAlgorithm.NONE, page_size=P, enable_hierarchical_cache=self.hicache,
             enable_lmcache=False, enable_session_radix_cache=False, enable_hicache_storage=False,
             enable_unified_cache_external_linker=False, enable_decode_hicache=False,
             max_new_tokens_limit=envs.SGLANG_MAX_NEW_TOKENS_LIMIT.get(), enable_hisparse=False,
@@ -483,6 +516,8 @@ class Oracle:
             if r.finished() and not before[id(r)]:
                 inf["finish_batch"] = idx
                 inf["cached_tokens"] = int(r.cached_tokens)
+                if self.sh.hicache:
+                    inf["cached_tokens_host"] = int(r.cached_tokens_host)
                 inf["output_tokens"] = len(r.output_ids)
                 inf["num_retractions"] = int(r.retraction_count)
                 inf["finish_reason"] = type(r.finished_reason).__name__
@@ -678,6 +713,8 @@ class Oracle:
         import sglang
 
         sh = self.sh
+        if sh.hicache:
+            sh.tree.check_hicache_events()  # the idle loop's next pass: copies still unacknowledged are reaped
         for inf, req in zip(self.info, self.reqs):
             inf["num_retractions"] = int(req.retraction_count)
         return {

@@ -20,6 +20,8 @@ from sim.engines.interface import (
     StepTimeModel,
 )
 from sim.engines.sglang.decode_stretch import SglangDecodeStretch
+from sim.engines.sglang.hicache_transfers import HiCacheTransfers
+from sim.engines.sglang.hiradix_cache import HiRadixCache, host_capacity_tokens
 from sim.engines.sglang.kv_pool import ceil_div
 from sim.engines.sglang.radix_cache import RadixCache
 from sim.engines.sglang.request_state import SglangRequest
@@ -75,7 +77,16 @@ class SglangEngine:
     def __init__(self, spec: SglangEngineSpec, *, kv_bytes_per_token: int, host_link: HostLink | None = None) -> None:
         self.spec = spec
         n = spec.max_total_num_tokens(kv_bytes_per_token)
-        self.tree = RadixCache(page_size=spec.page_size, eviction_policy=spec.radix_eviction_policy)
+        self.hicache: HiCacheTransfers | None = None
+        if spec.cpu_kv_bytes:
+            if host_link is None:
+                raise ValueError("engine.cpu_kv_bytes needs a host link to time its copies")
+            self.tree = HiRadixCache(
+                page_size=spec.page_size, eviction_policy=spec.radix_eviction_policy,
+                host_capacity=host_capacity_tokens(spec.cpu_kv_bytes, kv_bytes_per_token, spec.page_size),
+                write_policy=spec.hicache_write_policy)
+        else:
+            self.tree = RadixCache(page_size=spec.page_size, eviction_policy=spec.radix_eviction_policy)
         limits = SchedulerLimits(
             max_total_tokens=n, max_running_requests=spec.running_request_limit(kv_bytes_per_token),
             chunked_prefill_size=spec.chunked_prefill_size, max_prefill_tokens=spec.max_prefill_tokens,
@@ -83,6 +94,8 @@ class SglangEngine:
         )
         self.scheduler = Scheduler(limits, self.tree, schedule_policy=spec.schedule_policy)
         self.cache = SglangPrefixCache(self.tree, self.scheduler.pool, hash_block_size=spec.block_size)
+        if spec.cpu_kv_bytes:
+            self.hicache = HiCacheTransfers(self.tree, self.scheduler, host_link, kv_bytes_per_token=kv_bytes_per_token)
         # NOTE: SGLang truncates max_new_tokens at intake so that a request fits (`init_req_max_new_tokens`).
         self._max_req_len = min(spec.max_model_len - 1, n - 1)
         self._prealloc: deque[tuple[SglangRequest, RemoteKvSource]] = deque()
@@ -178,10 +191,16 @@ class SglangEngine:
         if self._prealloc or self._transfers:
             self._advance_pd(now_s)
         step = self.scheduler.schedule(now_s)
+        if self.hicache is not None:
+            return self.hicache.after_schedule(step, now_s)
         return step if step is not None else StepPlan()
 
     def update_from_output(self, plan: StepPlan, now_s: float) -> StepOutcome:
+        if self.hicache is not None:
+            self.hicache.before_result(now_s)
         outcome = self.scheduler.update_from_output(plan, now_s)
+        if self.hicache is not None:
+            self.hicache.after_result(now_s)
         # NOTE: SGLang publishes the batch's KV events after processing its result.
         self.cache.publish(now_s)
         return outcome
@@ -190,6 +209,8 @@ class SglangEngine:
                             now_s: float) -> SglangDecodeStretch | None:
         if self._prealloc or self._transfers or self.scheduler.prebuilt:
             return None  # P/D arrivals would change the batch: step
+        if self.hicache is not None and self.hicache.busy:
+            return None  # NOTE: HiCache copies in flight: each step may reap an ack (stretches skip the loop's checks)
         return SglangDecodeStretch.plan(self.scheduler, time_model, speed=speed, now_s=now_s)
 
     def finish_stretch(self, stretch: SglangDecodeStretch, num_steps: int, now_s: float) -> list[SglangRequest]:
@@ -197,16 +218,27 @@ class SglangEngine:
         return []  # a stretch stops before any request's last token
 
     def counters(self) -> EngineCounters:
-        evicted = self.tree.num_evicted_tokens
-        return EngineCounters(prefix_cache=self.scheduler.stats.copy(), evicted_blocks=evicted // self.tree.page_size,
-                              evicted_tokens=evicted, preemptions=self.scheduler.num_retractions)
+        tree = self.tree
+        evicted, P = tree.num_evicted_tokens, tree.page_size
+        if self.hicache is None:
+            return EngineCounters(prefix_cache=self.scheduler.stats.copy(), evicted_blocks=evicted // P,
+                                  evicted_tokens=evicted, preemptions=self.scheduler.num_retractions)
+        return EngineCounters(prefix_cache=self.scheduler.stats.copy(), evicted_blocks=evicted // P,
+                              evicted_tokens=evicted, preemptions=self.scheduler.num_retractions,
+                              cpu_stored_blocks=tree.num_stored_tokens // P,
+                              cpu_loaded_blocks=tree.num_loaded_tokens // P,
+                              cpu_evicted_blocks=tree.num_host_evicted_tokens // P)
 
     def next_background_s(self) -> float | None:
-        # NOTE: no host tier (HiCache is not modelled); P/D transfers and held prefills only.
+        # NOTE: P/D transfers and held prefills; with HiCache, when the next copy completes (its ack unlocks device
+        # KV a waiting request may need)
         if self.scheduler.prebuilt:
             return 0.0
+        ack_s = None if self.hicache is None else self.tree.next_ack_s()
         if self._transfers:
-            return self._transfers[0][0]
+            return self._transfers[0][0] if ack_s is None else min(self._transfers[0][0], ack_s)
+        if ack_s is not None:
+            return ack_s
         return math.inf if (self.scheduler.held or self._prealloc) else None
 
     def describe_stall(self) -> str:

@@ -58,6 +58,9 @@ class RadixCache:
     page by page, `cleared` per reset, as SGLang's `KVCacheEventRecorder`): recording is off until `enable_events`,
     and `take_events` hands out what was queued since the last call."""
 
+    has_host_tier = False
+    """A host (CPU) tier beside the device (`HiRadixCache`): matches also report host-only tokens."""
+
     def __init__(self, *, page_size: int = 1, eviction_policy: str = "lru") -> None:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")

@@ -32,6 +32,12 @@ class SglangRequest(ServedRequest):
     last_node: TreeNode | None = None
     lock: TreeNode | None = None
     """The node whose path this request holds locked (SGLang `req.lock`), or None."""
+    host_hit_length: int = 0
+    """HiCache: matched tokens held only on the host after the device prefix (`req.host_hit_length`)."""
+    best_match_node: TreeNode | None = None
+    """HiCache: the deepest matched node, device or host (`req.best_match_node`), the load-back's anchor."""
+    host_loaded_length: int = 0
+    """HiCache: tokens the last admission loaded back from the host (`req.host_loaded_length`)."""
     cache_protected_len: int = 0
     cache_inserted_len: int = 0
     kv_committed_len: int = 0

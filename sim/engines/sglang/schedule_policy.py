@@ -132,6 +132,11 @@ def match_kv_cache(req: SglangRequest, tree: RadixCache, fill=None, *, max_prefi
     the hit as its prefix."""
     fill = req.fill_tokens() if fill is None else fill
     key = fill if max_prefix_len is None else fill.slice(0, max_prefix_len)
+    if tree.has_host_tier:
+        # HiCache: the device prefix is the request's; the host-only part after it may be loaded at admission.
+        req.prefix_len, req.last_node, req.host_hit_length, req.best_match_node = tree.match_prefix_tiers(key)
+        req.num_matched_prefix_tokens = min(req.prefix_len + req.host_hit_length, max(len(fill) - 1, 0))
+        return
     req.prefix_len, req.last_node = tree.match_prefix(key)
     req.num_matched_prefix_tokens = min(req.prefix_len, max(len(fill) - 1, 0))
 
@@ -210,25 +215,31 @@ class PrefillAdder:
         P = self.page_size
         tree = self.tree
         max_new = min(max(req.max_new_tokens - req.num_output_tokens, 0), CLIP_MAX_NEW_TOKENS)
-        extend_len = req.fill_len - req.prefix_len
-        total_tokens = extend_len + max_new + P
+        # NOTE: host-hit tokens are charged as new device tokens (HiCache, schedule_policy.py:1405-1409).
+        total_tokens = req.fill_len - req.prefix_len + max_new + P
         # NOTE: the candidate's own prefix is pinned while it is judged, so it does not count as evictable room.
-        tree.inc_lock_ref(req.last_node)
+        pinned = req.last_node
+        tree.inc_lock_ref(pinned)
         try:
             if not total_tokens < self.remaining_total:
                 return AddReqResult.NO_TOKEN
-            input_tokens = self.pool.ceil_paged(extend_len)
-            if self.rem_chunk_tokens is None and self.can_run_list and input_tokens >= self.rem_input_tokens:
-                return AddReqResult.OTHER
-            is_chunked = False
-            max_new_tokens = min(req.max_new_tokens, CLIP_MAX_NEW_TOKENS)
-            if self.rem_chunk_tokens is not None and input_tokens > self.rem_chunk_tokens:
-                extend_len = self.rem_chunk_tokens // P * P
-                extend_len = (req.prefix_len + extend_len) // P * P - req.prefix_len
-                if extend_len <= 0:
-                    return AddReqResult.OTHER
-                is_chunked = True
-                max_new_tokens = 0
+            admission = self._select_admission(req, req.host_hit_length)
+            if isinstance(admission, AddReqResult):
+                return admission
+            req.host_loaded_length = 0
+            if req.host_hit_length > 0:
+                loaded = self._load_back(req)
+                if loaded:
+                    req.host_loaded_length = loaded
+                    req.prefix_len += loaded
+                    req.last_node = req.best_match_node
+                    req.cache_protected_len = req.prefix_len
+                else:
+                    # NOTE: declined (under the threshold, or no device room): the host part is recomputed.
+                    admission = self._select_admission(req, 0)
+                    if isinstance(admission, AddReqResult):
+                        return admission
+            extend_len, max_new_tokens, is_chunked = admission
             req.extend_end = req.prefix_len + extend_len
             tree.inc_lock_ref(req.last_node)
             req.lock = req.last_node
@@ -237,5 +248,38 @@ class PrefillAdder:
                 self.new_chunked_req = req
             self._update_prefill_budget(extend_len, max_new_tokens)
         finally:
-            tree.dec_lock_ref(req.last_node)
+            tree.dec_lock_ref(pinned)
         return self.budget_state()
+
+    def _select_admission(self, req: SglangRequest, host_hit_length: int) -> tuple[int, int, bool] | AddReqResult:
+        """`_select_prefill_admission`: (extend_len, max_new_tokens reserved, chunked) with the prefix counted as
+        device + `host_hit_length` tokens (loaded tokens use no chunk budget), or why the request cannot go."""
+        P = self.page_size
+        prefix_len = req.prefix_len + host_hit_length
+        extend_len = req.fill_len - prefix_len
+        input_tokens = self.pool.ceil_paged(extend_len)
+        if self.rem_chunk_tokens is None and self.can_run_list and input_tokens >= self.rem_input_tokens:
+            return AddReqResult.OTHER
+        max_new_tokens = min(req.max_new_tokens, CLIP_MAX_NEW_TOKENS)
+        if self.rem_chunk_tokens is not None and input_tokens > self.rem_chunk_tokens:
+            extend_len = self.rem_chunk_tokens // P * P
+            extend_len = (prefix_len + extend_len) // P * P - prefix_len
+            if extend_len <= 0:
+                return AddReqResult.OTHER
+            return extend_len, 0, True
+        return extend_len, max_new_tokens, False
+
+    def _load_back(self, req: SglangRequest) -> int:
+        """`init_load_back` inside the adder (schedule_policy.py:1467-1523): the host path pinned meanwhile; returns
+        the tokens loaded (0: declined)."""
+        tree, best = self.tree, req.best_match_node
+        tree.inc_host_lock(best)
+        try:
+            return tree.load_back(best, self._make_room)
+        finally:
+            tree.dec_host_lock(best)
+
+    def _make_room(self, num_tokens: int) -> bool:
+        """`evict_for_alloc` before a load-back: evict the device shortfall; whether `num_tokens` slots are free."""
+        self.pool.evict_to_free_tokens(num_tokens)
+        return self.pool.available_size() >= num_tokens

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sim.engines.interface import EngineLoad, PrefixCacheStats, StepOutcome, StepPlan
 from sim.engines.sglang.kv_pool import KvPool
@@ -98,6 +98,9 @@ class SglangStep(StepPlan):
     mode: str = "extend"
     reqs: tuple[SglangRequest, ...] = ()
     """The batch's requests when it was launched (SGLang processes a copy of the batch)."""
+    host_loads: list = field(default_factory=list)
+    """HiCache: the load-backs (`hiradix_cache.Copy`) this batch's admissions issued; the device runs them beside
+    its forward pass (`ready_to_load_host_cache`)."""
 
     @classmethod
     def decode(cls, reqs) -> SglangStep:
@@ -151,6 +154,11 @@ class Scheduler:
         return bool(self.inbox or self.waiting or self.running_batch.reqs or self._launched or self._awaiting
                     or self.chunked_req is not None or (last is not None and last.mode == "extend" and last.reqs)
                     or self.prebuilt)
+
+    @property
+    def has_launched_batch(self) -> bool:
+        """A batch is launched that the device has not started (under overlap: the one after the running one)."""
+        return bool(self._launched)
 
     @property
     def num_requests(self) -> int:
@@ -247,6 +255,8 @@ class Scheduler:
             step.num_prefill_attention_pairs = pairs
             step.num_prefill_context_tokens = context
             step.admitted = list(batch.admitted)
+            if self.tree.has_host_tier:
+                step.host_loads = self.tree.take_new_loads()
         else:
             step = SglangStep.decode(batch.reqs)
             step.preempted = self._retracted_now
@@ -309,6 +319,8 @@ class Scheduler:
 
     # ------------------------------------------------------------------ get_next_batch_to_run
     def _get_next_batch_to_run(self) -> Batch | None:
+        if self.tree.has_host_tier:
+            self.tree.check_events(self._now_s)  # NOTE: HiCache acks first (`_process_hicache_events`)
         exclude: list[SglangRequest] = []
         chunked = self.chunked_req
         if chunked is not None:
@@ -395,6 +407,7 @@ class Scheduler:
             if not r.retracted_stain:
                 if r.num_cached_tokens is None:
                     r.num_cached_tokens = r.prefix_len
+                    r.num_cpu_hit_tokens = r.host_loaded_length
                     r.admitted_s = now
                     self.stats.record(r.input_len, r.prefix_len, preempted=False)
                 r.already_computed = r.extend_end
@@ -533,3 +546,6 @@ def _reset_for_retract(req: SglangRequest) -> None:
     req.inflight_middle_chunks = 0
     req.already_computed = 0
     req.kv_committed_len = 0
+    req.host_hit_length = 0
+    req.best_match_node = None
+    req.host_loaded_length = 0

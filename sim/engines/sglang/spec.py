@@ -42,6 +42,9 @@ class SglangEngineSpec(ConfigModel):
     disable_overlap_schedule: bool = Field(False, description="Process each batch's result before scheduling the next (--disable-overlap-schedule); by default the next batch is scheduled while one runs.")
     ignore_eos: bool = Field(True, description="Requests are sent with ignore_eos and max_tokens = their output length (kvsim's workloads fix output lengths); false: they stop on EOS after their output length, and admission reserves max_new_tokens.")
     max_new_tokens: int | None = Field(None, ge=1, description="With ignore_eos false: the max_tokens clients send (reserved by admission); null: each request's own output length.")
+    # HiCache (docs/engines/sglang-hicache.md); a group of its own
+    cpu_kv_bytes: int = Field(0, ge=0, description="HiCache host (CPU) KV tier per worker in bytes (--enable-hierarchical-cache with --hicache-size = this / 1e9; kvsim --cpu-kv-gib x 2^30); 0: none. Host slots: (floor(floor(bytes / KV bytes per token) / page_size) + 1) x page_size. The tree keeps nodes on the device, the host or both, loads host hits back at admission and times its copies on the device's host link (time_model.host_link).")
+    hicache_write_policy: Literal["write_through", "write_through_selective", "write_back"] = Field("write_through", description="When the device copies a node to the host (--hicache-write-policy): write_through on its first insert, write_through_selective on its second hit, write_back only when it is evicted from the device.")
 
     @property
     def version(self) -> str:
@@ -55,6 +58,15 @@ class SglangEngineSpec(ConfigModel):
     def num_blocks(self, kv_bytes_per_token: int) -> int:
         """KV pages per worker."""
         return self.max_total_num_tokens(kv_bytes_per_token) // self.page_size
+
+    def num_cpu_chunks(self, kv_bytes_per_token: int) -> int:
+        """HiCache's host pages per worker (0 without a host tier): `--hicache-size`'s slots / page_size
+        (`sim.engines.sglang.hiradix_cache.host_capacity_tokens`)."""
+        if not self.cpu_kv_bytes:
+            return 0
+        from sim.engines.sglang.hiradix_cache import host_capacity_tokens
+
+        return host_capacity_tokens(self.cpu_kv_bytes, kv_bytes_per_token, self.page_size) // self.page_size
 
     def capacity_tokens(self, kv_bytes_per_token: int) -> int:
         """Every slot is usable (SGLang's padding slot lies outside them)."""

@@ -246,7 +246,6 @@ def test_replay_with_host_kv(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["sweep", "--prefixes", "2", "--cpu-kv-gib", "-1"], "every value must be a number of GiB >= 0"),
     (["sweep", "--prefixes", "2", "--cpu-kv-gib", "lots"], "not a comma-separated list of GiB"),
-    (["sweep", "--prefixes", "2", "--cpu-kv-gib", "4", "--engine", "sglang"], "has no host KV tier"),
     (["run", "--cpu-kv-gib", "-2"], "-2"),
     (["plan", "capacity", "--vary", "cpu-kv-gib", "--target-hit-rate", "0.5", "--cpu-kv-gib", "4"], "give one"),
     (["plan", "capacity", "--vary", "cpu-kv-gib", "--target-hit-rate", "0.5", "--min", "-1"], "GiB of host KV >= 0"),
