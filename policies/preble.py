@@ -136,7 +136,8 @@ class PrebleRouter(RouterBase):
         self._seq = 0
         self.root = self._new_node([], 0, None, 0, 0)
         self.alloc: dict[_Node, set[int]] = {}
-        """Upstream `gpu_allocations`: node -> GPUs it is allocated to."""
+        """Upstream `gpu_allocations`: node -> GPUs it is allocated to. NOTE: a set here may be shared by several
+        nodes (a moved subtree shares one), so it is never changed in place: a change puts a new set."""
         # the sliding-window histogram (upstream SlidingWindowHistogram), keyed by important node
         self._window: deque = deque()  # (time_s, important node, leaf)
         self.prompt_sum: dict[_Node, int] = {}
@@ -218,7 +219,7 @@ class PrebleRouter(RouterBase):
 
     @staticmethod
     def important(node: _Node) -> _Node:
-        while not node.is_large():
+        while node.tokens <= node.context_length - node.tokens:  # not node.is_large(), inlined (per request)
             node = node.parent
         return node
 
@@ -258,11 +259,21 @@ class PrebleRouter(RouterBase):
         """Upstream `current_allocation_per_gpu` (min_count 0) / `..._with_atleast_min_load(2)`."""
         cost = [0.0] * self.num_workers
         tpots = [self.tpot(g) for g in range(self.num_workers)]
+        # NOTE: node_cost inlined (this runs per request over every node in the window); the same operations in
+        # the same order, so the same floats: prefill_cost(node) + ref[g] * out * tpot, summed in window order.
+        prefill_token_s = self.options.prefill_token_s
+        alloc_get, count, miss_rate, out_tokens = self.alloc.get, self.count, self.miss_rate, self.out_tokens
         for node in self.prompt_sum:
-            if self.count[node] < min_count:
+            n = count[node]
+            if n < min_count:
                 continue
-            for g in self.alloc.get(node, ()):
-                cost[g] += self.node_cost(node, g, tpots[g])
+            gpus = alloc_get(node)
+            if not gpus:
+                continue
+            prefill = miss_rate[node] * n * prefill_token_s * node.tokens / len(gpus)
+            out, ref = out_tokens[node], node.ref
+            for g in gpus:
+                cost[g] += prefill + ref[g] * out * tpots[g]
         return cost
 
     # ------------------------------------------------------------------ decision
@@ -304,7 +315,11 @@ class PrebleRouter(RouterBase):
         self._belief[request.request_id] = self._believed(leaf, worker)
         node = leaf
         while node is not None:  # upstream update_gpu_allocation_for_parent and update_allocated_size, root included
-            self.alloc.setdefault(node, set()).add(worker)
+            gpus = self.alloc.get(node)
+            if gpus is None:
+                self.alloc[node] = {worker}
+            elif worker not in gpus:
+                self.alloc[node] = gpus | {worker}
             node.ref[worker] += 1
             node = node.parent
         self._window_add(now, important, leaf, request.output_tokens)
@@ -412,9 +427,11 @@ class PrebleRouter(RouterBase):
                     return
                 self._last_rebalance_s = now
             tpot = self.tpot(larger)
+            alloc_get, count = self.alloc.get, self.count
             candidates = sorted(
                 ((self.node_cost(node, larger, tpot), node.seq, node) for node in self.prompt_sum
-                 if larger in self.alloc.get(node, ()) and node.is_large() and self.count[node] > 1),
+                 if count[node] > 1 and node.tokens > node.context_length - node.tokens  # is_large(), inlined
+                 and larger in alloc_get(node, ())),
                 key=lambda c: (c[0], c[1]))
             if len(candidates) == 1:
                 moved, _, node = candidates[0]
@@ -422,7 +439,7 @@ class PrebleRouter(RouterBase):
                 if smaller not in self.alloc[node] and self.overloaded(node, larger, now):
                     larger_cost -= moved
                     smaller_cost += moved
-                    self.alloc[node].add(smaller)
+                    self.alloc[node] = self.alloc[node] | {smaller}
                     self._ttft.pop((node, larger), None)
             else:
                 for moved, _, node in candidates:
@@ -439,8 +456,12 @@ class PrebleRouter(RouterBase):
             ranked = ranked[1:]
 
     def _assign_subtree(self, node: _Node, gpu: int) -> None:
+        only = {gpu}  # one set for the whole subtree: sets in `alloc` are never changed in place
+        alloc = self.alloc
         stack = list(node.children.values())
+        pop, extend = stack.pop, stack.extend
         while stack:
-            child = stack.pop()
-            self.alloc[child] = {gpu}
-            stack.extend(child.children.values())
+            child = pop()
+            alloc[child] = only
+            if child.children:
+                extend(child.children.values())
