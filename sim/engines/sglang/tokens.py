@@ -42,28 +42,37 @@ def _canonical(runs: Iterable[Run]) -> tuple[Run, ...]:
 class Tokens:
     """An immutable token sequence as canonical runs. `len()` is its length in tokens."""
 
-    __slots__ = ("runs", "length", "_ends")
+    __slots__ = ("runs", "length", "_ends_list")
 
     def __init__(self, runs: Iterable[Run] = ()) -> None:
-        self._set(_canonical(runs))
-
-    def _set(self, runs: tuple[Run, ...]) -> None:
+        runs = _canonical(runs)
         self.runs = runs
-        self._ends = list(accumulate(n for _, _, n in runs))
-        """Token offset just past each run (for finding the run an offset falls in)."""
-        self.length = self._ends[-1] if self._ends else 0
+        self._ends_list = None
+        self.length = sum([n for _, _, n in runs])
 
     @classmethod
-    def _canonical_runs(cls, runs: tuple[Run, ...]) -> Tokens:
-        """Tokens from runs already canonical (a piece of a canonical sequence is)."""
+    def _canonical_runs(cls, runs: tuple[Run, ...], length: int) -> Tokens:
+        """Tokens from runs already canonical (a piece of a canonical sequence is) of `length` tokens."""
         out = cls.__new__(cls)
-        out._set(runs)
+        out.runs = runs
+        out._ends_list = None
+        out.length = length
         return out
+
+    @property
+    def _ends(self) -> list[int]:
+        """Token offset just past each run (for finding the run an offset falls in); computed when first needed
+        (most pieces of a prompt are never located into)."""
+        ends = self._ends_list
+        if ends is None:
+            ends = self._ends_list = list(accumulate([n for _, _, n in self.runs]))
+        return ends
 
     def _locate(self, offset: int) -> tuple[int, int]:
         """(index of the run holding token `offset`, tokens of that run before it)."""
-        i = bisect_right(self._ends, offset)
-        return i, offset - (self._ends[i - 1] if i else 0)
+        ends = self._ends
+        i = bisect_right(ends, offset)
+        return i, offset - (ends[i - 1] if i else 0)
 
     def __len__(self) -> int:
         return self.length
@@ -87,17 +96,20 @@ class Tokens:
             return self
         if start >= stop:
             return Tokens()
+        # NOTE: the runs wholly inside [start, stop) are taken as one tuple slice; only the first and the last run
+        # may be cut.
+        #   runs:   | i .......... | i+1 | ... | j-1 | j .......... |
+        #   slice:       ^start: (key, s + inner, n - inner)    ^stop: (key, s, stop - ends[j - 1])
         i, inner = self._locate(start)
-        out: list[Run] = []
-        pos = start
+        j, inner_stop = self._locate(stop - 1)  # the run holding the last token taken
         runs = self.runs
-        while pos < stop:
-            key, s, n = runs[i]
-            take = min(n - inner, stop - pos)
-            out.append((key, s + inner, take))
-            pos += take
-            i, inner = i + 1, 0
-        return Tokens._canonical_runs(tuple(out))
+        key, s, n = runs[i]
+        if i == j:
+            return Tokens._canonical_runs(((key, s + inner, inner_stop + 1 - inner),), stop - start)
+        first = (key, s + inner, n - inner) if inner else runs[i]
+        key, s, n = runs[j]
+        last = runs[j] if inner_stop + 1 == n else (key, s, inner_stop + 1)
+        return Tokens._canonical_runs((first,) + runs[i + 1:j] + (last,), stop - start)
 
     def token(self, index: int) -> tuple[Hashable, int]:
         """The identity of token `index`."""
@@ -126,7 +138,17 @@ class Tokens:
             return 0
         ib, ob = other._locate(offset) if offset else (0, 0)
         n = ia = oa = 0
-        while ia < len(a) and ib < len(b):
+        len_a, len_b = len(a), len(b)
+        while ia < len_a and ib < len_b:
+            if not oa and not ob and a[ia] == b[ib]:
+                # NOTE: both at a run's start and equal runs: skip every equal run at once (a prompt of chained
+                # block hashes is a run per block), then go on run by run as below.
+                k = _common_runs(a, ia, b, ib, min(len_a - ia, len_b - ib))
+                ends = self._ends
+                n += ends[ia + k - 1] - (ends[ia - 1] if ia else 0)
+                ia += k
+                ib += k
+                continue
             ka, sa, na = a[ia]
             kb, sb, nb = b[ib]
             if ka != kb or sa + oa != sb + ob:
@@ -140,6 +162,21 @@ class Tokens:
             if ob == nb:
                 ib, ob = ib + 1, 0
         return n
+
+
+def _common_runs(a: tuple[Run, ...], ia: int, b: tuple[Run, ...], ib: int, m: int) -> int:
+    """How many runs `a[ia:]` and `b[ib:]` share from their first (>= 1: the first are equal; at most `m`), by
+    bisection over tuple-slice comparisons, which run in C."""
+    if a[ia:ia + m] == b[ib:ib + m]:
+        return m
+    lo, hi = 1, m  # a[ia:ia + lo] == b[ib:ib + lo], a[ia:ia + hi] != b[ib:ib + hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[ia + lo:ia + mid] == b[ib + lo:ib + mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def prompt_tokens(request: Request, block_size: int) -> Tokens:

@@ -130,6 +130,27 @@ def _naive_match(paths: list[Tokens], key: Tokens) -> int:
     return max((p.match(key) for p in paths), default=0)
 
 
+def _expanded(t: Tokens) -> list:
+    """The sequence token by token: what the runs stand for."""
+    return [(key, start + i) for key, start, n in t.runs for i in range(n)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(SEQ, SEQ, st.integers(0, 30), st.integers(0, 30))
+def test_runs_slice_and_match_as_token_lists_do(a_runs, b_runs, start, stop):
+    # Runs of one key with consecutive offsets (("a", 0, 2), ("a", 2, 3)) merge, so equal runs, runs cut inside and
+    # whole-run skips (the fast path of `match`) all occur.
+    a, b = Tokens(a_runs), Tokens(b_runs + a_runs)
+    ta, tb = _expanded(a), _expanded(b)
+    piece = a.slice(start, stop)
+    assert _expanded(piece) == ta[start:stop] and len(piece) == len(ta[start:stop])
+    assert piece == Tokens(piece.runs)  # still canonical
+    for offset in range(len(tb) + 1):
+        rest = tb[offset:]
+        naive = next((i for i, (x, y) in enumerate(zip(ta, rest)) if x != y), min(len(ta), len(rest)))
+        assert a.match(b, offset) == naive
+
+
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["insert", "match", "evict", "lock"]), SEQ, st.integers(1, 30)),
                 max_size=40),
