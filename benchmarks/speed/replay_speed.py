@@ -14,8 +14,9 @@ printed beside. The SGLang rows run kvsim's SGLang engine (64-token pages, `scen
 mocker's `--backend sglang`. These machines are shared and noisy: compare the ratios measured in one run, not absolute seconds.
 
 `--sessions N` adds, after the trace table, the long-context agent trace of `session_speed.py` (N sessions x 30 turns,
-contexts up to 64k tokens at block 16, as Dynamo's mooncake-delta): requests/s, blocks/s and peak RSS per router beside
-the mocker on the same file (vLLM; `session_speed.py` itself also runs SGLang and cProfile).
+contexts up to 64k tokens at block 16, as Dynamo's mooncake-delta): requests/s, blocks/s and peak RSS for every router
+of the trace table, each beside the mocker on the same file (round robin beside its round robin, the others beside its
+KV router; vLLM; `session_speed.py` itself also runs SGLang and cProfile).
 """
 
 from __future__ import annotations
@@ -123,9 +124,10 @@ def main() -> None:
              ("conversation", 8, 1_000_000, "round-robin", "round_robin", "sglang")]
     # NOTE: every other router that reads the cluster, against the mocker's KV router on the same trace (the
     # mocker has none of them; its KV router is the bar: "as fast as Dynamo's mocker with its KV router").
-    cases += [("conversation", 8, 3_000_000, r, "kv_router", "vllm") for r in (
-        "kv-aware:state=events", "kv-aware:state=approximate", "least-loaded", "p2c", "llm-d", "sglang-cache-aware",
-        "aibrix-prefix-cache", "aibrix-least-kv-cache", "vllm-router-loadaware", "preble", "kvsim")]
+    others = ("kv-aware:state=events", "kv-aware:state=approximate", "least-loaded", "p2c", "llm-d",
+              "sglang-cache-aware", "aibrix-prefix-cache", "aibrix-least-kv-cache", "vllm-router-loadaware", "preble",
+              "kvsim")
+    cases += [("conversation", 8, 3_000_000, r, "kv_router", "vllm") for r in others]
     mocker_runs: dict[tuple, dict] = {}
     have_mocker = args.mocker_python.exists()
     job_counts = [1] + ([args.jobs] if args.jobs > 1 else [])
@@ -160,8 +162,9 @@ def main() -> None:
                   flush=True)
     if args.sessions:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from session_speed import ROUTERS, session_table
-        session_table(args.sessions, routers=list(ROUTERS), engines=["vllm"], mocker_python=args.mocker_python,
+        from session_speed import session_table
+        session_table(args.sessions, routers=["round-robin", "kv-aware", *others], engines=["vllm"],
+                      mocker_python=args.mocker_python,
                       out=Path(__file__).resolve().parent / "session_traces")
     if args.quick:
         return

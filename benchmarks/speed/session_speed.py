@@ -65,6 +65,12 @@ TOOL_MEDIAN, TOOL_SIGMA, TOOL_MIN = 700, 1.2, 16
 LATENCY_MEDIAN_S, LATENCY_SIGMA = 1.5, 1.0
 RATE_PER_S = 0.25
 ROUTERS = {"round-robin": "round_robin", "kv-aware": "kv_router"}     # kvsim name -> the mocker's
+
+
+def mocker_router(router: str) -> str:
+    """The mocker's router a kvsim router (NAME or NAME:key=value,...) is compared with: its counterpart, else the
+    mocker's KV router (the mocker has no other router; its KV router is the speed bar)."""
+    return ROUTERS.get(router, "kv_router")
 ENGINES = ("vllm", "sglang")
 
 
@@ -287,26 +293,30 @@ def session_table(sessions: int, *, routers: list[str], engines: list[str], mock
     have_mocker = mocker_python.exists()
     if not have_mocker:
         print(f"  (no mocker: {mocker_python} does not exist; see benchmarks/oracles/dynamo-mocker/README.md)")
-    print(f"{'sim':6s} {'engine':6s} {'router':11s} {'reuse':>6s} {'wall s':>8s} {'req/s':>7s} {'blocks/s':>10s} "
+    print(f"{'sim':6s} {'engine':6s} {'router':26s} {'reuse':>6s} {'wall s':>8s} {'req/s':>7s} {'blocks/s':>10s} "
           f"{'peak RSS MB':>11s} {'sim s':>7s} {'cpu s':>7s} {'ratio':>6s} {'cpu ratio':>9s}")
 
     def line(sim: str, engine: str, router: str, r: dict, m: dict | None = None) -> None:
         ratio = (f"{(r['requests'] / r['wall_s']) / (m['requests'] / m['wall_s']):6.2f} "
                  f"{m['cpu_s'] / r['cpu_s']:9.2f}") if m else ""
-        print(f"{sim:6s} {engine:6s} {router:11s} {r['reuse']:6.4f} {r['wall_s']:8.1f} {r['requests'] / r['wall_s']:7.1f} "
+        print(f"{sim:6s} {engine:6s} {router:26s} {r['reuse']:6.4f} {r['wall_s']:8.1f} {r['requests'] / r['wall_s']:7.1f} "
               f"{figures['prompt_blocks'] / r['wall_s']:10,.0f} {r['peak_rss_mb']:11.0f} {r['simulated_s']:7.0f} "
               f"{r['cpu_s']:7.1f} {ratio}",
               flush=True)
 
+    mocker_runs: dict[tuple[str, str], dict] = {}
     for engine in engines:
         for router in routers:
             m = None
             if have_mocker:
-                m = _json_run([str(mocker_python), str(Path(__file__).resolve()), "_mocker", str(trace), "--router",
-                               ROUTERS[router], "--backend", engine])
-                if m["requests"] != rows:
-                    raise SystemExit(f"the mocker completed {m['requests']} of {rows} requests")
-                line("mocker", engine, ROUTERS[router], m)
+                key = (engine, mocker_router(router))
+                if key not in mocker_runs:  # once per engine and mocker router, printed then
+                    m = mocker_runs[key] = _json_run([str(mocker_python), str(Path(__file__).resolve()), "_mocker",
+                                                      str(trace), "--router", key[1], "--backend", engine])
+                    if m["requests"] != rows:
+                        raise SystemExit(f"the mocker completed {m['requests']} of {rows} requests")
+                    line("mocker", engine, key[1], m)
+                m = mocker_runs[key]
             stats = out / f"kvsim-{engine}-{router}.prof" if profile else None
             me = [sys.executable, str(Path(__file__).resolve())]
             if kvsim_side == "replay":
@@ -338,7 +348,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sessions", type=int, default=2000, help="agent sessions (30 turns each; default 2,000)")
     p.add_argument("--rate", type=float, default=RATE_PER_S, help=f"sessions started per second (default {RATE_PER_S})")
-    p.add_argument("--routers", default="round-robin,kv-aware", help=f"kvsim routers among {', '.join(ROUTERS)}")
+    p.add_argument("--routers", default="round-robin,kv-aware",
+                   help="kvsim routers, NAME or NAME:key=value (`kvsim routers`); each beside the mocker's "
+                        f"{' / '.join(ROUTERS.values())} ({', '.join(ROUTERS)}), the others beside its kv_router")
     p.add_argument("--engines", default="vllm", help=f"among {', '.join(ENGINES)} (default vllm)")
     p.add_argument("--mocker-python", type=Path, default=REPO / ".venv-dynamo" / "bin" / "python",
                    help="python of a venv with ai-dynamo-runtime==1.6.1")
@@ -351,8 +363,11 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     routers = [r for r in a.routers.split(",") if r]
     engines = [e for e in a.engines.split(",") if e]
-    if bad := [r for r in routers if r not in ROUTERS]:
-        raise SystemExit(f"--routers: unknown {', '.join(bad)}; allowed: {', '.join(ROUTERS)}")
+    from policies import ROUTERS as KVSIM_ROUTERS
+    if bad := [r for r in routers if r.partition(":")[0] not in KVSIM_ROUTERS]:
+        raise SystemExit(f"--routers: unknown {', '.join(bad)}; allowed: {', '.join(KVSIM_ROUTERS)}")
+    if a.kvsim_side == "driver" and (bad := [r for r in routers if r not in ROUTERS]):
+        raise SystemExit(f"--routers with --kvsim-side driver: {', '.join(bad)}; allowed: {', '.join(ROUTERS)}")
     if bad := [e for e in engines if e not in ENGINES]:
         raise SystemExit(f"--engines: unknown {', '.join(bad)}; allowed: {', '.join(ENGINES)}")
     if a.sessions < 1:
