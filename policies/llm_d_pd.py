@@ -53,7 +53,8 @@ GUIDE_PREFILL: dict[str, Any] = {
     "prefix_cache_weight": 0.0, "queue_weight": 0.0, "kv_cache_utilization_weight": 0.0,
     "affinity_filter": True, "affinity_threshold": 0.80, "peak_prefill_throughput_tokens_per_s": 33821.0,
     "token_load_weight": 1.0, "max_prefix_tokens_to_match": 131072}
-"""The guide's prefill profile: prefill-filter, prefix-cache-affinity-filter (peakPrefillThroughput 33821), token-load-scorer."""
+"""The guide's prefill profile: prefill-filter, prefix-cache-affinity-filter (peakPrefillThroughput 33821),
+token-load-scorer."""
 
 GUIDE_DECODE: dict[str, Any] = {
     "prefix_cache_weight": 0.0, "queue_weight": 0.0, "kv_cache_utilization_weight": 0.0, "active_request_weight": 1.0}
@@ -73,7 +74,7 @@ class LlmdPdRouter(PdRouterBase):
     decode pod, then the prefill profile; both pods booked at arrival."""
 
     name = "llm-d-pd"
-    summary = "llm-d P/D: decode profile first, prefill decider (always / prefix-based) on its pod, then the prefill profile"
+    summary = "llm-d P/D: the decode profile first, a prefill decider (always / prefix) on its pod, then the prefill one"
     Options = LlmdPdOptions
 
     def __init__(self, **kwargs) -> None:
@@ -95,7 +96,8 @@ class LlmdPdRouter(PdRouterBase):
             max_blocks = o.max_prefix_tokens_to_match // G if o.max_prefix_tokens_to_match > 0 else (
                 o.max_prefix_blocks_to_match or None)
             reported = decode.cache_num_blocks(0) if o.auto_tune else 0
-            self._decider_index = _ApproxIndex(decode, G, max_blocks, reported if reported > 0 else o.lru_capacity_per_server)
+            capacity = reported if reported > 0 else o.lru_capacity_per_server
+            self._decider_index = _ApproxIndex(decode, G, max_blocks, capacity)
 
     # ------------------------------------------------------------------ decision
     def disaggregate(self, request: Request, decode_worker: int) -> bool:

@@ -46,7 +46,7 @@ class SglangPdRouter(PdRouterBase):
     """SGLang's PD router (module docstring): independent prefill and decode policies, both at arrival."""
 
     name = "sglang-pd"
-    summary = "SGLang PD router: --prefill-policy over prefill, --decode-policy over decode (both cache_aware), picked together"
+    summary = "SGLang PD router: --prefill-policy and --decode-policy (cache_aware each), both picked at arrival"
     Options = SglangPdOptions
 
     def __init__(self, **kwargs) -> None:
