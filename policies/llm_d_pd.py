@@ -74,7 +74,7 @@ class LlmdPdRouter(PdRouterBase):
     decode pod, then the prefill profile; both pods booked at arrival."""
 
     name = "llm-d-pd"
-    summary = "llm-d P/D: the decode profile first, a prefill decider (always / prefix) on its pod, then the prefill one"
+    summary = "llm-d P/D: the decode profile first, a prefill decider (always / prefix) on its pod, then prefill"
     Options = LlmdPdOptions
 
     def __init__(self, **kwargs) -> None:
