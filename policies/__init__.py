@@ -10,6 +10,7 @@ from policies.kv_aware import KvAwareRouter
 from policies.kvsim_router import KvsimRouter
 from policies.least_loaded import LeastLoadedRouter
 from policies.llm_d import LlmdRouter
+from policies.llm_d_pd import LlmdPdRouter
 from policies.power_of_two import PowerOfTwoRouter
 from policies.preble import PrebleRouter
 from policies.prefix_hash import PrefixHashRouter
@@ -17,6 +18,7 @@ from policies.random_router import RandomRouter
 from policies.recorded import RecordedRouter
 from policies.round_robin import RoundRobinRouter
 from policies.sglang_gateway import SglangCacheAwareRouter
+from policies.sglang_pd import SglangPdRouter
 from policies.sticky import StickyRouter
 from policies.vllm_router import VllmRouterLoadAware, VllmRouterPrefixAware, VllmRouterSession
 
@@ -47,7 +49,7 @@ def _pd_registry(*classes: type[PdRouterBase]) -> dict[str, type[PdRouterBase]]:
     return registry
 
 
-PD_ROUTERS = _pd_registry(PdStagesRouter, DynamoDisaggRouter)
+PD_ROUTERS = _pd_registry(PdStagesRouter, DynamoDisaggRouter, LlmdPdRouter, SglangPdRouter)
 """Routers of disaggregated clusters (`sim.routing.interface.DisaggregatedRouter`): one class plus one line here."""
 
 __all__ = ["PD_ROUTERS", "ROUTERS"]
