@@ -21,6 +21,7 @@ import simpy
 
 from sim.cluster.arrivals import sessions as drive_sessions
 from sim.results.records import RequestRecord, WorkerCounters, prefix_cache_hit_rate, total_counters
+from sim.results.streaming_pd import PdTally
 from sim.results.summary import slo_columns
 from sim.runner import build_cluster, build_router
 from sim.scenario import Scenario
@@ -45,6 +46,23 @@ class ReplayResult:
     records: tuple[RequestRecord, ...] = ()
     """Every request's record, in completion order, when the replay was asked to keep them (`keep_records`);
     empty otherwise (a replay's memory is bounded by the caches, not by the trace)."""
+    pools: tuple[int, int] | None = None
+    """A disaggregated cluster's (prefill workers, decode workers): workers 0..P-1 prefill; None: aggregated."""
+    pool_busy_s: tuple[float, float] = (0.0, 0.0)
+    """A disaggregated cluster's device busy time summed per pool over the replay: (prefill, decode)."""
+    pd: PdTally | None = None
+    """A disaggregated cluster's transfers and TTFT split, counted as requests finished (None: aggregated)."""
+
+    def pd_row(self) -> dict[str, float | int]:
+        """A disaggregated replay's P/D columns (`PD_COLUMNS`, as `kvsim run`'s summary has them), each pool's
+        utilisation over the replay's span (first request sent to last finished); empty for an aggregated one."""
+        if self.pools is None or self.pd is None:
+            return {}
+        span_s = self.stats.span_s
+        utilisation = tuple(busy / (n * span_s) if span_s > 0 else float("nan")
+                            for busy, n in zip(self.pool_busy_s, self.pools))
+        return self.pd.figures(prefill_workers=self.pools[0], decode_workers=self.pools[1],
+                               utilisation=utilisation).row()
 
     def row(self) -> dict[str, float | int]:
         """The replay's figures as flat columns (`kvsim replay`'s summary.csv, `kvsim compare --trace`): prefix reuse
@@ -64,6 +82,8 @@ class ReplayResult:
             "cpu_hit_rate": st.cpu_hit_rate, "cpu_prefix_reuse": st.cpu_prefix_reuse,
             "cpu_stored_blocks": engine.cpu_stored_blocks, "cpu_loaded_blocks": engine.cpu_loaded_blocks,
             "cpu_evicted_blocks": engine.cpu_evicted_blocks,
+            # NOTE: only for a disaggregated cluster, so that an aggregated replay keeps its columns.
+            **self.pd_row(),
         }
 
     def slo_row(self) -> dict[str, float | int]:
@@ -128,19 +148,36 @@ def device_groups(scenario: Scenario, jobs: int) -> list[frozenset[int]]:
 
 def _simulation(scenario: Scenario, bin_s: float, fast_forward: bool, keep_records: bool):
     """A replay's SimPy environment, cluster, streaming statistics, the records list (filled only with
-    `keep_records`) and the callback that takes each finished request's record."""
+    `keep_records`), the callback that takes each finished request's record and, for a disaggregated cluster, the
+    tally of its P/D figures (None otherwise)."""
     env = simpy.Environment()
     cluster = build_cluster(env, scenario, build_router(scenario), fast_forward=fast_forward)
     stats = StreamingStats(num_workers=len(cluster.workers), bin_s=bin_s, slo=scenario.slo.to_slo())
     records: list[RequestRecord] = []
-    if not keep_records:
-        return env, cluster, stats, records, stats.add
+    tally = PdTally() if scenario.cluster.disaggregation is not None else None
+    if not keep_records and tally is None:
+        return env, cluster, stats, records, stats.add, tally
 
     def on_record(record: RequestRecord) -> None:
         stats.add(record)
-        records.append(record)
+        if tally is not None:
+            tally.add(record)
+        if keep_records:
+            records.append(record)
 
-    return env, cluster, stats, records, on_record
+    return env, cluster, stats, records, on_record, tally
+
+
+def _result(scenario: Scenario, env, cluster, stats: StreamingStats, rejected: int, records: list[RequestRecord],
+            tally: PdTally | None) -> ReplayResult:
+    """The replay's result once its environment has run out; a disaggregated cluster's pools and busy time too."""
+    pd = scenario.cluster.disaggregation
+    if pd is None:
+        return ReplayResult(stats, cluster.counters(), env.now, rejected, records=tuple(records))
+    P = pd.prefill.workers
+    busy = [d.busy_s for d in cluster.devices]  # NOTE: a pool worker has a device of its own, prefill pool first
+    return ReplayResult(stats, cluster.counters(), env.now, rejected, records=tuple(records),
+                        pools=(P, pd.decode.workers), pool_busy_s=(sum(busy[:P]), sum(busy[P:])), pd=tally)
 
 
 def replay_sessions(scenario: Scenario, sessions: Iterable[Session], *, bin_s: float = 60.0,
@@ -149,7 +186,7 @@ def replay_sessions(scenario: Scenario, sessions: Iterable[Session], *, bin_s: f
     docstring): each session starts at its `start_s`, and each request its completions make due is sent after its
     delay (`sim.cluster.arrivals.sessions`). Requests longer than the engine accepts are refused (counted in
     `rejected`), and what would have followed them in their session is never sent."""
-    env, cluster, stats, records, on_record = _simulation(scenario, bin_s, fast_forward, keep_records)
+    env, cluster, stats, records, on_record, tally = _simulation(scenario, bin_s, fast_forward, keep_records)
     max_tokens = scenario.max_request_tokens
     rejected = 0
 
@@ -162,12 +199,12 @@ def replay_sessions(scenario: Scenario, sessions: Iterable[Session], *, bin_s: f
 
     env.process(drive_sessions(env, cluster, sessions, on_record, on_session_end=stats.end_session, admit=admit))
     env.run()
-    return ReplayResult(stats, cluster.counters(), env.now, rejected, records=tuple(records))
+    return _result(scenario, env, cluster, stats, rejected, records, tally)
 
 
 def _replay(scenario: Scenario, trace: Trace, *, bin_s: float, fast_forward: bool,
             owned: frozenset[int] | None = None, keep_records: bool = False) -> ReplayResult:
-    env, cluster, stats, records, on_record = _simulation(scenario, bin_s, fast_forward, keep_records)
+    env, cluster, stats, records, on_record, tally = _simulation(scenario, bin_s, fast_forward, keep_records)
     max_tokens = scenario.max_request_tokens
     rejected = 0
 
@@ -195,7 +232,7 @@ def _replay(scenario: Scenario, trace: Trace, *, bin_s: float, fast_forward: boo
 
     env.process(arrivals())
     env.run()
-    return ReplayResult(stats, cluster.counters(), env.now, rejected, records=tuple(records))
+    return _result(scenario, env, cluster, stats, rejected, records, tally)
 
 
 def _replay_split(scenario: Scenario, open_trace: Callable[[], Trace], groups: list[frozenset[int]], *,
@@ -236,7 +273,13 @@ def _merge_parts(groups: list[frozenset[int]], parts: list[ReplayResult]) -> Rep
         stats.merge(part.stats)
     owner = {w: part for owned, part in zip(groups, parts) for w in owned}
     workers = tuple(owner[w.worker].workers[w.worker] for w in parts[0].workers)
-    return ReplayResult(stats, workers, max(p.simulated_s for p in parts), parts[0].rejected, jobs=len(parts))
+    pd = parts[0].pd
+    for part in parts[1:]:
+        if pd is not None and part.pd is not None:
+            pd.merge(part.pd)
+    busy = tuple(sum(p.pool_busy_s[i] for p in parts) for i in range(2))  # a part's devices are its own
+    return ReplayResult(stats, workers, max(p.simulated_s for p in parts), parts[0].rejected, jobs=len(parts),
+                        pools=parts[0].pools, pool_busy_s=busy, pd=pd)
 
 
 def _run_part(send, scenario: Scenario, open_trace: Callable[[], Trace], owned: frozenset[int], bin_s: float,

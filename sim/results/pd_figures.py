@@ -69,3 +69,4 @@ class PdFigures:
             "prefill_utilisation": self.utilisation[0],
             "decode_utilisation": self.utilisation[1],
         }
+
