@@ -16,8 +16,8 @@ built-in scenario's shared 24 GB GPU is dropped so that every layout has the sam
 
 Writes results.csv (a row per run) and results.txt (a table per workload and GPU count: mean ± 95 % t-interval over
 the repeats). The TTFT split is computed from the records the same way for every layout: engine queues, the
-prefill (admission to the first token on the worker that prefilled, less any load from a tier), the P/D transfer,
-the load from a tier, and the rest (hops, per-request overhead, the decode worker's last-token step). Built-in part:
+prefill (admission to the first token on the worker that prefilled), the P/D transfer, the load from a tier (vLLM
+admits a tier hit once its blocks are loaded: the load is taken out of the queue), and the rest (hops, per-request overhead, the decode worker's last-token step). Built-in part:
 ~2 min on 2 cores; the whole trace ~15 s to a minute per layout.
 """
 
@@ -115,8 +115,10 @@ def ttft_split_ms(records) -> dict[str, float]:
         if r.pd_prefill_worker >= 0:  # disaggregated: the record carries its split (no tier there)
             queue, prefill, transfer = r.ttft_queue_s, r.ttft_prefill_s, r.ttft_transfer_s
         else:
-            queue, transfer = r.admitted_s - r.arrival_s, 0.0
-            prefill = r.engine_first_token_s - r.admitted_s - tier
+            # NOTE: vLLM admits a tier hit when its loaded blocks are promoted (`admitted_s`), so the load
+            # (`tier_load_s`, from the step that started it) lies between arrival and admission, not in the prefill.
+            queue, transfer = r.admitted_s - r.arrival_s - tier, 0.0
+            prefill = r.engine_first_token_s - r.admitted_s
         parts["queue"] += queue
         parts["prefill"] += prefill
         parts["transfer"] += transfer
