@@ -186,10 +186,10 @@ SHOWN = (("req hit", "request_hit_rate", ".3f"), ("token hit", "token_hit_rate",
 
 
 def table(rows: list[dict], workload: str, gpus: int) -> list[str]:
-    sel = [r for r in rows if r["workload"] == workload and r["gpus"] == gpus]
+    sel = [r for r in rows if r["workload"] == workload and int(r["gpus"]) == gpus]
     if not sel:
         return []
-    reps = len({r["repeat"] for r in sel})
+    reps = len({str(r["repeat"]) for r in sel})
     lines = [f"\n{workload}, {gpus} GPUs ({'mean ± 95% CI over ' + str(reps) + ' seeds' if reps > 1 else 'one run'}; "
              f"reuse available {mean(r['reuse_available'] for r in sel):.3f})",
              "| layout | router | store | " + " | ".join(h for h, _, _ in SHOWN) + " |",
@@ -205,6 +205,10 @@ def table(rows: list[dict], workload: str, gpus: int) -> list[str]:
             cells.append(format(ci.mean, spec) + (f" ± {format(ci.half_width, spec)}" if reps > 1 else ""))
         lines.append(f"| {key[0]} | {key[1]} | {key[2]} | " + " | ".join(cells) + " |")
     return lines
+
+
+def _part(workload: str) -> str:
+    return "builtin" if workload.startswith("built-in") else "trace"
 
 
 def mean(values) -> float:
@@ -235,15 +239,20 @@ def main() -> None:
     with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
         rows = pool.map(one_builtin, todo_builtin, chunksize=1) + pool.map(one_trace, todo_trace, chunksize=1)
     args.out.mkdir(parents=True, exist_ok=True)
-    with (args.out / "results.csv").open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+    path = args.out / "results.csv"
+    # NOTE: the rows of the parts not run this time are kept, so that the parts can run one at a time.
+    kept = [r for r in (list(csv.DictReader(path.open())) if path.exists() else [])
+            if _part(r["workload"]) not in parts]
+    rows = kept + rows
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[-1]))
         writer.writeheader()
         writer.writerows(rows)
     lines = []
     if with_shared_kv_gib is None:
         lines.append("(no cluster-shared store in this checkout: its layouts were left out)")
     for workload in dict.fromkeys(r["workload"] for r in rows):
-        for g in sorted({r["gpus"] for r in rows}):
+        for g in sorted({int(r["gpus"]) for r in rows}):
             lines += table(rows, workload, g)
     text = "\n".join(lines) + "\n"
     print(text)
