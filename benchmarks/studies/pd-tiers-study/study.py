@@ -221,7 +221,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent)
-    parser.add_argument("--parts", default="builtin,trace")
+    parser.add_argument("--parts", default="builtin,trace",
+                        help="Parts to run (builtin, trace; '' runs none: the tables are rewritten from results.csv).")
     parser.add_argument("--gpus", default="6,8")
     parser.add_argument("--trace", type=Path, default=REPO / "traces" / "conversation_trace.jsonl")
     parser.add_argument("--limit", type=int, default=None, help="Replay only the trace's first N requests.")
@@ -230,13 +231,13 @@ def main() -> None:
     parser.add_argument("--trace-gpus", default="6", help="GPU counts on the trace, comma-separated.")
     args = parser.parse_args()
     gpus = [int(g) for g in args.gpus.split(",")]
-    parts = args.parts.split(",")
+    parts = [p for p in args.parts.split(",") if p]
     todo_builtin = [(n, layout, k) for n, stores in ((7, (64.0,)), (24, (4.0, 64.0))) for g in gpus
                     for layout in layouts(g, stores) for k in range(args.repeats)] if "builtin" in parts else []
     todo_trace = [(str(args.trace), args.limit, int(kv), layout) for kv in args.trace_kv_tokens.split(",")
                   for g in args.trace_gpus.split(",") for layout in layouts(int(g), (TRACE_STORE_GIB,))
                   ] if "trace" in parts else []
-    with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
+    with multiprocessing.get_context("fork").Pool(max(1, args.jobs)) as pool:
         rows = pool.map(one_builtin, todo_builtin, chunksize=1) + pool.map(one_trace, todo_trace, chunksize=1)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "results.csv"
@@ -245,7 +246,7 @@ def main() -> None:
             if _part(r["workload"]) not in parts]
     rows = kept + rows
     with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[-1]))
+        writer = csv.DictWriter(f, fieldnames=list(rows[-1]), extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
     lines = []
@@ -255,8 +256,8 @@ def main() -> None:
         for g in sorted({int(r["gpus"]) for r in rows}):
             lines += table(rows, workload, g)
     text = "\n".join(lines) + "\n"
-    print(text)
     (args.out / "results.txt").write_text(text)
+    print(text)
 
 
 if __name__ == "__main__":
