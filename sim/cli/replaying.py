@@ -394,14 +394,19 @@ def replay(trace_file, trace_path, workers, kv_tokens, kv_blocks, kv_bytes, rout
     console.print(table)
     console.print(f"{hit_rates_legend('request_hit_rate', 'prefix_reuse = token_hit_rate')}; {SHARED_FIRST_BLOCK}",
                   highlight=False)
+    # NOTE: a disaggregated replay names each worker's pool: requests count on their decode worker, the hits on
+    # the worker that prefilled (an aggregated replay's table and workers.csv keep their columns).
+    pools = result.pools
     load = Table(title="per worker")
-    for col in ("worker", "requests", "share of prompt tokens", "token hit rate", "preemptions"):
+    for col in ("worker", *(("pool",) if pools else ()), "requests", "share of prompt tokens", "token hit rate",
+                "preemptions"):
         load.add_column(col, key=col == "worker")
     worker_rows = []
     for w, n, tokens in zip(result.workers, st.requests_per_worker, st.prompt_tokens_per_worker):
-        worker_rows.append({"worker": w.worker, "requests": n, "prompt_tokens": tokens,
+        pool = ({"pool": "prefill" if w.worker < pools[0] else "decode"} if pools else {})
+        worker_rows.append({"worker": w.worker, **pool, "requests": n, "prompt_tokens": tokens,
                             "token_hit_rate": w.token_hit_rate, "preemptions": w.engine.preemptions})
-        load.add_row(str(w.worker), str(n), f"{tokens / max(1, st.prompt_tokens):.3f}",
+        load.add_row(str(w.worker), *pool.values(), str(n), f"{tokens / max(1, st.prompt_tokens):.3f}",
                      fmt(worker_rows[-1]["token_hit_rate"]), str(w.engine.preemptions))
     console.print(load)
     show_turns(sessions, host_tier=cpu_kv_gib_of(scenario) > 0)

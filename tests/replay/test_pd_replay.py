@@ -91,10 +91,16 @@ def test_the_pools_utilisation_is_their_busy_time_over_the_replay(pd_replay):
     assert 0 < row["prefill_utilisation"] <= 1 and 0 < row["decode_utilisation"] <= 1
 
 
-def test_an_aggregated_replay_has_no_pd_columns():
+def test_an_aggregated_replay_has_no_pd_columns(tmp_path):
     scenario = load_scenario(SCENARIOS / "trace-replay.yaml")[0].with_overrides(**{"cluster.workers": 2})
     result = replay(scenario, read_mooncake(CONVERSATION, block_size=scenario.engine.block_size, limit=20))
     assert result.pools is None and not set(PD_COLUMNS) & set(result.row())
+    cli = CliRunner().invoke(main, ["replay", str(CONVERSATION), "--limit", "20", "--workers", "2", "--out",
+                                    str(tmp_path)])
+    assert cli.exit_code == 0, cli.output
+    assert "transfer_p50_ms" not in (tmp_path / "summary.csv").read_text()
+    assert (tmp_path / "workers.csv").read_text().splitlines()[0] == (
+        "worker,requests,prompt_tokens,token_hit_rate,preemptions")
 
 
 def test_kvsim_replay_prints_and_writes_the_pd_columns(tmp_path):
@@ -106,6 +112,9 @@ def test_kvsim_replay_prints_and_writes_the_pd_columns(tmp_path):
     assert all(c in row for c in PD_COLUMNS)
     assert "transfer_p50_ms" in result.output and "decode_utilisation" in result.output
     assert (row["prefill_workers"], row["decode_workers"], row["remote_prefill_requests"]) == ("1", "2", "60")
+    workers = list(csv.DictReader((tmp_path / "workers.csv").open()))
+    assert [(w["worker"], w["pool"]) for w in workers] == [("0", "prefill"), ("1", "decode"), ("2", "decode")]
+    assert workers[0]["requests"] == "0"  # a request counts on its decode worker
     requests = list(csv.DictReader((tmp_path / "requests.csv").open()))
     assert int(row["transfer_tokens"]) == sum(int(r["transfer_tokens"]) for r in requests)
     parts = sum(float(row[f"ttft_{p}_mean_ms"]) for p in ("queue", "prefill", "transfer", "other"))
