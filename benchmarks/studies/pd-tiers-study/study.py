@@ -93,7 +93,22 @@ def layouts(gpus: int, store_gib: tuple[float, ...]) -> list[Layout]:
         for gib in store_gib:
             out += [Layout(gpus, None, "random", gib), Layout(gpus, None, "kv-aware", gib)]
         out.append(Layout(gpus, None, "random", store_gib[-1], SLOW_LINK))
+        if pd_with_store():  # both: the store is the prefill pool's (Dynamo's KVBM with disaggregation)
+            for gib in store_gib:
+                out += [Layout(gpus, mid, "random", gib), Layout(gpus, mid, "dynamo-disagg", gib)]
     return out
+
+
+def pd_with_store() -> bool:
+    """Whether this checkout models a shared store with prefill/decode pools (it refused them at first)."""
+    from sim.scenario import ScenarioError
+
+    base, _ = load_scenario(REPO / "scenarios" / "service-baseline.yaml")
+    try:
+        with_shared_kv_gib(with_pools(base.with_overrides(**{"cluster.deployments": []}), 1, 1), 1.0)
+    except (ScenarioError, ValueError):
+        return False
+    return True
 
 
 def scenario_for(base, layout: Layout, overrides: dict):
@@ -229,11 +244,15 @@ def main() -> None:
     parser.add_argument("--trace-kv-tokens", default="3000000,300000",
                         help="KV tokens per GPU on the trace, comma-separated.")
     parser.add_argument("--trace-gpus", default="6", help="GPU counts on the trace, comma-separated.")
+    parser.add_argument("--only-pd-store", action="store_true",
+                        help="Run only the P/D + shared store layouts of the built-in part (to append their rows).")
     args = parser.parse_args()
     gpus = [int(g) for g in args.gpus.split(",")]
     parts = [p for p in args.parts.split(",") if p]
     todo_builtin = [(n, layout, k) for n, stores in ((7, (64.0,)), (24, (4.0, 64.0))) for g in gpus
                     for layout in layouts(g, stores) for k in range(args.repeats)] if "builtin" in parts else []
+    if args.only_pd_store:  # add the P/D + store arm to an existing results.csv (see --only-pd-store)
+        todo_builtin = [t for t in todo_builtin if t[1].pools and t[1].shared_gib]
     todo_trace = [(str(args.trace), args.limit, int(kv), layout) for kv in args.trace_kv_tokens.split(",")
                   for g in args.trace_gpus.split(",") for layout in layouts(int(g), (TRACE_STORE_GIB,))
                   ] if "trace" in parts else []
