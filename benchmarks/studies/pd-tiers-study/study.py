@@ -127,11 +127,11 @@ def ttft_split_ms(records) -> dict[str, float]:
     parts = {"queue": 0.0, "prefill": 0.0, "transfer": 0.0, "tier_load": 0.0, "other": 0.0}
     for r in records:
         tier = getattr(r, "tier_load_s", 0.0)
-        if r.pd_prefill_worker >= 0:  # disaggregated: the record carries its split (no tier there)
-            queue, prefill, transfer = r.ttft_queue_s, r.ttft_prefill_s, r.ttft_transfer_s
+        # NOTE: vLLM admits a tier hit when its loaded blocks are promoted (`admitted_s`), so the load (`tier_load_s`,
+        # from the step that started it) lies between arrival and admission: it is taken out of the queue.
+        if r.pd_prefill_worker >= 0:  # disaggregated: the record carries its split (a tier load is the prefill's)
+            queue, prefill, transfer = r.ttft_queue_s - tier, r.ttft_prefill_s, r.ttft_transfer_s
         else:
-            # NOTE: vLLM admits a tier hit when its loaded blocks are promoted (`admitted_s`), so the load
-            # (`tier_load_s`, from the step that started it) lies between arrival and admission, not in the prefill.
             queue, transfer = r.admitted_s - r.arrival_s - tier, 0.0
             prefill = r.engine_first_token_s - r.admitted_s
         parts["queue"] += queue
