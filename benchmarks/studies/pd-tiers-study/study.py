@@ -15,10 +15,12 @@ built-in scenario's shared 24 GB GPU is dropped so that every layout has the sam
   with a tight 300k.
 
 Writes results.csv (a row per run) and results.txt (a table per workload and GPU count: mean ± 95 % t-interval over
-the repeats). The TTFT split is computed from the records the same way for every layout: engine queues, the
-prefill (admission to the first token on the worker that prefilled), the P/D transfer, the load from a tier (vLLM
-admits a tier hit once its blocks are loaded: the load is taken out of the queue), and the rest (hops, per-request overhead, the decode worker's last-token step). Built-in part:
-~2 min on 2 cores; the whole trace ~15 s to a minute per layout.
+the repeats); `--parts ''` rewrites results.txt from results.csv, and the rows of parts not run are kept, so the parts
+(and `--only-pd-store`) can run one at a time. The TTFT split is computed from the records the same way for every
+layout: engine queues, the prefill (admission to the first token on the worker that prefilled), the P/D transfer,
+the load from a tier (vLLM admits a tier hit once its blocks are loaded: the load is taken out of the queue), and the
+rest (hops, per-request overhead, the decode worker's last-token step). On 2 shared cores: the built-in part a few
+minutes; the trace's first 3,000 requests 10 to 60 s per layout (a store on a slow link the longest).
 """
 
 from __future__ import annotations
@@ -40,13 +42,8 @@ from sim.results.stats import t_interval  # noqa: E402
 from sim.results.summary import summarize  # noqa: E402
 from sim.routing.spec import router_overrides  # noqa: E402
 from sim.runner import run  # noqa: E402
-from sim.scenario import load_scenario, with_pools  # noqa: E402
+from sim.scenario import load_scenario, with_pools, with_shared_kv_gib  # noqa: E402
 from sim.workloads.traces import read_mooncake  # noqa: E402
-
-try:  # the cluster-shared store (helper tiers' --shared-kv-gib); the study runs without it, and says so
-    from sim.scenario import with_shared_kv_gib  # noqa: E402
-except ImportError:  # pragma: no cover - before the store existed
-    with_shared_kv_gib = None
 
 SLOW_LINK = 1.25e9
 """Bytes/s of a slow store link (10 GbE-class, an LMCache server over TCP): against the default 2.2e10 (200 Gb/s RDMA)."""
@@ -79,8 +76,9 @@ class Layout:
 
 
 def layouts(gpus: int, store_gib: tuple[float, ...]) -> list[Layout]:
-    """Aggregated random and kv-aware; the P/D splits with Dynamo's disaggregated router; at the middle split every
-    P/D router that applies; aggregated + a shared store (random and kv-aware, and random on a slow link)."""
+    """Aggregated random and kv-aware; the P/D splits with Dynamo's disaggregated router; at 2P every P/D router this
+    checkout registers; aggregated + a shared store (random and kv-aware, and random on a slow link); at 2P with the
+    store (random, dynamo-disagg) where the checkout models a store with P/D pools."""
     out = [Layout(gpus, None, "random"), Layout(gpus, None, "kv-aware")]
     splits = [(p, gpus - p) for p in (1, 2, gpus // 2) if 0 < p < gpus]
     for pools in dict.fromkeys(splits):
@@ -89,18 +87,17 @@ def layouts(gpus: int, store_gib: tuple[float, ...]) -> list[Layout]:
     out += [Layout(gpus, mid, "random"), Layout(gpus, mid, "kv-aware"),
             Layout(gpus, mid, "dynamo-disagg:conditional_disagg=true")]
     out += [Layout(gpus, mid, name) for name in ("llm-d-pd", "sglang-pd") if name in PD_ROUTERS]
-    if with_shared_kv_gib is not None:
+    for gib in store_gib:
+        out += [Layout(gpus, None, "random", gib), Layout(gpus, None, "kv-aware", gib)]
+    out.append(Layout(gpus, None, "random", store_gib[-1], SLOW_LINK))
+    if pd_with_store():  # both: the store is the prefill pool's (Dynamo's KVBM with disaggregation)
         for gib in store_gib:
-            out += [Layout(gpus, None, "random", gib), Layout(gpus, None, "kv-aware", gib)]
-        out.append(Layout(gpus, None, "random", store_gib[-1], SLOW_LINK))
-        if pd_with_store():  # both: the store is the prefill pool's (Dynamo's KVBM with disaggregation)
-            for gib in store_gib:
-                out += [Layout(gpus, mid, "random", gib), Layout(gpus, mid, "dynamo-disagg", gib)]
+            out += [Layout(gpus, mid, "random", gib), Layout(gpus, mid, "dynamo-disagg", gib)]
     return out
 
 
 def pd_with_store() -> bool:
-    """Whether this checkout models a shared store with prefill/decode pools (it refused them at first)."""
+    """Whether this checkout models a shared store with prefill/decode pools (kvsim refused them at first)."""
     from sim.scenario import ScenarioError
 
     base, _ = load_scenario(REPO / "scenarios" / "service-baseline.yaml")
@@ -264,13 +261,13 @@ def main() -> None:
     kept = [r for r in (list(csv.DictReader(path.open())) if path.exists() else [])
             if _part(r["workload"]) not in parts]
     rows = kept + rows
+    if not rows:
+        sys.exit(f"nothing to tabulate: no parts run and no rows in {path}")
     with path.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[-1]), extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
     lines = []
-    if with_shared_kv_gib is None:
-        lines.append("(no cluster-shared store in this checkout: its layouts were left out)")
     for workload in dict.fromkeys(r["workload"] for r in rows):
         for g in sorted({int(r["gpus"]) for r in rows}):
             lines += table(rows, workload, g)
