@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import math
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Hashable, Sequence
-from itertools import repeat
+from itertools import compress, repeat
+from operator import eq
 
 from sim.routing.prefix_index import WorkerMaskIndex
 
@@ -25,9 +26,12 @@ class RoutingHistory:
       tree evicts leaves: Dynamo, SGLang); False drops its first key first (llm-d's per-pod LRU adds a request's
       hashes in order, so its oldest entry is the prefix's root).
 
-    Invariant: each scope's `OrderedDict` is in last-recorded order, oldest first, so age and size evictions both
-    pop from its front. Enforcement at a check time only ever sees entries recorded before it: the check that
-    falls between two operations is applied lazily at the second, before it.
+    Stored as runs, not entries: each record is one run (its keys in drop order, all stamped alike); a key recorded
+    again moves to the new run, and its old place is left stale (the key's locator names the newer run). A scope is
+    its runs in record order, oldest first, so its live entries read in order are exactly the entries in
+    last-recorded order: age and size evictions both take from the front, a run at a time while a whole run goes.
+    A run left with no live entry is dropped at once. Enforcement at a check time only ever sees entries recorded
+    before it: the check that falls between two operations is applied lazily at the second, before it.
     """
 
     def __init__(self, num_workers: int, *, ttl_s: float | None = None, capacity_keys: int | None = None,
@@ -46,14 +50,20 @@ class RoutingHistory:
         self.check_interval_s = check_interval_s
         self.leaves_first = leaves_first
         self.per_worker = per_worker
-        self._scopes: list[OrderedDict] = [OrderedDict() for _ in range(num_workers if per_worker else 1)]
+        self._scopes: list[OrderedDict[int, _Run]] = [OrderedDict() for _ in range(num_workers if per_worker else 1)]
+        """Per scope, run number -> run, oldest first (an OrderedDict: popping its front stays O(1))."""
+        self._scope_entries = [0] * len(self._scopes)
+        """Live (key, worker) entries per scope."""
+        self._run_of: list[dict[Hashable, int]] = [{} for _ in range(num_workers)]
+        """Per worker, key -> the number of the run that holds its live entry."""
+        self._next_run = 0
         self._last_check = -1
         self._held = [0] * num_workers
         self.forgotten_keys = 0
         """(key, worker) entries dropped by age or size so far."""
 
     def __len__(self) -> int:
-        return sum(len(s) for s in self._scopes)
+        return sum(self._scope_entries)
 
     def keys_held(self, worker: int, now_s: float) -> int:
         """How many keys `worker` holds in the history now (SGLang's per-tenant tree size, in keys)."""
@@ -62,16 +72,30 @@ class RoutingHistory:
 
     def record(self, keys: Sequence[Hashable], worker: int, now_s: float) -> None:
         self._enforce(now_s)
-        scope = self._scopes[worker if self.per_worker else 0]
-        entries = list(zip(reversed(keys) if self.leaves_first else keys, repeat(worker)))
-        # NOTE: a repeat moves to the back (most recent): popped and re-added, both in C-level loops.
-        before = len(scope)
-        deque(map(scope.pop, entries, repeat(None)), maxlen=0)
-        self._held[worker] += len(entries) - (before - len(scope))
-        scope.update(zip(entries, repeat(now_s)))
+        scope_id = worker if self.per_worker else 0
+        scope = self._scopes[scope_id]
+        # NOTE: a repeated key keeps its first place in the run, as it did as an OrderedDict entry.
+        ordered = list(dict.fromkeys(reversed(keys) if self.leaves_first else keys))
+        if not ordered:
+            return
+        run_of = self._run_of[worker]
+        # NOTE: a repeat moves to the back (most recent): its old run loses a live entry (counted in C).
+        moved = Counter(map(run_of.get, ordered))
+        new_entries = moved.pop(None, 0)
+        for number, count in moved.items():
+            run = scope[number]
+            run.live -= count
+            if not run.live:
+                del scope[number]
+        self._held[worker] += new_entries
+        self._scope_entries[scope_id] += new_entries
+        number = self._next_run
+        self._next_run += 1
+        run_of.update(zip(ordered, repeat(number)))
+        scope[number] = _Run(now_s, worker, ordered)
         self.index.add_all(keys, worker)
         if self.check_interval_s == 0:
-            self._prune(scope)
+            self._prune(scope_id)
 
     def depths(self, keys: Sequence[Hashable], now_s: float) -> list[int]:
         self._enforce(now_s)
@@ -86,30 +110,75 @@ class RoutingHistory:
             self._last_check = tick
             now_s = tick * interval
         ttl = self.ttl_s
-        for scope in self._scopes:
+        for scope_id, scope in enumerate(self._scopes):
             if ttl is not None and scope:
                 expired = 0
-                for stamp in scope.values():  # oldest first
-                    if stamp + ttl > now_s:
+                for run in scope.values():  # oldest first; a run's entries share its stamp
+                    if run.stamp_s + ttl > now_s:
                         break
-                    expired += 1
-                self._drop_oldest(scope, expired)
+                    expired += run.live
+                self._drop_oldest(scope_id, expired)
             if interval > 0:
-                self._prune(scope)
+                self._prune(scope_id)
 
-    def _prune(self, scope: OrderedDict) -> None:
+    def _prune(self, scope_id: int) -> None:
         capacity = self.capacity_keys
-        if capacity is None or len(scope) <= capacity:
+        entries = self._scope_entries[scope_id]
+        if capacity is None or entries <= capacity:
             return
-        self._drop_oldest(scope, len(scope) - math.floor(self.prune_to * capacity))
+        self._drop_oldest(scope_id, entries - math.floor(self.prune_to * capacity))
 
-    def _drop_oldest(self, scope: OrderedDict, count: int) -> None:
+    def _drop_oldest(self, scope_id: int, count: int) -> None:
+        """Drop the scope's `count` oldest live entries: whole runs from the front, then the first live entries of
+        the next run."""
         if count <= 0:
             return
-        popitem = scope.popitem
-        dropped = [popitem(last=False)[0] for _ in range(count)]
+        scope = self._scopes[scope_id]
         held = self._held
-        for _, worker in dropped:
-            held[worker] -= 1
-        self.index.remove_pairs(dropped)
+        self._scope_entries[scope_id] -= count
         self.forgotten_keys += count
+        left = count
+        while left:
+            number, run = next(iter(scope.items()))
+            worker = run.worker
+            run_of = self._run_of[worker]
+            keys, start = run.keys, run.start
+            if run.live <= left:
+                if run.live == len(keys) - start:  # no stale place left: a slice
+                    live = keys[start:]
+                else:
+                    # NOTE: the run's live entries are its keys still located in it (C-level passes).
+                    live = list(compress(keys, map(eq, map(run_of.get, keys), repeat(number))))
+                del scope[number]
+            else:
+                if run.live == len(keys) - start:
+                    live = keys[start:start + left]
+                    start += left
+                else:
+                    live = []
+                    get = run_of.get
+                    while len(live) < left:
+                        key = keys[start]
+                        start += 1
+                        if get(key) == number:
+                            live.append(key)
+                run.start = start
+                run.live -= left
+            deque(map(run_of.__delitem__, live), maxlen=0)
+            held[worker] -= len(live)
+            left -= len(live)
+            self.index.remove_all(live, worker)
+
+
+class _Run:
+    """One record: `keys` in drop order, from `start` on (the ones before were dropped), `live` of them still
+    located here (the others were recorded again later)."""
+
+    __slots__ = ("stamp_s", "worker", "keys", "start", "live")
+
+    def __init__(self, stamp_s: float, worker: int, keys: list[Hashable]) -> None:
+        self.stamp_s = stamp_s
+        self.worker = worker
+        self.keys = keys
+        self.start = 0
+        self.live = len(keys)
