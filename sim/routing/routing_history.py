@@ -30,8 +30,9 @@ class RoutingHistory:
     again moves to the new run, and its old place is left stale (the key's locator names the newer run). A scope is
     its runs in record order, oldest first, so its live entries read in order are exactly the entries in
     last-recorded order: age and size evictions both take from the front, a run at a time while a whole run goes.
-    A run left with no live entry is dropped at once. Enforcement at a check time only ever sees entries recorded
-    before it: the check that falls between two operations is applied lazily at the second, before it.
+    A run left with no live entry is dropped at once, one left mostly stale is compacted. Enforcement at a check
+    time only ever sees entries recorded before it: the check that falls between two operations is applied lazily
+    at the second, before it.
     """
 
     def __init__(self, num_workers: int, *, ttl_s: float | None = None, capacity_keys: int | None = None,
@@ -82,16 +83,24 @@ class RoutingHistory:
         # NOTE: a repeat moves to the back (most recent): its old run loses a live entry (counted in C).
         moved = Counter(map(run_of.get, ordered))
         new_entries = moved.pop(None, 0)
+        stale_runs = []
         for number, count in moved.items():
             run = scope[number]
             run.live -= count
             if not run.live:
                 del scope[number]
+            elif run.live * 2 < len(run.keys) - run.start:
+                stale_runs.append((number, run))
         self._held[worker] += new_entries
         self._scope_entries[scope_id] += new_entries
         number = self._next_run
         self._next_run += 1
         run_of.update(zip(ordered, repeat(number)))
+        for old_number, run in stale_runs:
+            # NOTE: a run mostly stale keeps only its live keys, so memory stays within twice the live entries
+            # (a history with no TTL and no capacity would otherwise keep every key ever recorded).
+            run.keys = list(compress(run.keys, map(eq, map(run_of.get, run.keys), repeat(old_number))))
+            run.start = 0
         scope[number] = _Run(now_s, worker, ordered)
         self.index.add_all(keys, worker)
         if self.check_interval_s == 0:

@@ -95,6 +95,18 @@ def test_a_repeat_leaves_a_stale_place_and_a_partly_dropped_run_keeps_its_order(
     assert h.depths(chain("a", 1), 3.0) == [0] and h.forgotten_keys == 4 and len(h) == 5
 
 
+def test_a_mostly_stale_run_is_compacted_and_keeps_its_drop_order():
+    # Root first (llm-d's order), capacity 7. t=0: a0..a5 (run 1). t=1: a0..a3 again (run 2): run 1 has 2 live keys
+    # of 6, so it keeps only [a4, a5]. t=2: b0 b1 makes 8 entries: the oldest, a4, goes; a5 stays.
+    h = RoutingHistory(1, capacity_keys=7, leaves_first=False)
+    h.record(chain("a", 6), 0, now_s=0.0)
+    h.record(chain("a", 4), 0, now_s=1.0)
+    assert h._scopes[0][0].keys == [("a", 4), ("a", 5)]
+    h.record(chain("b", 2), 0, now_s=2.0)
+    assert h.forgotten_keys == 1 and h.depths(chain("a", 6), 2.0) == [4]
+    assert h.index.holders(("a", 5)) == 1
+
+
 settings_strategy = st.fixed_dictionaries({
     "ttl_s": st.one_of(st.none(), st.sampled_from([0.5, 1.0, 3.0])),
     "capacity_keys": st.one_of(st.none(), st.integers(1, 12)),
