@@ -59,7 +59,20 @@ class WorkerMaskIndex:
 
     def remove_all(self, keys: Sequence[Hashable], worker: int) -> None:
         """`remove(key, worker)` for each key."""
-        self.remove_pairs(zip(keys, repeat(worker)))
+        # NOTE: remove_pairs' loop with the worker's bit taken once (no pair per key): the routing history drops
+        # whole runs of one worker's keys through here.
+        masks = self._masks
+        get = masks.get
+        keep = ~(1 << worker)
+        for key in keys:
+            mask = get(key)
+            if mask is None:
+                continue
+            mask &= keep
+            if mask:
+                masks[key] = mask
+            else:
+                del masks[key]
 
     def remove_pairs(self, pairs: Iterable[tuple[Hashable, int]]) -> None:
         """Worker `worker` no longer holds `key`, for each (key, worker) pair (the one place a mask loses a bit; a
