@@ -221,6 +221,9 @@ class VllmEngine:
         if self.scheduler.has_loaded_requests:
             return 0.0  # a load reported done: the next step promotes it, at once
         host_s = self.transfers.next_done_s()
+        if host_s is None and remote_s is None:
+            # NOTE: as without tiers: a P/D prefill worker may be waiting only for its held blocks' release.
+            return math.inf if self.scheduler.num_held_requests else None
         return host_s if remote_s is None else remote_s if host_s is None else min(host_s, remote_s)
 
     def describe_stall(self) -> str:
