@@ -367,14 +367,17 @@ class Scenario(ConfigModel):
 
     @property
     def shared_kv_bytes(self) -> int:
-        """The cluster-shared KV store in bytes: `engine.shared_kv_bytes`, 0 for an engine without one."""
-        return getattr(self.engine, "shared_kv_bytes", 0)
+        """The cluster-shared KV store in bytes: `engine.shared_kv_bytes` (with P/D pools the prefill pool's, whose
+        store it is), 0 for an engine without one."""
+        engine = self.engine if self.cluster.disaggregation is None else self.pool_engine("prefill")
+        return getattr(engine, "shared_kv_bytes", 0)
 
     def device_shared_link(self, device: DeviceSpec) -> tuple[float, float, float]:
         """(bandwidth bytes/s per direction, latency s, per-transfer overhead s) of `device`'s network link to the
         shared store: `engine.shared_link`; with tensor parallelism every rank moves its share of a block over its
         own NIC, so the device's rate is that many NICs' (as its host link's)."""
-        link = self.engine.shared_link
+        engine = self.engine if self.cluster.disaggregation is None else self.pool_engine("prefill")
+        link = engine.shared_link
         spec = self.device_time_model(device)
         tp = spec.tensor_parallel if spec.kind == "roofline" else 1
         return link.bandwidth * tp, link.latency_s, link.overhead_s
@@ -396,12 +399,14 @@ class Scenario(ConfigModel):
         return bandwidth * spec.tensor_parallel, latency
 
     @model_validator(mode="after")
-    def _shared_store_is_aggregated_only(self) -> Scenario:
-        # NOTE: a P/D cluster's workers are built by sim/cluster/disaggregated.py, which gives them no shared store.
-        if self.cluster.disaggregation is not None and any(
-                getattr(self.pool_engine(stage), "shared_kv_bytes", 0) for stage in ("prefill", "decode")):
-            raise ValueError("engine.shared_kv_bytes: a cluster-shared KV store with prefill/decode pools "
-                             "(cluster.disaggregation) is not modelled; give one or the other")
+    def _shared_store_is_the_prefill_pools(self) -> Scenario:
+        # NOTE: with P/D pools the store is the prefill pool's (sim/cluster/disaggregated.py): decode workers receive
+        # their KV from the prefill worker and do not use it (Dynamo's disagg_kvbm.sh: decode --connector nixl).
+        pd = self.cluster.disaggregation
+        if pd is not None and pd.decode.engine.get("shared_kv_bytes"):
+            raise ValueError("cluster.disaggregation.decode.engine.shared_kv_bytes: decode workers do not use the "
+                             "shared store (it is the prefill pool's); allowed: 0, or set engine.shared_kv_bytes "
+                             "or cluster.disaggregation.prefill.engine.shared_kv_bytes")
         return self
 
     @model_validator(mode="after")

@@ -9,7 +9,7 @@ which read the public traces `kvsim traces fetch` downloads into traces/ (not in
 
 from __future__ import annotations
 
-OPT_IN_MARKERS = ("vllm_oracle", "sglang_oracle", "full_traces")
+OPT_IN_MARKERS = ("vllm_oracle", "sglang_oracle", "lmcache_oracle", "full_traces")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -245,6 +245,32 @@ def on_shared_kv(scenario: Scenario, gib: float | None) -> Scenario:
         raise click.ClickException(str(err).removeprefix("Value error, ")) from None
 
 
+# --- the host tier's connector (--cpu-kv-connector) ----------------------------------------------------------------
+CPU_KV_CONNECTOR_HELP = ("The connector running the host tier (--cpu-kv-gib; vLLM engine only): offloading (vLLM's "
+                         "OffloadingConnector, the default) or lmcache (LMCache 0.5.6 in-process: 256-token chunks, "
+                         "synchronous loads and stores; docs/concepts/kv-tiers.md). Default: the scenario's "
+                         "(engine.cpu_kv_connector).")
+
+
+def cpu_kv_connector_option(command: Callable) -> Callable:
+    """`--cpu-kv-connector NAME` (parameter `cpu_kv_connector`); apply it with `on_cpu_kv_connector`."""
+    return click.option("--cpu-kv-connector", "cpu_kv_connector", type=click.Choice(["offloading", "lmcache"]),
+                        default=None, help=CPU_KV_CONNECTOR_HELP)(command)
+
+
+def on_cpu_kv_connector(scenario: Scenario, name: str | None) -> Scenario:
+    """`scenario` with `--cpu-kv-connector` applied (unchanged without it), or a one-line error."""
+    if name is None:
+        return scenario
+    if "cpu_kv_connector" not in type(scenario.engine).model_fields:
+        raise click.ClickException(f"--cpu-kv-connector: engine.kind {scenario.engine.kind!r} has no host tier "
+                                   "connector to choose (only vllm)")
+    try:
+        return scenario.with_overrides(**{"engine.cpu_kv_connector": name})
+    except (ScenarioError, ValueError) as err:
+        raise click.ClickException(str(err).removeprefix("Value error, ")) from None
+
+
 def shared_kv_columns(scenario: Scenario) -> dict[str, float]:
     """The summary row's `shared_kv_gib` column when `scenario` has a shared store (else none: the row keeps its
     columns)."""

@@ -12,7 +12,7 @@ import click
 from sim.cli.app import (
     CPU_KV_HELP, ENGINE_HELP, SHARED_FIRST_BLOCK, SLO_HELP, UsageExit, checked_out_dir, console, err_console,
     executor_options, fmt, hit_rates_legend, load_or_exit, main, on_cpu_kv, on_engine, one_engine, open_executor_or_exit, positional_or_option, progress_bar,
-    on_shared_kv, shared_kv_columns, shared_kv_option,
+    on_shared_kv, shared_kv_columns, shared_kv_option, cpu_kv_connector_option, on_cpu_kv_connector,
     router_list, scenario_option, setup_text, slo_option, with_slo,
 )
 from sim.cli.render import Table, format_option
@@ -284,13 +284,14 @@ def trace_overrides(base: Scenario, *, block_size: int | None, kv_tokens: int | 
                    "sent: turn it off for traces of millions of requests to keep memory bounded by the caches.")
 @click.option("--slo", callback=slo_option, default=None, help=SLO_HELP)
 @click.option("--cpu-kv-gib", "cpu_kv_gib", type=click.FloatRange(min=0), default=None, help=CPU_KV_HELP)
+@cpu_kv_connector_option
 @shared_kv_option
 @executor_options
 @format_option("the row of summary.csv")
 @pd_options
 def replay(trace_file, trace_path, workers, kv_tokens, kv_blocks, kv_bytes, router, engine, scenario_path, trace_fmt,
            session_timing, infer_sessions, common_requests, block_size, trace_block_size, speed, limit, bin_s, out_dir, write_requests, jobs,
-           reuse_breakdown, slo, cpu_kv_gib, shared_kv_gib, executor_kind, dask_scheduler, prefill_workers=None,
+           reuse_breakdown, slo, cpu_kv_gib, cpu_kv_connector, shared_kv_gib, executor_kind, dask_scheduler, prefill_workers=None,
            decode_workers=None) -> None:
     """Replay a JSONL trace and report prefix reuse, TTFT and throughput.
 
@@ -340,6 +341,7 @@ def replay(trace_file, trace_path, workers, kv_tokens, kv_blocks, kv_bytes, rout
                         f"trace is {kind} (independent requests, open loop)")
     sessions_of_trace = kind != "mooncake" or infer_sessions
     base = on_shared_kv(on_cpu_kv(with_slo(trace_base(scenario_path, engine), slo), cpu_kv_gib), shared_kv_gib)
+    base = on_cpu_kv_connector(base, cpu_kv_connector)
     if sessions_of_trace and block_size is None:
         tb = trace_block_size or _session_block_tokens(trace, kind)
         if tb % base.engine.block_size:

@@ -14,7 +14,7 @@ from sim.cli.app import (
     CPU_KV_DETAIL, CPU_KV_HELP, ENGINE_HELP, SLO_HELP, capacity_text, checked_out_dir, console, engine_list,
     executor_options, fmt, gib_list, hardware_options, hit_rates_legend, int_list, kv_origin, kv_rule_note,
     load_or_exit, main, on_cpu_kv, on_engine, on_hardware, on_shared_kv, one_engine, positional_or_option,
-    reference_measurements, shared_kv_columns, shared_kv_option,
+    reference_measurements, shared_kv_columns, shared_kv_option, cpu_kv_connector_option, on_cpu_kv_connector,
     router_list, scenario_option, setup_text, slo_option, with_slo, workload_keys, workload_text,
 )
 from sim.cli import render
@@ -44,6 +44,7 @@ from sim.routing.spec import format_value, router_label, router_overrides
 @click.option("--cpu-kv-gib", "cpu_kv_gib", callback=gib_list, default=None,
               help="Host (CPU) KV tiers per worker to sweep, in GiB, comma-separated (e.g. 0,16); each is "
                    + CPU_KV_DETAIL)
+@cpu_kv_connector_option
 @shared_kv_option
 @click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True, help="Runs per point; repeat r uses seed + r.")
 @click.option("--seed", type=int, default=None, help="Base seed. Default: the scenario's.")
@@ -60,7 +61,8 @@ from sim.routing.spec import format_value, router_label, router_overrides
 @format_option("the rows of summary.csv (a row per run)")
 @pd_options
 @click.pass_context
-def sweep(ctx, scenario_path, prefixes, workers, concurrency, routers, engines, cpu_kv_gib, shared_kv_gib, repeats,
+def sweep(ctx, scenario_path, prefixes, workers, concurrency, routers, engines, cpu_kv_gib, cpu_kv_connector,
+          shared_kv_gib, repeats,
           seed, jobs, executor_kind, dask_scheduler, slo, model, gpu, kv_gib, out_dir, resume, prefill_workers=None,
           decode_workers=None) -> None:
     """Run a grid of points and compare the hit rate with the formula and the measurements.
@@ -80,6 +82,7 @@ def sweep(ctx, scenario_path, prefixes, workers, concurrency, routers, engines, 
     base, path = load_or_exit(scenario_path, gpu, shared_prefix="sweep")
     base = on_shared_kv(on_pd(on_hardware(with_slo(base, slo), model, gpu, kv_gib), prefill_workers, decode_workers),
                         shared_kv_gib)
+    base = on_cpu_kv_connector(base, cpu_kv_connector)
     if base.cluster.disaggregation is not None and workers and workers != [base.cluster.workers]:
         raise click.UsageError(f"--workers: a disaggregated cluster has prefill + decode workers "
                                f"({base.cluster.workers}); give the pools with --prefill-workers/--decode-workers")
@@ -198,6 +201,7 @@ def sweep(ctx, scenario_path, prefixes, workers, concurrency, routers, engines, 
               "Default: the scenario's.")
 @click.option("--engine", callback=one_engine, default=None, help=ENGINE_HELP)
 @click.option("--cpu-kv-gib", "cpu_kv_gib", type=click.FloatRange(min=0), default=None, help=CPU_KV_HELP)
+@cpu_kv_connector_option
 @shared_kv_option
 @click.option("--seed", type=int, default=None, help="Seed. Default: the scenario's.")
 @click.option("--slo", callback=slo_option, default=None, help=SLO_HELP)
@@ -208,7 +212,7 @@ def sweep(ctx, scenario_path, prefixes, workers, concurrency, routers, engines, 
 @format_option("the row of summary.csv")
 @pd_options
 def run_command(scenario_file, scenario_path, prefixes, workers, concurrency, router, engine, cpu_kv_gib,
-                shared_kv_gib, seed, slo, model, gpu, kv_gib, out_dir, prefill_workers=None, decode_workers=None) -> None:
+                cpu_kv_connector, shared_kv_gib, seed, slo, model, gpu, kv_gib, out_dir, prefill_workers=None, decode_workers=None) -> None:
     """Run one point of a scenario and print its summary.
 
     The scenario is SCENARIO or --scenario FILE (default: the built-in service-baseline); goodput counts the
@@ -223,7 +227,7 @@ def run_command(scenario_file, scenario_path, prefixes, workers, concurrency, ro
     out = checked_out_dir(out_dir)
     base, _ = load_or_exit(scenario_path, gpu)
     base = on_cpu_kv(on_hardware(with_slo(on_engine(base, engine), slo), model, gpu, kv_gib), cpu_kv_gib)
-    base = on_pd(base, prefill_workers, decode_workers)
+    base = on_cpu_kv_connector(on_pd(base, prefill_workers, decode_workers), cpu_kv_connector)
     if base.cluster.disaggregation is not None and workers is not None and workers != base.cluster.workers:
         raise click.UsageError(f"--workers: a disaggregated cluster has prefill + decode workers "
                                f"({base.cluster.workers}); give the pools with --prefill-workers/--decode-workers")

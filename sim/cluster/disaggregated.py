@@ -9,6 +9,12 @@ overhead (HTTP, tokenisation: paid once), `resp` = the response overhead):
 
 A request the router prefills locally (`PdChoice.prefill_worker` None) goes straight to its decode worker as in an
 aggregated cluster. See docs/concepts/disaggregation.md for the rules and their upstream sources.
+
+A cluster-shared KV store (`engine.shared_kv_bytes`) belongs to the prefill pool, as Dynamo deploys KVBM with
+disaggregation (`examples/backends/vllm/launch/disagg_kvbm.sh`: prefill workers `--connector kvbm nixl`, decode
+workers `--connector nixl`; `PdConnector`, `lib/bindings/kvbm/python/kvbm/vllm_integration/connector/
+pd_connector.py`: the offloading connector looks up, loads and stores on the prefill worker, NIXL only serves the
+decode worker's read). Decode workers neither read nor write it: their KV comes from the prefill worker.
 """
 
 from __future__ import annotations
@@ -20,11 +26,12 @@ import simpy
 
 from sim.cluster.device import Device
 from sim.cluster.host_link import HostLinkQueue
+from sim.cluster.network_link import NetworkLinkQueue, StoreBandwidth
 from sim.cluster.reuse import ReuseLedger
 from sim.cluster.transfer_link import KvTransferLink, RemoteKv
 from sim.cluster.worker import Worker
-from sim.engines.interface import CacheListener, EngineLoad, ServedRequest
-from sim.engines.registry import build_engine
+from sim.engines.interface import CacheListener, EngineLoad, ServedRequest, SharedTier
+from sim.engines.registry import build_engine, build_shared_store
 from sim.results.records import RequestRecord, WorkerCounters
 from sim.routing.interface import PdChoice, PdStage, PrefixState, PrefixStateSpec
 from sim.routing.prefix_state import build_prefix_state
@@ -156,6 +163,14 @@ class DisaggregatedCluster:
         self.workers: list[Worker] = []
         self.links: list[KvTransferLink | None] = []
         engines = {stage: scenario.pool_engine(stage) for stage in ("prefill", "decode")}
+        shared_store = store_bandwidth = None
+        if getattr(engines["prefill"], "shared_kv_bytes", 0):
+            # NOTE: the store is the prefill pool's (module docstring); the decode workers' engines have none.
+            shared_store = build_shared_store(engines["prefill"], kv_bytes_per_token=kv_bytes_per_token)
+            if engines["prefill"].shared_link.store_bandwidth is not None:
+                store_bandwidth = StoreBandwidth(bandwidth_bytes_per_s=engines["prefill"].shared_link.store_bandwidth)
+        if getattr(engines["decode"], "shared_kv_bytes", 0):
+            engines["decode"] = engines["decode"].model_copy(update={"shared_kv_bytes": 0})
         for dev in scenario.cluster.devices():
             stage = pd.pool_of(len(self.workers))
             device = Device(env, dev.name, speed=dev.speed, sharing_efficiency=dev.sharing_efficiency,
@@ -166,8 +181,14 @@ class DisaggregatedCluster:
             if getattr(engines[stage], "cpu_kv_bytes", 0):
                 bandwidth, latency = scenario.device_host_link(dev)
                 host_link = HostLinkQueue(bandwidth_bytes_per_s=bandwidth, latency_s=latency)
-            engine = build_engine(engines[stage], kv_bytes_per_token=kv_bytes_per_token, host_link=host_link)
             prefill = stage == "prefill"
+            shared_tier = None
+            if prefill and shared_store is not None:
+                bandwidth, latency, overhead = scenario.device_shared_link(dev)
+                shared_tier = SharedTier(shared_store, NetworkLinkQueue(
+                    bandwidth_bytes_per_s=bandwidth, latency_s=latency, overhead_s=overhead, store=store_bandwidth))
+            engine = build_engine(engines[stage], kv_bytes_per_token=kv_bytes_per_token, host_link=host_link,
+                                  shared_tier=shared_tier)
             self.workers.append(Worker(
                 env, len(self.workers), engine, device, time_model,
                 on_first_token=self._prefill_done if prefill else self._first_token,
@@ -305,7 +326,8 @@ class DisaggregatedCluster:
 
 def pd_record(record: RequestRecord, decode: ServedRequest, prefill: ServedRequest | None) -> RequestRecord:
     """`record` (built from the decode worker's request) with the P/D fields; for a remote prefill the hit and the
-    TTFT split are the prefill worker's:
+    TTFT split are the prefill worker's, and so are its tier hits and load time (a tier the prefill worker loaded
+    from: its host tier or the prefill pool's shared store):
 
         sent | hop | prefill queue | prefill | resp + hop | decode queue | transfer | last token | resp
              ^ prefill arrival     ^admitted ^ prefill first token        ^ decode arrival   ^ ttft
@@ -322,6 +344,7 @@ def pd_record(record: RequestRecord, decode: ServedRequest, prefill: ServedReque
     transfer = 0.0 if start is None else end - start
     decode_queue = (decode.admitted_s if start is None else start) - decode.arrival_s
     return replace(record, cached_tokens=prefill.num_cached_tokens, cpu_cached_tokens=prefill.num_cpu_hit_tokens,
+                   shared_cached_tokens=prefill.num_shared_hit_tokens, tier_load_s=prefill.tier_load_s,
                    pd_prefill_worker=prefill.worker, transfer_tokens=decode.num_remote_kv_tokens,
                    ttft_queue_s=(prefill.admitted_s - prefill.arrival_s) + decode_queue,
                    ttft_prefill_s=prefill.first_token_s - prefill.admitted_s, ttft_transfer_s=transfer)

@@ -55,14 +55,24 @@ def test_replay_with_a_shared_store(tmp_path):
     assert float(row["shared_kv_gib"]) == 64 and int(row["shared_stored_blocks"]) > 0
 
 
+def test_run_with_prefill_decode_pools_and_a_shared_store(tmp_path):
+    # the store is the prefill pool's: the hits come from the prefill workers, the decode workers never touch it
+    res = invoke("run", "--prefixes", "24", "--prefill-workers", "2", "--decode-workers", "4", "--concurrency", "8",
+                 "--router", "random", "--shared-kv-gib", "64", "--out", str(tmp_path))
+    assert res.exit_code == 0, res.output
+    row = next(csv.DictReader((tmp_path / "summary.csv").open()))
+    assert float(row["shared_kv_gib"]) == 64 and float(row["shared_hit_rate"]) > 0.5
+    assert float(row["request_hit_rate"]) > 0.99
+    requests = list(csv.DictReader((tmp_path / "requests.csv").open()))
+    assert any(int(r["shared_cached_tokens"]) > 0 and float(r["tier_load_s"]) > 0 for r in requests)
+
+
 @pytest.mark.parametrize("args, message", [
     (["run", "--shared-kv-gib", "-1"], "-1"),
     (["run", "--shared-kv-gib", "nan"], "finite"),
     (["run", "--engine", "sglang", "--shared-kv-gib", "4"], "has no cluster-shared KV tier"),
     (["sweep", "--prefixes", "2", "--engine", "vllm,sglang", "--shared-kv-gib", "4"], "has no cluster-shared KV tier"),
     (["replay", str(TRACES / "conversation_head400.jsonl"), "--shared-kv-gib", "x"], "--shared-kv-gib"),
-    (["run", "--prefill-workers", "2", "--decode-workers", "4", "--shared-kv-gib", "8"],
-     "with prefill/decode pools (cluster.disaggregation) is not modelled"),
 ])
 def test_bad_shared_kv_input_is_one_line(args, message):
     res = CliRunner().invoke(main, args)

@@ -22,6 +22,7 @@ from sim.engines.vllm.decode_stretch import DecodeStretch
 from sim.engines.vllm.kv_cache_manager import KVCacheManager
 from sim.engines.vllm.offload.connector import OffloadingConnector
 from sim.engines.vllm.offload.cpu_manager import CpuOffloadingManager
+from sim.engines.vllm.offload.lmcache import LmcacheConnector, LmcacheCpuBackend, LmcacheTransfers
 from sim.engines.vllm.offload.multi import MultiConnector, MultiTransfers
 from sim.engines.vllm.offload.transfers import HostTransfers
 from sim.engines.vllm.request_state import RequestState
@@ -57,11 +58,19 @@ class VllmEngine:
             max_model_len=spec.max_model_len, unhashed_to_head=behaviour.unhashed_to_head,
             free_tail_first=spec.free_order == "tail-first",
         )
-        self.connector: OffloadingConnector | MultiConnector | None = None
-        self.transfers: HostTransfers | MultiTransfers | None = None
+        self.connector: OffloadingConnector | MultiConnector | LmcacheConnector | None = None
+        self.transfers: HostTransfers | MultiTransfers | LmcacheTransfers | None = None
         self._bytes_per_block = spec.block_size * kv_bytes_per_token
         host = None
-        if spec.cpu_kv_bytes:
+        if spec.cpu_kv_bytes and spec.cpu_kv_connector == "lmcache":
+            if host_link is None:
+                raise ValueError("engine.cpu_kv_bytes needs a host link to time its copies")
+            lmcache = LmcacheConnector(LmcacheCpuBackend(spec.num_lmcache_chunks(kv_bytes_per_token)),
+                                       block_size=spec.block_size, chunk_tokens=spec.lmcache_chunk_tokens,
+                                       kv_bytes_per_token=kv_bytes_per_token)
+            self.connector = lmcache
+            self.transfers = LmcacheTransfers(lmcache, host_link)
+        elif spec.cpu_kv_bytes:
             if host_link is None:
                 raise ValueError("engine.cpu_kv_bytes needs a host link to time its copies")
             manager = CpuOffloadingManager(spec.num_cpu_chunks(kv_bytes_per_token),
@@ -200,6 +209,11 @@ class VllmEngine:
                 tiers[f"{name}_stored_blocks"] = counts.num_stored_chunks
                 tiers[f"{name}_loaded_blocks"] = counts.num_loaded_chunks
                 tiers[f"{name}_evicted_blocks"] = counts.num_evicted_chunks
+        elif isinstance(c, LmcacheConnector):
+            # NOTE: in GPU blocks, as the other tiers count (an LMCache chunk is blocks_per_chunk blocks).
+            k = c.blocks_per_chunk
+            tiers = {"cpu_stored_blocks": k * c.counters.num_stored_chunks,
+                     "cpu_loaded_blocks": k * c.counters.num_loaded_chunks, "cpu_evicted_blocks": k * c.num_evicted_chunks}
         elif c is not None:
             tiers = {"cpu_stored_blocks": c.counters.num_stored_chunks,
                      "cpu_loaded_blocks": c.counters.num_loaded_chunks, "cpu_evicted_blocks": c.num_evicted_chunks}
@@ -221,6 +235,9 @@ class VllmEngine:
         if self.scheduler.has_loaded_requests:
             return 0.0  # a load reported done: the next step promotes it, at once
         host_s = self.transfers.next_done_s()
+        if host_s is None and remote_s is None:
+            # NOTE: as without tiers: a P/D prefill worker may be waiting only for its held blocks' release.
+            return math.inf if self.scheduler.num_held_requests else None
         return host_s if remote_s is None else remote_s if host_s is None else min(host_s, remote_s)
 
     def describe_stall(self) -> str:

@@ -236,7 +236,10 @@ class Scheduler:
             preempted_before = state.num_preemptions > 0
             if looked_up and not behaviour.stats_at_admission_only:
                 self._record_lookup(state, num_gpu_hit, preempted_before)
-            if num_ext:
+            # NOTE: a synchronous tier (LMCache in-process, `load_kv_async=False`) loads in the admitting step: the
+            # request is scheduled at once with its loaded tokens computed (sim/engines/vllm/offload/lmcache.py).
+            sync_ext = num_ext if num_ext and getattr(connector, "sync_load", False) else 0
+            if num_ext and not sync_ext:
                 assert connector is not None
                 reserved = sum(map(kv.num_blocks_to_finish, self._inflight_prefills))
                 if not kv.allocate_for_load(state, hit_blocks, num_ext, reserved_blocks=reserved,
@@ -257,16 +260,18 @@ class Scheduler:
                 self._inflight_prefills.add(state)
                 skip(queue)
                 continue
-            computed = num_gpu_hit if looked_up else state.num_computed_tokens
+            computed = num_gpu_hit + sync_ext if looked_up else state.num_computed_tokens
             num_new = min(state.num_tokens - computed, budget)
             if not kv.allocate_slots(
-                state, num_new, hit_blocks, full_sequence_must_fit=behaviour.full_sequence_must_fit
+                state, sync_ext + num_new, hit_blocks, full_sequence_must_fit=behaviour.full_sequence_must_fit
             ):
                 break
             if connector is not None:
-                connector.after_alloc(state, num_gpu_hit, 0)
+                connector.after_alloc(state, num_gpu_hit, sync_ext)
                 if looked_up:
-                    connector.record_lookup(state, num_gpu_hit, 0, preempted=preempted_before)
+                    connector.record_lookup(state, num_gpu_hit, sync_ext, preempted=preempted_before)
+                if sync_ext and not preempted_before and state.num_cached_tokens is None:
+                    state.num_cpu_hit_tokens = sync_ext
                 if computed + num_new < state.num_tokens:
                     self._inflight_prefills.add(state)
             if looked_up and behaviour.stats_at_admission_only:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from sim.config import ConfigModel
 from sim.engines.vllm.behaviour import DEFAULT_VLLM_VERSION, parse_version
@@ -57,6 +57,14 @@ class VllmEngineSpec(ConfigModel):
         "lru", description="The host tier's eviction policy (kv_connector_extra_config eviction_policy): vLLM's "
                            "default lru (request-scoped recency), or arc (adaptive replacement: chunks seen once "
                            "vs reused, with ghost lists), both as in vLLM 0.33.0's CPU offloading manager.")
+    cpu_kv_connector: Literal["offloading", "lmcache"] = Field(
+        "offloading",
+        description="The connector that runs the host tier (cpu_kv_bytes): vLLM's own OffloadingConnector "
+                    "(offloading), or LMCache 0.5.6 in-process (lmcache: kv_connector LMCacheConnectorV1, "
+                    "lmcache_chunk_tokens-token chunks, synchronous loads and stores, LRU touched on lookup hits; "
+                    "cpu_kv_bytes is its max_local_cpu_size x TP; docs/engines/lmcache-0.5.6-rules.md).")
+    lmcache_chunk_tokens: int = Field(
+        256, ge=1, description="LMCache's chunk_size in tokens (its default 256); a multiple of block_size.")
     shared_kv_bytes: int = Field(
         0, ge=0,
         description="A cluster-shared KV store in bytes, one capacity for the whole cluster (Mooncake Store, an "
@@ -73,6 +81,17 @@ class VllmEngineSpec(ConfigModel):
         description="Order a finished request's blocks enter the free queue: vLLM's tail-first, or the naive-LRU "
                     "ablation head-first (no vLLM release does this).",
     )
+
+    @model_validator(mode="after")
+    def _lmcache(self) -> VllmEngineSpec:
+        if self.cpu_kv_connector == "lmcache":
+            if self.lmcache_chunk_tokens % self.block_size:
+                raise ValueError(f"engine.lmcache_chunk_tokens: {self.lmcache_chunk_tokens} is not a multiple of "
+                                 f"block_size {self.block_size}")
+            if self.shared_kv_bytes:
+                raise ValueError("engine.cpu_kv_connector: lmcache does not chain with a shared store in kvsim "
+                                 "(shared_kv_bytes); allowed with a shared store: offloading")
+        return self
 
     @field_validator("vllm_version")
     @classmethod
@@ -95,6 +114,12 @@ class VllmEngineSpec(ConfigModel):
         block bytes rounded up to the 4 KiB page) (`CS` 106-130)."""
         block_bytes = self.block_size * kv_bytes_per_token
         return self.cpu_kv_bytes // (-(-block_bytes // 4096) * 4096)
+
+    def num_lmcache_chunks(self, kv_bytes_per_token: int) -> int:
+        """The LMCache tier's chunks: floor(bytes / chunk bytes rounded up to the 4 KiB page), as its
+        `LocalCPUBackend` sizes equal objects (rules §1.6)."""
+        chunk_bytes = self.lmcache_chunk_tokens * kv_bytes_per_token
+        return self.cpu_kv_bytes // (-(-chunk_bytes // 4096) * 4096)
 
     def num_shared_chunks(self, kv_bytes_per_token: int) -> int:
         """The shared store's chunks (one GPU block each), counted as the host tier counts its own."""
