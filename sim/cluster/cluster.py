@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import simpy
 
@@ -11,24 +11,21 @@ from sim.cluster.host_link import HostLinkQueue
 from sim.cluster.network_link import NetworkLinkQueue, StoreBandwidth
 from sim.cluster.reuse import ReuseLedger
 from sim.cluster.worker import Worker
-from sim.engines.interface import CacheListener, EngineLoad, ServedRequest, SharedTier
+from sim.cluster.workers_view import WorkersView
+from sim.engines.interface import ServedRequest, SharedTier
 from sim.engines.registry import build_engine, build_shared_store
 from sim.results.records import RequestRecord, WorkerCounters
-from sim.routing.interface import PrefixState, PrefixStateSpec, Router
-from sim.routing.prefix_state import build_prefix_state
-from sim.routing.scraper import MetricsScraper
+from sim.routing.interface import Router
 from sim.scenario import Scenario, ScenarioError
 from sim.timing.build import build_time_model
-from sim.workloads.request import BlockHash, Request, computed_block_hashes
-from sim.workloads.shared_prefix import rng_for
+from sim.workloads.request import Request, computed_block_hashes
 
 
-class Cluster:
+class Cluster(WorkersView):
     """Routes each request as it is sent, delivers it to its worker after the router hop and the per-request
     overhead, and completes the sender's event with the request's record when its last token is out.
 
-    Also the router's `ClusterView`: cache queries are peeks into the workers' prefix caches, prefix states and
-    metric scrapers are built here for the router to read (`sim.routing`). Each worker runs the scenario's engine
+    Also the router's `ClusterView` over all its workers (`WorkersView`). Each worker runs the scenario's engine
     (`engine.kind`), built from the engine registry; the cluster knows it only through the engine interface. At
     dispatch the cluster also books the request's reuse available and captured (`ReuseLedger`) and, for a router
     with non-exact state, what it believed of the chosen worker against what the worker held (the view error).
@@ -75,85 +72,14 @@ class Cluster:
                     on_first_token=self._first_token, on_finished=self._finished, fast_forward=fast_forward,
                 )
                 self.workers.append(worker)
-        self._in_flight = [0] * len(self.workers)
+        WorkersView.__init__(self, env, self.workers, block_size=self._block_size,
+                             cache_num_blocks=self._cache_num_blocks, seed=self._seed)
         self._pending: dict[int, tuple[float, Callable[[RequestRecord], object], tuple[int, int, int, int]]] = {}
         self._ledger = ReuseLedger(len(self.workers), self._block_size) if scenario.cluster.reuse_breakdown else None
-        self._scrapers: dict[float, MetricsScraper] = {}
-        self._num_prefix_states = 0
         try:
             router.bind(self)
         except ValueError as err:  # options that only the cluster's shape can check (block sizes, worker counts)
             raise ScenarioError(f"router.options ({router.name}): {err}") from None
-
-    # ------------------------------------------------------------------ ClusterView
-    @property
-    def num_workers(self) -> int:
-        return len(self.workers)
-
-    @property
-    def block_size(self) -> int:
-        return self._block_size
-
-    def cached_prefix_tokens(self, worker: int, request: Request) -> int:
-        w = self.workers[worker]
-        w.sync()
-        return w.engine.cache.peek_prefix_tokens(request)
-
-    def sync_caches(self) -> None:
-        for w in self.workers:
-            w.sync()
-
-    def cached_prefix_tokens_all(self, request: Request) -> list[int]:
-        """`cached_prefix_tokens` of every worker, in worker order (one call for exact-state routers)."""
-        out = []
-        for w in self.workers:
-            w.sync()
-            out.append(w.engine.cache.peek_prefix_tokens(request))
-        return out
-
-    def in_flight(self, worker: int) -> int:
-        return self._in_flight[worker]
-
-    @property
-    def now_s(self) -> float:
-        return self.env.now
-
-    def engine_load(self, worker: int) -> EngineLoad:
-        return self.workers[worker].load()
-
-    def scraped_load(self, worker: int, interval_s: float) -> EngineLoad:
-        if interval_s == 0:
-            return self.engine_load(worker)
-        scraper = self._scrapers.get(interval_s)
-        if scraper is None:
-            scraper = self._scrapers[interval_s] = MetricsScraper(
-                self.env, interval_s, lambda: [self.engine_load(w) for w in range(len(self.workers))],
-                lambda: any(self._in_flight))
-        return scraper.loads[worker]
-
-    def cache_block_size(self) -> int:
-        return self.workers[0].engine.cache.block_size
-
-    def cache_block_keys(self, request: Request) -> Sequence[BlockHash]:
-        return self.workers[0].engine.cache.block_keys(request)
-
-    def cache_num_blocks(self, worker: int) -> int:
-        return self._cache_num_blocks
-
-    def subscribe_cache(self, worker: int, listener: CacheListener) -> None:
-        self.workers[worker].engine.cache.subscribe(listener)
-
-    def subscribe_tier_events(self, worker: int, listener: CacheListener) -> None:
-        """Receive `worker`'s KV tier events (`CacheEvent.medium` set) from now on; nothing for an engine without
-        tiers."""
-        subscribe = getattr(self.workers[worker].engine, "subscribe_tiers", None)
-        if subscribe is not None:
-            subscribe(listener)
-
-    def prefix_state(self, spec: PrefixStateSpec) -> PrefixState:
-        # NOTE: each state draws its event losses from a stream of its own, so losses do not shift routing draws.
-        self._num_prefix_states += 1
-        return build_prefix_state(spec, self, rng_for(self._seed, f"router-events-{self._num_prefix_states}"))
 
     # ------------------------------------------------------------------ requests
     def send(self, request: Request, on_done: Callable[[RequestRecord], object] | None = None) -> simpy.Event | None:
@@ -177,9 +103,7 @@ class Cluster:
     def dispatch(self, request: Request, worker: int, on_done: Callable[[RequestRecord], object]) -> None:
         """Send `request` to `worker` now: it reaches the engine after the router hop and the per-request overhead."""
         env = self.env
-        self._in_flight[worker] += 1
-        for scraper in self._scrapers.values():
-            scraper.wake()
+        self.dispatched(worker, 1)
         ledger = self._ledger
         available, captured = (-1, -1) if ledger is None else ledger.dispatch(
             computed_block_hashes(request, ledger.block_size), request.prompt_tokens, worker)

@@ -30,94 +30,26 @@ from sim.cluster.network_link import NetworkLinkQueue, StoreBandwidth
 from sim.cluster.reuse import ReuseLedger
 from sim.cluster.transfer_link import KvTransferLink, RemoteKv
 from sim.cluster.worker import Worker
-from sim.engines.interface import CacheListener, EngineLoad, ServedRequest, SharedTier
+from sim.cluster.workers_view import WorkersView
+from sim.engines.interface import ServedRequest, SharedTier
 from sim.engines.registry import build_engine, build_shared_store
 from sim.results.records import RequestRecord, WorkerCounters
-from sim.routing.interface import PdChoice, PdStage, PrefixState, PrefixStateSpec
-from sim.routing.prefix_state import build_prefix_state
-from sim.routing.scraper import MetricsScraper
+from sim.routing.interface import PdChoice, PdStage
 from sim.scenario import Scenario, ScenarioError
 from sim.timing.build import build_time_model
-from sim.workloads.request import BlockHash, Request, computed_block_hashes
-from sim.workloads.shared_prefix import rng_for
+from sim.workloads.request import Request, computed_block_hashes
 
 
-class PoolView:
+class PoolView(WorkersView):
     """One pool's workers as a router's `ClusterView`: workers 0..n-1 of the pool (the cluster's `offset`..);
-    cache queries are peeks; in-flight counts are the pool's."""
+    cache queries are peeks; in-flight counts are the pool's; prefix states draw their event losses from streams
+    named after the stage."""
 
     def __init__(self, env: simpy.Environment, stage: PdStage, workers: Sequence[Worker], *, block_size: int,
                  cache_num_blocks: int, seed: int) -> None:
-        self.env = env
+        super().__init__(env, workers, block_size=block_size, cache_num_blocks=cache_num_blocks, seed=seed,
+                         events_stream=f"{stage}-router-events")
         self.stage = stage
-        self.workers = list(workers)
-        self._block_size = block_size
-        self._cache_num_blocks = cache_num_blocks
-        self._seed = seed
-        self._in_flight = [0] * len(self.workers)
-        self._scrapers: dict[float, MetricsScraper] = {}
-        self._num_prefix_states = 0
-
-    @property
-    def num_workers(self) -> int:
-        return len(self.workers)
-
-    @property
-    def block_size(self) -> int:
-        return self._block_size
-
-    @property
-    def now_s(self) -> float:
-        return self.env.now
-
-    def cached_prefix_tokens(self, worker: int, request: Request) -> int:
-        w = self.workers[worker]
-        w.sync()
-        return w.engine.cache.peek_prefix_tokens(request)
-
-    def cached_prefix_tokens_all(self, request: Request) -> list[int]:
-        return [self.cached_prefix_tokens(w, request) for w in range(len(self.workers))]
-
-    def in_flight(self, worker: int) -> int:
-        return self._in_flight[worker]
-
-    def engine_load(self, worker: int) -> EngineLoad:
-        return self.workers[worker].load()
-
-    def scraped_load(self, worker: int, interval_s: float) -> EngineLoad:
-        if interval_s == 0:
-            return self.engine_load(worker)
-        scraper = self._scrapers.get(interval_s)
-        if scraper is None:
-            scraper = self._scrapers[interval_s] = MetricsScraper(
-                self.env, interval_s, lambda: [self.engine_load(w) for w in range(len(self.workers))],
-                lambda: any(self._in_flight))
-        return scraper.loads[worker]
-
-    def cache_block_size(self) -> int:
-        return self.workers[0].engine.cache.block_size
-
-    def cache_block_keys(self, request: Request) -> Sequence[BlockHash]:
-        return self.workers[0].engine.cache.block_keys(request)
-
-    def cache_num_blocks(self, worker: int) -> int:
-        return self._cache_num_blocks
-
-    def sync_caches(self) -> None:
-        for w in self.workers:
-            w.sync()
-
-    def subscribe_cache(self, worker: int, listener: CacheListener) -> None:
-        self.workers[worker].engine.cache.subscribe(listener)
-
-    def prefix_state(self, spec: PrefixStateSpec) -> PrefixState:
-        self._num_prefix_states += 1
-        return build_prefix_state(spec, self, rng_for(self._seed, f"{self.stage}-router-events-{self._num_prefix_states}"))
-
-    def dispatched(self, worker: int, delta: int) -> None:
-        self._in_flight[worker] += delta
-        for scraper in self._scrapers.values():
-            scraper.wake()
 
 
 @dataclass(slots=True)
