@@ -9,7 +9,9 @@ their KV from the prefill worker only."""
 from __future__ import annotations
 
 import pytest
+import simpy
 
+from sim.runner import build_cluster, build_pd_router
 from sim.scenario import ScenarioError
 from tests.cluster.test_disaggregation import request, run, scenario
 
@@ -77,3 +79,25 @@ def test_the_store_may_be_the_prefill_pools_override():
                   disaggregation={"prefill": {"workers": 2, "engine": {"shared_kv_bytes": 409_600}},
                                   "decode": {"workers": 1}})
     assert sc.shared_kv_bytes == 409_600
+
+
+def test_a_prefill_pool_view_delivers_its_workers_store_events():
+    # A router on the prefill pool that weighs tier hits subscribes through its pool's view: request 1 prefills on
+    # prefill worker 0 (round robin), which stores its 10 prompt blocks to the store; the view of prefill worker 0
+    # hears them as stored events of medium SHARED (one batch per completed store), prefill worker 1 hears nothing.
+    env = simpy.Environment()
+    sc = two_prefill_one_decode()
+    cluster = build_cluster(env, sc, build_pd_router(sc))
+    heard: dict[int, list] = {0: [], 1: []}
+    for w in heard:
+        cluster.prefill_view.subscribe_tier_events(w, lambda events, _t, w=w: heard[w].extend(events))
+    env.process(_send(env, cluster, request(1, 8, 2)))
+    env.run()
+    stored = [e for e in heard[0] if e.kind == "stored"]
+    assert {e.medium for e in stored} == {"SHARED"}
+    assert sum(len(e.block_hashes) for e in stored) == 10
+    assert heard[1] == []
+
+
+def _send(env, cluster, req):
+    yield cluster.send(req)
