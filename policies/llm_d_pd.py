@@ -45,7 +45,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from policies.disaggregated import PdRouterBase, PdRouterOptions
-from policies.llm_d import _ApproxIndex  # the approximate producer, shared with the llm-d router
+from policies.llm_d_approx import ApproxPrefixIndex
 from sim.routing.interface import ClusterView, PdChoice, PdStage
 from sim.workloads.request import Request
 
@@ -82,7 +82,7 @@ class LlmdPdRouter(PdRouterBase):
         opts = self.options
         self.prefill = self.stage_router("prefill", "llm-d", opts.prefill_options)
         self.decode = self.stage_router("decode", "llm-d", opts.decode_options)
-        self._decider_index: _ApproxIndex | None = None
+        self._decider_index: ApproxPrefixIndex | None = None
         self._prefill_of: dict[int, int] = {}
         """Requests prefilled remotely whose prefill pod's in-flight entry is still held: request id -> pod."""
 
@@ -90,14 +90,7 @@ class LlmdPdRouter(PdRouterBase):
         super().bind(prefill, decode)
         if self.options.decider == "prefix":
             # the approximate producer over the decode pool, configured as the decode profile's options say
-            o = self.decode.options
-            engine_block = decode.cache_block_size() if o.auto_tune else 0
-            G = max(engine_block if engine_block > 0 else o.block_size_tokens, o.min_block_size_tokens)
-            max_blocks = o.max_prefix_tokens_to_match // G if o.max_prefix_tokens_to_match > 0 else (
-                o.max_prefix_blocks_to_match or None)
-            reported = decode.cache_num_blocks(0) if o.auto_tune else 0
-            capacity = reported if reported > 0 else o.lru_capacity_per_server
-            self._decider_index = _ApproxIndex(decode, G, max_blocks, capacity)
+            self._decider_index = ApproxPrefixIndex.for_options(decode, self.decode.options)
 
     # ------------------------------------------------------------------ decision
     def disaggregate(self, request: Request, decode_worker: int) -> bool:
