@@ -35,7 +35,6 @@ tree's; the host tier publishes none (kvsim's events carry no medium).
 from __future__ import annotations
 
 import heapq
-from sim.engines.interface import CacheEvent
 from sim.engines.sglang.radix_cache import RadixCache, TreeNode
 from sim.engines.sglang.tokens import Tokens
 
@@ -94,6 +93,7 @@ class HiRadixCache(RadixCache):
     `check_hicache_events` reaps the cache controller's acks."""
 
     has_host_tier = True
+    node_class = HiTreeNode
 
     def __init__(self, *, page_size: int = 1, eviction_policy: str = "lru", host_capacity: int,
                  write_policy: str = "write_through") -> None:
@@ -126,17 +126,10 @@ class HiRadixCache(RadixCache):
 
     # ------------------------------------------------------------------ state
     def reset(self) -> None:
-        self.root_node = HiTreeNode(self, priority=-(1 << 62))
-        self.root_node.lock_ref = 1
-        self.evictable_size_ = 0
-        self.protected_size_ = 0
-        self.evictable_leaves.clear()
-        if hasattr(self, "host_leaves"):
-            self.host_leaves.clear()
-            self.duplicates.clear()
-            self.host_used = 0
-        if self.records_events:
-            self._events.append(CacheEvent("cleared"))
+        super().reset()
+        self.host_leaves.clear()
+        self.duplicates.clear()
+        self.host_used = 0
 
     def host_available(self) -> int:
         return self.host_capacity - self.host_used
@@ -152,20 +145,25 @@ class HiRadixCache(RadixCache):
         return writes
 
     # ------------------------------------------------------------------ match
-    def match_prefix(self, key: Tokens) -> tuple[int, TreeNode]:
-        """(device-matched tokens, last device node), as the plain tree's; the host part: `match_prefix_tiers`."""
-        device_len, device_node, _, _ = self.match_prefix_tiers(key)
-        return device_len, device_node
-
     def match_prefix_tiers(self, key: Tokens) -> tuple[int, HiTreeNode, int, HiTreeNode]:
         """(device prefix tokens, last device node, host-only tokens after it, best match node) for the
         page-aligned `key` (`_match_prefix_helper`, unified_tree_core.py:905-990): the walk goes through host-only
         nodes and stops at a dead one; the last node is split at the match's end."""
         key = self.page_aligned(key)
-        root = self.root_node
         if len(key) == 0:
-            return 0, root, 0, root
+            return 0, self.root_node, 0, self.root_node
+        return self._match_tiers(key)
+
+    def _match_prefix_helper(self, node: HiTreeNode, key: Tokens) -> tuple[int, TreeNode]:
+        """The base's `match_prefix` and `touch_prefix`: (device-matched tokens, last device node) of the tier walk;
+        the host part: `match_prefix_tiers`."""
+        device_len, device_node, _, _ = self._match_tiers(key)
+        return device_len, device_node
+
+    def _match_tiers(self, key: Tokens) -> tuple[int, HiTreeNode, int, HiTreeNode]:
+        """`match_prefix_tiers` for a page-aligned, non-empty `key`."""
         access_time = self.tick()
+        root = self.root_node
         root.last_access_time = access_time
         node, matched, length = root, 0, len(key)
         device_len, device_node = 0, root
@@ -189,11 +187,6 @@ class HiRadixCache(RadixCache):
             if matched < length:
                 child_key = self.child_key(key, matched)
         return device_len, device_node, matched - device_len, node
-
-    def touch_prefix(self, key: Tokens) -> None:
-        key = self.page_aligned(key)
-        if len(key):
-            self.match_prefix_tiers(key)
 
     def peek_prefix(self, key: Tokens) -> int:
         """Device-matched tokens of the page-aligned `key`, with no side effect (a router's peek: the device tier)."""
@@ -238,20 +231,10 @@ class HiRadixCache(RadixCache):
             if total_prefix_length < length:
                 child_key = self.child_key(key, total_prefix_length)
         if total_prefix_length < length:
-            key = key.slice(total_prefix_length)
-            new_node = HiTreeNode(self, priority=priority)
-            new_node.parent = node
-            new_node.key = key
-            node.children[child_key] = new_node
-            self.evictable_size_ += len(key)
-            self._update_leaf_status(node)
-            self._update_leaf_status(new_node)
-            if self.records_events:
-                self._record_store(new_node)
-            if not self.write_back and total_prefix_length + len(key) > inserted_len \
-                    and self._inc_hit_count_and_check(new_node):
-                backups.append(new_node)
-            node = new_node
+            node = self._add_leaf(node, child_key, key.slice(total_prefix_length), priority)
+            if not self.write_back and total_prefix_length + len(node.key) > inserted_len \
+                    and self._inc_hit_count_and_check(node):
+                backups.append(node)
         for target in backups:
             self._backup_chain(target)
         return total_prefix_length, node
@@ -264,21 +247,13 @@ class HiRadixCache(RadixCache):
         return not node.backuped and node.hit_count >= self.write_through_threshold
 
     def _split_node(self, child: HiTreeNode, split_len: int) -> HiTreeNode:
-        new_node = HiTreeNode(self, priority=child.priority)
-        new_node.hit_count = child.hit_count
+        """The base's split; the new node takes the child's tiers, locks and pending copies."""
+        new_node = super()._split_node(child, split_len)
         new_node.evicted = child.evicted
         new_node.backuped = child.backuped
         new_node.host_lock_ref = child.host_lock_ref
         new_node.write_pending = child.write_pending
         new_node.load_pending = child.load_pending
-        suffix = child.key.slice(split_len)
-        new_node.children = {self.child_key(suffix): child}
-        new_node.parent = child.parent
-        new_node.lock_ref = child.lock_ref
-        new_node.key = child.key.slice(0, split_len)
-        child.parent = new_node
-        child.key = suffix
-        new_node.parent.children[self.child_key(new_node.key)] = new_node
         self._update_leaf_status(new_node)
         self._update_leaf_status(child)
         self._track_duplicate(new_node)

@@ -60,6 +60,8 @@ class RadixCache:
 
     has_host_tier = False
     """A host (CPU) tier beside the device (`HiRadixCache`): matches also report host-only tokens."""
+    node_class = TreeNode
+    """The class of the tree's nodes (a subclass's nodes carry its own state: `HiTreeNode`)."""
 
     def __init__(self, *, page_size: int = 1, eviction_policy: str = "lru") -> None:
         if page_size < 1:
@@ -91,7 +93,7 @@ class RadixCache:
 
     # ------------------------------------------------------------------ public API
     def reset(self) -> None:
-        self.root_node = TreeNode(self, priority=-(1 << 62))
+        self.root_node = self.node_class(self, priority=-(1 << 62))
         self.root_node.lock_ref = 1
         self.evictable_size_ = 0
         self.protected_size_ = 0
@@ -245,7 +247,7 @@ class RadixCache:
 
     def _split_node(self, child: TreeNode, split_len: int) -> TreeNode:
         """`child` becomes `new_node -> child`, `new_node` holding its first `split_len` tokens."""
-        new_node = TreeNode(self, priority=child.priority)
+        new_node = self.node_class(self, priority=child.priority)
         new_node.hit_count = child.hit_count
         suffix = child.key.slice(split_len)
         new_node.children = {self.child_key(suffix): child}
@@ -280,20 +282,23 @@ class RadixCache:
             if total_prefix_length < length:
                 child_key = self.child_key(key, total_prefix_length)
         if total_prefix_length < length:
-            key = key.slice(total_prefix_length)
-            new_node = TreeNode(self, priority=priority)
-            new_node.parent = node
-            new_node.key = key
-            if total_prefix_length + len(key) > inserted_len:
-                new_node.hit_count += 1
-            node.children[child_key] = new_node
-            self.evictable_size_ += len(key)
-            self._update_leaf_status(node)
-            self._update_leaf_status(new_node)
-            if self.records_events:
-                self._record_store(new_node)
-            node = new_node
+            node = self._add_leaf(node, child_key, key.slice(total_prefix_length), priority)
+            if total_prefix_length + len(node.key) > inserted_len:
+                node.hit_count += 1
         return total_prefix_length, node
+
+    def _add_leaf(self, parent: TreeNode, child_key: Hashable, key: Tokens, priority: int) -> TreeNode:
+        """A new evictable leaf holding `key` under `parent` (at `child_key`, its first page), stored in the events."""
+        new_node = self.node_class(self, priority=priority)
+        new_node.parent = parent
+        new_node.key = key
+        parent.children[child_key] = new_node
+        self.evictable_size_ += len(key)
+        self._update_leaf_status(parent)
+        self._update_leaf_status(new_node)
+        if self.records_events:
+            self._record_store(new_node)
+        return new_node
 
     def _delete_leaf(self, node: TreeNode) -> None:
         parent = node.parent
