@@ -117,6 +117,8 @@ class HiRadixCache(RadixCache):
         self.new_writes: list[Copy] = []
         """Backups issued since the owner last took them (`take_new_writes`), to be timed."""
         self.new_loads: list[Copy] = []
+        self._insert_backups: list[HiTreeNode] = []
+        """Nodes the running insert brought to the write-through threshold, in the order reached."""
         self.num_stored_tokens = 0
         self.num_loaded_tokens = 0
         self.num_host_evicted_tokens = 0
@@ -205,39 +207,22 @@ class HiRadixCache(RadixCache):
 
     # ------------------------------------------------------------------ insert
     def _insert_helper(self, node: HiTreeNode, key: Tokens, priority: int, inserted_len: int) -> tuple[int, TreeNode]:
-        access_time = self.tick()
-        node.last_access_time = access_time
-        node.priority = max(node.priority, priority)
-        if len(key) == 0:
-            return 0, node
-        child_key = self.child_key(key)
-        total_prefix_length = 0
-        length = len(key)
-        backups: list[HiTreeNode] = []
-        while total_prefix_length < length and child_key in node.children:
-            node = node.children[child_key]
-            node.last_access_time = access_time
-            prefix_len = self._match_len(node.key, key, total_prefix_length)
-            total_prefix_length += prefix_len
-            if prefix_len < len(node.key):
-                node = self._split_node(node, prefix_len)
-            node.priority = max(node.priority, priority)
-            if node.evicted:
-                # NOTE: the request's fresh KV becomes the node's device copy (`_unevict_node_on_insert`).
-                self._set_device(node, True)
-                self._track_duplicate(node)
-            if total_prefix_length > inserted_len and self._inc_hit_count_and_check(node):
-                backups.append(node)
-            if total_prefix_length < length:
-                child_key = self.child_key(key, total_prefix_length)
-        if total_prefix_length < length:
-            node = self._add_leaf(node, child_key, key.slice(total_prefix_length), priority)
-            if not self.write_back and total_prefix_length + len(node.key) > inserted_len \
-                    and self._inc_hit_count_and_check(node):
-                backups.append(node)
+        """The base's insert; then the nodes it brought to the write-through threshold are backed up, in the order
+        reached (`_on_insert_path` queues them)."""
+        result = super()._insert_helper(node, key, priority, inserted_len)
+        backups, self._insert_backups = self._insert_backups, []
         for target in backups:
             self._backup_chain(target)
-        return total_prefix_length, node
+        return result
+
+    def _on_insert_path(self, node: HiTreeNode, new_hit: bool) -> None:
+        if node.evicted:
+            # NOTE: the request's fresh KV becomes the node's device copy (`_unevict_node_on_insert`).
+            self._set_device(node, True)
+            self._track_duplicate(node)
+        # NOTE: a new leaf is on the device, so under write_back this counts nothing, as SGLang's insert
+        if new_hit and self._inc_hit_count_and_check(node):
+            self._insert_backups.append(node)
 
     def _inc_hit_count_and_check(self, node: HiTreeNode) -> bool:
         """unified_tree_core.py:1104-1123."""

@@ -277,15 +277,19 @@ class RadixCache:
                 node = self._split_node(node, prefix_len)
             node.priority = max(node.priority, priority)
             # NOTE: nodes this request already inserted were counted back then (SGLang's hit count for LFU).
-            if total_prefix_length > inserted_len:
-                node.hit_count += 1
+            self._on_insert_path(node, total_prefix_length > inserted_len)
             if total_prefix_length < length:
                 child_key = self.child_key(key, total_prefix_length)
         if total_prefix_length < length:
             node = self._add_leaf(node, child_key, key.slice(total_prefix_length), priority)
-            if total_prefix_length + len(node.key) > inserted_len:
-                node.hit_count += 1
+            self._on_insert_path(node, total_prefix_length + len(node.key) > inserted_len)
         return total_prefix_length, node
+
+    def _on_insert_path(self, node: TreeNode, new_hit: bool) -> None:
+        """An insert reached `node` (walked past or added as the new leaf); `new_hit`: past what the request
+        inserted before, so it counts a hit (the hook a tree with more state extends: `HiRadixCache`)."""
+        if new_hit:
+            node.hit_count += 1
 
     def _add_leaf(self, parent: TreeNode, child_key: Hashable, key: Tokens, priority: int) -> TreeNode:
         """A new evictable leaf holding `key` under `parent` (at `child_key`, its first page), stored in the events."""
