@@ -10,48 +10,25 @@ import pytest
 import simpy
 
 from sim.runner import build_cluster, build_pd_router
-from sim.scenario import ScenarioError, validate_scenario
-from sim.workloads.request import Request
+from sim.scenario import ScenarioError
+from tests.support.pd_cluster import pd_request, pd_scenario, run_pd
 
 
 def scenario(router: dict | None = None, engine: str = "vllm", **cluster):
-    data = {
-        "name": "pd-narrated",
-        "model": {"kv_bytes_per_token": 1000},
-        "engine": {"kind": engine, "block_size": 4, "kv_cache_bytes": 400_000, "max_model_len": 1000,
-                   **({"vllm_version": "0.33.0", "max_num_batched_tokens": 1000} if engine == "vllm" else {})},
-        "workload": {"prefixes": 1, "prefix_tokens": 32, "tail_tokens": 8, "output_tokens": 3},
-        "router": router or {"name": "dynamo-disagg"},
-        "time_model": {"kind": "linear", "base_s": 0.01, "prefill_token_s": 0.001, "decode_seq_s": 0.002},
-        "cluster": {"workers": 2, "router_hop_s": 0.001,
-                    "disaggregation": {"prefill": {"workers": 1}, "decode": {"workers": 1},
-                                       "link": {"bandwidth_bytes_per_s": 1e6, "latency_s": 0.001,
-                                                "overhead_s": 0.002}},
-                    **cluster},
-    }
-    return validate_scenario(data, source="test")
+    return pd_scenario(router or {"name": "dynamo-disagg"}, name="pd-narrated", prefill_workers=1, decode_workers=1,
+                       link={"bandwidth_bytes_per_s": 1e6, "latency_s": 0.001, "overhead_s": 0.002}, engine=engine,
+                       router_hop_s=0.001, **cluster)
 
 
-def request(rid: int, shared_blocks: int, own_blocks: int, out: int = 3) -> Request:
+def request(rid: int, shared_blocks: int, own_blocks: int):
     """A prompt of `shared_blocks` blocks every request shares, then `own_blocks` of its own."""
-    blocks = tuple(("shared", i) for i in range(shared_blocks)) + tuple((rid, i) for i in range(own_blocks))
-    return Request(rid, 4 * len(blocks), out, blocks)
+    return pd_request(rid, shared_blocks, own_blocks)
 
 
 def run(sc, sends):
     """Send each (time, request) and return the records by request id, and the cluster."""
-    env = simpy.Environment()
-    cluster = build_cluster(env, sc, build_pd_router(sc))
-    records = {}
-
-    def sender(at_s, req):
-        yield env.timeout(at_s)
-        records[req.request_id] = yield cluster.send(req)
-
-    for at_s, req in sends:
-        env.process(sender(at_s, req))
-    env.run()
-    return records, cluster
+    pd = run_pd(sc, sends)
+    return pd.records, pd.cluster
 
 
 def test_a_request_prefills_moves_its_kv_and_decodes():

@@ -8,48 +8,22 @@ a shared prefix of 128 tokens (two keys) and a tail of 16 tokens of their own (a
 from __future__ import annotations
 
 import pytest
-import simpy
 
-from sim.runner import build_cluster, build_pd_router
-from sim.scenario import validate_scenario
-from sim.workloads.request import Request
+from tests.support.pd_cluster import PdDriver, pd_request, pd_scenario
 
 
 def scenario(**options):
-    data = {
-        "name": "llm-d-pd-narrated",
-        "model": {"kv_bytes_per_token": 1000},
-        "engine": {"kind": "vllm", "block_size": 4, "kv_cache_bytes": 400_000, "max_model_len": 1000,
-                   "vllm_version": "0.33.0", "max_num_batched_tokens": 1000},
-        "workload": {"prefixes": 1, "prefix_tokens": 32, "tail_tokens": 8, "output_tokens": 3},
-        "router": {"name": "llm-d-pd", "options": options},
-        "time_model": {"kind": "linear", "base_s": 0.01, "prefill_token_s": 0.001, "decode_seq_s": 0.002},
-        "cluster": {"workers": 4,
-                    "disaggregation": {"prefill": {"workers": 2}, "decode": {"workers": 2},
-                                       "link": {"bandwidth_bytes_per_s": 1e6, "latency_s": 0.0}}},
-    }
-    return validate_scenario(data, source="test")
+    return pd_scenario({"name": "llm-d-pd", "options": options}, name="llm-d-pd-narrated")
 
 
-def request(rid: int, prefix: str) -> Request:
+def request(rid: int, prefix: str):
     """128 tokens of prefix `prefix` (32 blocks), then 16 tokens (4 blocks) of its own: 144 tokens."""
-    blocks = tuple((prefix, i) for i in range(32)) + tuple((rid, i) for i in range(4))
-    return Request(rid, 4 * len(blocks), 3, blocks)
+    return pd_request(rid, 32, 4, prefix=prefix)
 
 
 def start(sc):
-    env = simpy.Environment()
-    router = build_pd_router(sc)
-    cluster = build_cluster(env, sc, router)
-    records = {}
-
-    def send(at_s, req):
-        def go():
-            yield env.timeout(at_s)
-            records[req.request_id] = yield cluster.send(req)
-        env.process(go())
-
-    return env, router, records, send
+    pd = PdDriver(sc)
+    return pd.env, pd.router, pd.records, pd.send
 
 
 def test_the_decode_pod_is_chosen_first_and_booked_at_arrival():

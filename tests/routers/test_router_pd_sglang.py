@@ -7,49 +7,21 @@ rate <= 0.3 take the least-loaded worker, the first one on ties; a match above 0
 
 from __future__ import annotations
 
-import simpy
-
-from sim.runner import build_cluster, build_pd_router
-from sim.scenario import validate_scenario
-from sim.workloads.request import Request
+from tests.support.pd_cluster import pd_request, pd_scenario, run_pd
 
 
 def scenario(**options):
-    data = {
-        "name": "sglang-pd-narrated",
-        "model": {"kv_bytes_per_token": 1000},
-        "engine": {"kind": "vllm", "block_size": 4, "kv_cache_bytes": 400_000, "max_model_len": 1000,
-                   "vllm_version": "0.33.0", "max_num_batched_tokens": 1000},
-        "workload": {"prefixes": 1, "prefix_tokens": 32, "tail_tokens": 8, "output_tokens": 3},
-        "router": {"name": "sglang-pd", "options": options},
-        "time_model": {"kind": "linear", "base_s": 0.01, "prefill_token_s": 0.001, "decode_seq_s": 0.002},
-        "cluster": {"workers": 4,
-                    "disaggregation": {"prefill": {"workers": 2}, "decode": {"workers": 2},
-                                       "link": {"bandwidth_bytes_per_s": 1e6, "latency_s": 0.0}}},
-    }
-    return validate_scenario(data, source="test")
+    return pd_scenario({"name": "sglang-pd", "options": options}, name="sglang-pd-narrated")
 
 
-def request(rid: int, prefix: str) -> Request:
+def request(rid: int, prefix: str):
     """128 tokens of prefix `prefix` (32 blocks), then 16 tokens of its own."""
-    blocks = tuple((prefix, i) for i in range(32)) + tuple((rid, i) for i in range(4))
-    return Request(rid, 4 * len(blocks), 3, blocks)
+    return pd_request(rid, 32, 4, prefix=prefix)
 
 
 def run(sc, sends, *, until: float | None = None):
-    env = simpy.Environment()
-    router = build_pd_router(sc)
-    cluster = build_cluster(env, sc, router)
-    records = {}
-
-    def go(at_s, req):
-        yield env.timeout(at_s)
-        records[req.request_id] = yield cluster.send(req)
-
-    for at_s, req in sends:
-        env.process(go(at_s, req))
-    env.run(until=until)
-    return records, router
+    pd = run_pd(sc, sends, until=until)
+    return pd.records, pd.router
 
 
 def test_non_streaming_loads_count_both_workers_from_dispatch():
