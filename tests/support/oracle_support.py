@@ -3,7 +3,9 @@ digest that ties a golden file to the stream it answers, and the golden files th
 
 Each engine's stream module (`oracle_streams.py` for vLLM, `sglang_tree_streams.py`, `sglang_engine_streams.py`)
 builds its streams and kvsim's answer; an `Oracle` gets the real engine's answer, live (its interpreter named by an
-environment variable) or from the golden file recorded with it.
+environment variable) or from the golden file recorded with it. A `StreamSuite` bundles a streams module's oracle,
+streams, replay and comparison, so that its test module checks a stream golden or live in one call (the SGLang
+streams modules' `SUITE`).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import hashlib
 import json
 import os
 import subprocess
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,3 +97,30 @@ def check_live(oracle: Oracle, stream: dict, replay: Callable[[dict], dict],
     assert answer[oracle.version_key] == version
     diffs = differences(answer, replay(stream))
     assert not diffs, "\n".join(diffs)
+
+
+@dataclass(frozen=True)
+class StreamSuite:
+    """One oracle's named streams with kvsim's replay and the comparison of answers: what a differential test module
+    checks, against the golden files (CI) and against the live engine (opt-in)."""
+
+    oracle: Oracle
+    version: str
+    """The engine version every answer must come from."""
+    streams: Mapping[str, dict]
+    """The streams' configurations by name (`build_stream(name)` makes the stream)."""
+    build_stream: Callable[[str], dict]
+    replay: Callable[[dict], dict]
+    """kvsim's answer to a stream."""
+    differences: Callable[[dict, dict], list[str]]
+    """What differs between the engine's answer and kvsim's (empty: the same)."""
+
+    @property
+    def names(self) -> list[str]:
+        return sorted(self.streams)
+
+    def check_golden(self, name: str) -> None:
+        check_golden(self.oracle, name, self.build_stream(name), self.replay, self.differences, self.version)
+
+    def check_live(self, name: str) -> None:
+        check_live(self.oracle, self.build_stream(name), self.replay, self.differences, self.version)

@@ -26,14 +26,11 @@ from sim.engines.sglang.request_state import SglangRequest
 from sim.engines.sglang.scheduler import Scheduler, SchedulerLimits
 from sim.engines.sglang.tokens import Tokens
 from sim.workloads.request import Request
-from tests.support.oracle_support import Oracle
-from tests.support.paths import GOLDEN, REPO
+from tests.support.oracle_support import StreamSuite
+from tests.support.sglang_oracle import SGLANG_VERSION, sglang_oracle
 from tests.support.sglang_session_streams import OUT_KEY_BASE, SessionShape, session_requests
 
-ORACLE = Oracle(script=REPO / "benchmarks" / "oracles" / "sglang" / "engine_oracle.py", env_var="KVSIM_SGLANG_PYTHON",
-                golden_dir=GOLDEN / "sglang_engine", version_key="sglang_version",
-                setup="benchmarks/oracles/sglang/README.md", answer_keys=("batches", "requests", "tree", "final"))
-ORACLE_SGLANG_VERSION = "0.5.23"
+ORACLE = sglang_oracle("engine_oracle.py", "sglang_engine", answer_keys=("batches", "requests", "tree", "final"))
 EOS_RUN = [0, 999_999, 1]
 """... or the EOS token, id 999999, at the request's `eos_after` position."""
 
@@ -353,6 +350,10 @@ def differences(expected: dict, actual: dict, *, limit: int = 12) -> list[str]:
     if expected.get("final") != actual.get("final"):
         out.append(f"final pool: SGLang {expected.get('final')} kvsim {actual.get('final')}")
     return out[:limit]
+
+
+SUITE = StreamSuite(ORACLE, SGLANG_VERSION, STREAMS, build_stream, replay_kvsim, differences)
+"""What tests/engines/sglang/test_sglang_engine_oracle.py checks, golden and live."""
 
 
 if __name__ == "__main__":

@@ -8,14 +8,11 @@ acknowledged at the next scheduling pass, as kvsim's replay does here.
 
 from __future__ import annotations
 
-from tests.support.oracle_support import Oracle
-from tests.support.paths import GOLDEN, REPO
-from tests.support.sglang_engine_streams import DEFAULTS, _shared_prefix
+from tests.support.oracle_support import StreamSuite
+from tests.support.sglang_oracle import SGLANG_VERSION, sglang_oracle
+from tests.support.sglang_engine_streams import DEFAULTS, _shared_prefix, differences, replay_kvsim
 
-ORACLE = Oracle(script=REPO / "benchmarks" / "oracles" / "sglang" / "engine_oracle.py", env_var="KVSIM_SGLANG_PYTHON",
-                golden_dir=GOLDEN / "sglang_hicache_engine", version_key="sglang_version",
-                setup="benchmarks/oracles/sglang/README.md", answer_keys=("batches", "requests", "tree", "final"))
-ORACLE_SGLANG_VERSION = "0.5.23"
+ORACLE = sglang_oracle("engine_oracle.py", "sglang_hicache_engine", answer_keys=("batches", "requests", "tree", "final"))
 
 
 def _requests(seed: int):
@@ -49,6 +46,10 @@ def build_stream(name: str) -> dict:
     # have no path there (its batches and requests agree all the same: checked on the write_through streams)
     spec = {k: v for k, v in STREAMS[name].items() if k != "requests"}
     return {**DEFAULTS, "tree_cache": "unified-python", **spec, "requests": STREAMS[name]["requests"]()}
+
+
+SUITE = StreamSuite(ORACLE, SGLANG_VERSION, STREAMS, build_stream, replay_kvsim, differences)
+"""What tests/engines/sglang/test_sglang_hicache_engine_oracle.py checks, golden and live."""
 
 
 if __name__ == "__main__":

@@ -16,18 +16,15 @@ operations, and SGLang must give the same answers to the same operations.
 
 from __future__ import annotations
 
-import json
 import random
 
 from sim.engines.sglang.hiradix_cache import HiRadixCache
 from sim.engines.sglang.tokens import Tokens
-from tests.support.oracle_support import Oracle
-from tests.support.paths import GOLDEN, REPO
+from tests.support.oracle_support import StreamSuite
+from tests.support.sglang_oracle import SGLANG_VERSION, sglang_oracle
+from tests.support.sglang_tree_streams import differences as tree_differences
 
-ORACLE = Oracle(script=REPO / "benchmarks" / "oracles" / "sglang" / "hicache_oracle.py", env_var="KVSIM_SGLANG_PYTHON",
-                golden_dir=GOLDEN / "sglang_hicache", version_key="sglang_version",
-                setup="benchmarks/oracles/sglang/README.md")
-ORACLE_SGLANG_VERSION = "0.5.23"
+ORACLE = sglang_oracle("hicache_oracle.py", "sglang_hicache")
 
 
 def host_capacity(stream: dict) -> int:
@@ -211,17 +208,16 @@ def replay_kvsim(stream: dict) -> dict:
 
 
 def differences(expected: dict, actual: dict, *, limit: int = 10) -> list[str]:
+    """The host capacity, then what the plain tree's streams compare (every op's result, the final tree)."""
     out = []
     if expected["host_capacity"] != actual["host_capacity"]:
         out.append(f"host capacity: SGLang {expected['host_capacity']}, kvsim {actual['host_capacity']}")
-    for i, (e, a) in enumerate(zip(expected["results"], actual["results"])):
-        if e != a:
-            out.append(f"op {i}: SGLang {json.dumps(e)[:300]} kvsim {json.dumps(a)[:300]}")
-    if len(expected["results"]) != len(actual["results"]):
-        out.append(f"{len(expected['results'])} results from SGLang, {len(actual['results'])} from kvsim")
-    if expected["tree"] != actual["tree"]:
-        out.append(f"final trees differ: SGLang {len(expected['tree'])} nodes, kvsim {len(actual['tree'])}")
+    out += tree_differences(expected, actual, limit=limit)
     return out[:limit]
+
+
+SUITE = StreamSuite(ORACLE, SGLANG_VERSION, STREAMS, build_stream, replay_kvsim, differences)
+"""What tests/engines/sglang/test_sglang_hicache_oracle.py checks, golden and live."""
 
 
 if __name__ == "__main__":

@@ -19,13 +19,10 @@ import random
 
 from sim.engines.sglang.radix_cache import RadixCache
 from sim.engines.sglang.tokens import Tokens
-from tests.support.oracle_support import Oracle
-from tests.support.paths import GOLDEN, REPO
+from tests.support.oracle_support import StreamSuite
+from tests.support.sglang_oracle import SGLANG_VERSION, sglang_oracle
 
-ORACLE = Oracle(script=REPO / "benchmarks" / "oracles" / "sglang" / "tree_oracle.py", env_var="KVSIM_SGLANG_PYTHON",
-                golden_dir=GOLDEN / "sglang_tree", version_key="sglang_version",
-                setup="benchmarks/oracles/sglang/README.md")
-ORACLE_SGLANG_VERSION = "0.5.23"
+ORACLE = sglang_oracle("tree_oracle.py", "sglang_tree")
 
 
 def _key(runs) -> list[list[int]]:
@@ -233,6 +230,10 @@ def differences(expected: dict, actual: dict, *, limit: int = 10) -> list[str]:
     if expected["tree"] != actual["tree"]:
         out.append(f"final trees differ: SGLang {len(expected['tree'])} nodes, kvsim {len(actual['tree'])}")
     return out[:limit]
+
+
+SUITE = StreamSuite(ORACLE, SGLANG_VERSION, STREAMS, build_stream, replay_kvsim, differences)
+"""What tests/engines/sglang/test_sglang_tree_oracle.py checks, golden and live."""
 
 
 if __name__ == "__main__":

@@ -13,25 +13,16 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.oracle_support import check_golden, check_live
-from tests.support.sglang_engine_streams import (
-    ORACLE,
-    ORACLE_SGLANG_VERSION,
-    STREAMS,
-    build_stream,
-    differences,
-    replay_kvsim,
-    session_stream_requests,
-)
+from tests.support.sglang_engine_streams import SUITE, session_stream_requests
 
 
-@pytest.mark.parametrize("name", sorted(STREAMS))
+@pytest.mark.parametrize("name", SUITE.names)
 def test_kvsim_sglang_engine_reproduces_recorded_sglang_answer(name):
-    check_golden(ORACLE, name, build_stream(name), replay_kvsim, differences, ORACLE_SGLANG_VERSION)
+    SUITE.check_golden(name)
 
 
 def test_the_recorded_engine_streams_exercise_what_they_claim():
-    answers = {n: ORACLE.golden(n)["answer"] for n in STREAMS}
+    answers = {n: SUITE.oracle.golden(n)["answer"] for n in SUITE.streams}
 
     def cached(name):
         return [r["cached_tokens"] for r in answers[name]["requests"]]
@@ -56,7 +47,7 @@ def _later_turns(name):
     reqs = session_stream_requests(name)
     previous = {}
     out = []
-    for rec, req in zip(ORACLE.golden(name)["answer"]["requests"], reqs):
+    for rec, req in zip(SUITE.oracle.golden(name)["answer"]["requests"], reqs):
         if req.turn:
             out.append((rec, req, previous[req.session_id]))
         previous[req.session_id] = req
@@ -64,7 +55,7 @@ def _later_turns(name):
 
 
 def test_the_recorded_session_streams_exercise_what_they_claim():
-    answers = {n: ORACLE.golden(n)["answer"] for n in STREAMS if n.startswith("sessions_")}
+    answers = {n: SUITE.oracle.golden(n)["answer"] for n in SUITE.streams if n.startswith("sessions_")}
 
     def kinds(name, page_size):
         """How much of its context each later turn found: all, its system prompt only, part of its own tokens
@@ -103,6 +94,6 @@ def test_the_recorded_session_streams_exercise_what_they_claim():
 
 
 @pytest.mark.sglang_oracle
-@pytest.mark.parametrize("name", sorted(STREAMS))
+@pytest.mark.parametrize("name", SUITE.names)
 def test_kvsim_sglang_engine_matches_live_sglang(name):
-    check_live(ORACLE, build_stream(name), replay_kvsim, differences, ORACLE_SGLANG_VERSION)
+    SUITE.check_live(name)

@@ -12,25 +12,23 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.oracle_support import check_golden, check_live
-from tests.support.sglang_engine_streams import differences, replay_kvsim
-from tests.support.sglang_hicache_engine_streams import ORACLE, ORACLE_SGLANG_VERSION, STREAMS, build_stream
+from tests.support.sglang_hicache_engine_streams import SUITE
 
 
-@pytest.mark.parametrize("name", sorted(STREAMS))
+@pytest.mark.parametrize("name", SUITE.names)
 def test_kvsim_engine_with_hicache_reproduces_recorded_sglang_answer(name):
-    check_golden(ORACLE, name, build_stream(name), replay_kvsim, differences, ORACLE_SGLANG_VERSION)
+    SUITE.check_golden(name)
 
 
 def test_the_recorded_hicache_engine_streams_load_from_the_host():
-    for name in STREAMS:
-        requests = ORACLE.golden(name)["answer"]["requests"]
+    for name in SUITE.streams:
+        requests = SUITE.oracle.golden(name)["answer"]["requests"]
         host = [r["cached_tokens_host"] for r in requests]
         assert sum(1 for h in host if h) >= 15, name                         # many requests loaded a host prefix
         assert all(0 <= h <= r["cached_tokens"] for h, r in zip(host, requests)), name
 
 
 @pytest.mark.sglang_oracle
-@pytest.mark.parametrize("name", sorted(STREAMS))
+@pytest.mark.parametrize("name", SUITE.names)
 def test_kvsim_engine_with_hicache_matches_sglang_live(name):
-    check_live(ORACLE, build_stream(name), replay_kvsim, differences, ORACLE_SGLANG_VERSION)
+    SUITE.check_live(name)

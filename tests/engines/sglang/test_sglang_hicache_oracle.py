@@ -13,24 +13,16 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.oracle_support import check_golden, check_live
-from tests.support.sglang_hicache_streams import (
-    ORACLE,
-    ORACLE_SGLANG_VERSION,
-    STREAMS,
-    build_stream,
-    differences,
-    replay_kvsim,
-)
+from tests.support.sglang_hicache_streams import SUITE
 
 
-@pytest.mark.parametrize("name", sorted(STREAMS))
+@pytest.mark.parametrize("name", SUITE.names)
 def test_kvsim_hicache_reproduces_recorded_sglang_answer(name):
-    check_golden(ORACLE, name, build_stream(name), replay_kvsim, differences, ORACLE_SGLANG_VERSION)
+    SUITE.check_golden(name)
 
 
 def test_the_recorded_hicache_streams_exercise_what_they_claim():
-    answers = {n: ORACLE.golden(n)["answer"] for n in STREAMS}
+    answers = {n: SUITE.oracle.golden(n)["answer"] for n in SUITE.streams}
     for name, answer in answers.items():
         results = answer["results"]
         assert any(r.get("host") for r in results), name                       # host hits
@@ -42,10 +34,10 @@ def test_the_recorded_hicache_streams_exercise_what_they_claim():
     # write_through_selective: the narrated prefix is deleted on its first eviction (no host hit), then backed up
     narrated = answers["narrated_selective"]["results"]
     assert narrated[3] == {"device": 0, "host": 0, "evictable": 0, "protected": 0, "host_available": 129}
-    assert {ORACLE.golden(n)["stream"] for n in STREAMS} == set(STREAMS)
+    assert {SUITE.oracle.golden(n)["stream"] for n in SUITE.streams} == set(SUITE.streams)
 
 
 @pytest.mark.sglang_oracle
-@pytest.mark.parametrize("name", sorted(STREAMS))
+@pytest.mark.parametrize("name", SUITE.names)
 def test_kvsim_hicache_matches_sglang_live(name):
-    check_live(ORACLE, build_stream(name), replay_kvsim, differences, ORACLE_SGLANG_VERSION)
+    SUITE.check_live(name)

@@ -12,33 +12,25 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.oracle_support import check_golden, check_live
-from tests.support.sglang_tree_streams import (
-    ORACLE,
-    ORACLE_SGLANG_VERSION,
-    STREAMS,
-    build_stream,
-    differences,
-    replay_kvsim,
-)
+from tests.support.sglang_tree_streams import SUITE
 
 
-@pytest.mark.parametrize("name", sorted(STREAMS))
+@pytest.mark.parametrize("name", SUITE.names)
 def test_kvsim_tree_reproduces_recorded_sglang_answer(name):
-    check_golden(ORACLE, name, build_stream(name), replay_kvsim, differences, ORACLE_SGLANG_VERSION)
+    SUITE.check_golden(name)
 
 
 def test_the_recorded_tree_streams_exercise_what_they_claim():
-    answers = {n: ORACLE.golden(n)["answer"] for n in STREAMS}
+    answers = {n: SUITE.oracle.golden(n)["answer"] for n in SUITE.streams}
     edge = [r.get("prefix_len") for r in answers["edge_cases"]["results"]]
     assert edge[1] == 2032 and edge[4] == 1000 and edge[6] == 2037  # a split, a mid-prefix match, a run into a tail
     for name, answer in answers.items():
         if name != "edge_cases":
             assert sum(1 for r in answer["results"] if r.get("evicted")) > 20, name  # under pressure
-    assert {ORACLE.golden(n)["stream"] for n in STREAMS} == set(STREAMS)
+    assert {SUITE.oracle.golden(n)["stream"] for n in SUITE.streams} == set(SUITE.streams)
 
 
 @pytest.mark.sglang_oracle
-@pytest.mark.parametrize("name", sorted(STREAMS))
+@pytest.mark.parametrize("name", SUITE.names)
 def test_kvsim_tree_matches_live_sglang(name):
-    check_live(ORACLE, build_stream(name), replay_kvsim, differences, ORACLE_SGLANG_VERSION)
+    SUITE.check_live(name)
