@@ -44,6 +44,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
 sys.path.insert(0, str(HERE))
 import builtin_shape  # noqa: E402  (the seed-shaped trace's writer and constants)
+from builtin_shape import band  # noqa: E402  (a min–max band as the tables print it)
 
 RESULTS = HERE / "disaggregated.jsonl"
 TOPOLOGIES = {"1P3D": (1, 3), "2P4D": (2, 4), "4P4D": (4, 4)}
@@ -187,11 +188,6 @@ def run_kvsim(trace: Path, trace_name: str, topology: str, router: str, seed: in
 
 
 # ---------------------------------------------------------------------------------------------------- driver
-def band(values: list[float], fmt: str = ".3f") -> str:
-    lo, hi = min(values), max(values)
-    return f"{lo:{fmt}}" if lo == hi else f"{lo:{fmt}}–{hi:{fmt}}"
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["_mocker"]:
