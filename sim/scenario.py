@@ -899,17 +899,24 @@ def load_scenario(path: str | Path | None = None, *, checks: Sequence[Callable[[
     return scenario, file.resolve()
 
 
+def _with_engine_kv_gib(scenario: Scenario, gib: float, *, option: str, field: str, tier: str,
+                        engines: str) -> Scenario:
+    """`scenario` with the engine's `field` set to `gib` GiB in bytes; `gib` 0 leaves an engine without the field
+    unchanged. `option` names the input in errors, `tier` the KV tier and `engines` which engines model it."""
+    if gib < 0 or not math.isfinite(gib):
+        raise ScenarioError(f"{option} must be a number of GiB >= 0, got {gib!r}")
+    if field not in type(scenario.engine).model_fields:
+        if gib == 0:
+            return scenario
+        raise ScenarioError(f"{option}: engine.kind {scenario.engine.kind!r} has no {tier} in kvsim ({engines})")
+    return scenario.with_overrides(**{f"engine.{field}": int(round(gib * GIB))})
+
+
 def with_cpu_kv_gib(scenario: Scenario, gib: float) -> Scenario:
     """`scenario` with a host (CPU) KV tier of `gib` GiB per worker (vLLM --kv-offloading-size, SGLang HiCache's
     --hicache-size in GiB; 0: none)."""
-    if gib < 0 or not math.isfinite(gib):
-        raise ScenarioError(f"cpu_kv_gib must be a number of GiB >= 0, got {gib!r}")
-    if "cpu_kv_bytes" not in type(scenario.engine).model_fields:
-        if gib == 0:
-            return scenario
-        raise ScenarioError(f"cpu_kv_gib: engine.kind {scenario.engine.kind!r} has no host KV tier in kvsim "
-                            "(vllm: its OffloadingConnector; sglang: HiCache)")
-    return scenario.with_overrides(**{"engine.cpu_kv_bytes": int(round(gib * GIB))})
+    return _with_engine_kv_gib(scenario, gib, option="cpu_kv_gib", field="cpu_kv_bytes", tier="host KV tier",
+                               engines="vllm: its OffloadingConnector; sglang: HiCache")
 
 
 def with_pools(scenario: Scenario, prefill_workers: int, decode_workers: int) -> Scenario:
@@ -928,15 +935,9 @@ def with_pools(scenario: Scenario, prefill_workers: int, decode_workers: int) ->
 
 def with_shared_kv_gib(scenario: Scenario, gib: float) -> Scenario:
     """`scenario` with a cluster-shared KV store of `gib` GiB for the whole cluster (0: none)."""
-    if gib < 0 or not math.isfinite(gib):
-        raise ScenarioError(f"shared_kv_gib must be a number of GiB >= 0, got {gib!r}")
-    if "shared_kv_bytes" not in type(scenario.engine).model_fields:
-        if gib == 0:
-            return scenario
-        # NOTE: SGLang's HiCache storage backends (its L3: Mooncake, 3FS, file) are not modelled.
-        raise ScenarioError(f"shared_kv_gib: engine.kind {scenario.engine.kind!r} has no cluster-shared KV tier in "
-                            "kvsim (only vllm)")
-    return scenario.with_overrides(**{"engine.shared_kv_bytes": int(round(gib * GIB))})
+    # NOTE: SGLang's HiCache storage backends (its L3: Mooncake, 3FS, file) are not modelled.
+    return _with_engine_kv_gib(scenario, gib, option="shared_kv_gib", field="shared_kv_bytes",
+                               tier="cluster-shared KV tier", engines="only vllm")
 
 
 def shared_kv_gib(scenario: Scenario) -> float:
