@@ -515,33 +515,6 @@ class HiRadixCache(RadixCache):
             self._update_leaf_status(node)
             node = node.parent
 
-    # ------------------------------------------------------------------ locks (device tokens only)
-    def inc_lock_ref(self, node: HiTreeNode) -> int:
-        delta = 0
-        while node is not self.root_node:
-            if node.lock_ref == 0 and not node.evicted:
-                self.evictable_size_ -= len(node.key)
-                self.protected_size_ += len(node.key)
-                delta -= len(node.key)
-            node.lock_ref += 1
-            self._update_leaf_status(node)
-            node = node.parent
-        return delta
-
-    def dec_lock_ref(self, node: HiTreeNode) -> int:
-        delta = 0
-        while node is not self.root_node:
-            if node.lock_ref < 1:
-                raise RuntimeError(f"{node!r}: lock released more often than taken")
-            if node.lock_ref == 1 and not node.evicted:
-                self.evictable_size_ += len(node.key)
-                self.protected_size_ -= len(node.key)
-                delta += len(node.key)
-            node.lock_ref -= 1
-            self._update_leaf_status(node)
-            node = node.parent
-        return delta
-
     # ------------------------------------------------------------------ checking
     def total_size(self) -> int:
         """Device tokens in the tree."""

@@ -36,6 +36,10 @@ class TreeNode:
     __slots__ = ("children", "parent", "key", "lock_ref", "last_access_time", "creation_time", "hit_count",
                  "priority", "id")
 
+    evicted = False
+    """No device copy: never, in the plain tree (a class attribute; `HiTreeNode` holds it per node). A lock moves
+    only device tokens between evictable and protected."""
+
     def __init__(self, cache: RadixCache, priority: int = 0) -> None:
         self.children: dict[Hashable, TreeNode] = {}
         self.parent: TreeNode | None = None
@@ -169,7 +173,7 @@ class RadixCache:
         """Add a holder on `node` and its ancestors; returns the change in evictable tokens (<= 0)."""
         delta = 0
         while node is not self.root_node:
-            if node.lock_ref == 0:
+            if node.lock_ref == 0 and not node.evicted:
                 self.evictable_size_ -= len(node.key)
                 self.protected_size_ += len(node.key)
                 delta -= len(node.key)
@@ -182,7 +186,7 @@ class RadixCache:
         """Drop a holder from `node` and its ancestors; returns the change in evictable tokens (>= 0)."""
         delta = 0
         while node is not self.root_node:
-            if node.lock_ref == 1:
+            if node.lock_ref == 1 and not node.evicted:
                 self.evictable_size_ += len(node.key)
                 self.protected_size_ -= len(node.key)
                 delta += len(node.key)
