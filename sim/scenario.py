@@ -372,6 +372,11 @@ class Scenario(ConfigModel):
         engine = self.engine if self.cluster.disaggregation is None else self.pool_engine("prefill")
         return getattr(engine, "shared_kv_bytes", 0)
 
+    @property
+    def peer_fetch(self) -> bool:
+        """G2 peer fetch between the workers' host tiers (`engine.peer_fetch`), False for an engine without it."""
+        return getattr(self.engine, "peer_fetch", False)
+
     def device_shared_link(self, device: DeviceSpec) -> tuple[float, float, float]:
         """(bandwidth bytes/s per direction, latency s, per-transfer overhead s) of `device`'s network link to the
         shared store: `engine.shared_link`; with tensor parallelism every rank moves its share of a block over its
@@ -407,6 +412,10 @@ class Scenario(ConfigModel):
             raise ValueError("cluster.disaggregation.decode.engine.shared_kv_bytes: decode workers do not use the "
                              "shared store (it is the prefill pool's); allowed: 0, or set engine.shared_kv_bytes "
                              "or cluster.disaggregation.prefill.engine.shared_kv_bytes")
+        if self.cluster.disaggregation is not None and (
+                self.peer_fetch or any(pd.engine.get("peer_fetch") for pd in (self.cluster.disaggregation.prefill,
+                                                                              self.cluster.disaggregation.decode))):
+            raise ValueError("engine.peer_fetch: not modelled with P/D pools (cluster.disaggregation); allowed: false")
         return self
 
     @model_validator(mode="after")

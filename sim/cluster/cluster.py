@@ -13,7 +13,7 @@ from sim.cluster.reuse import ReuseLedger
 from sim.cluster.worker import Worker
 from sim.cluster.workers_view import WorkersView
 from sim.engines.interface import ServedRequest, SharedTier
-from sim.engines.registry import build_engine, build_shared_store
+from sim.engines.registry import bind_peer_fetch, build_engine, build_shared_store
 from sim.results.records import RequestRecord, WorkerCounters
 from sim.routing.interface import Router
 from sim.scenario import Scenario, ScenarioError
@@ -43,6 +43,7 @@ class Cluster(WorkersView):
         self._response_delay_s = scenario.cluster.response_overhead_s
         self.devices: list[Device] = []
         self.workers: list[Worker] = []
+        nics = []  # each worker's device NIC, for G2 peer fetch
         shared_store = store_bandwidth = None
         if scenario.shared_kv_bytes:
             # NOTE: one store for the cluster; each device reaches it over its own NIC (sim/cluster/network_link.py).
@@ -64,7 +65,12 @@ class Cluster(WorkersView):
                 bandwidth, latency, overhead = scenario.device_shared_link(dev)
                 shared_tier = SharedTier(shared_store, NetworkLinkQueue(
                     bandwidth_bytes_per_s=bandwidth, latency_s=latency, overhead_s=overhead, store=store_bandwidth))
+            nic = None
+            if scenario.peer_fetch:
+                bandwidth, latency, overhead = scenario.device_shared_link(dev)
+                nic = NetworkLinkQueue(bandwidth_bytes_per_s=bandwidth, latency_s=latency, overhead_s=overhead)
             for _ in range(dev.workers):
+                nics.append(nic)
                 engine = build_engine(scenario.engine, kv_bytes_per_token=scenario.model.kv_bytes_per_token,
                                       host_link=link, shared_tier=shared_tier)
                 worker = Worker(
@@ -72,6 +78,8 @@ class Cluster(WorkersView):
                     on_first_token=self._first_token, on_finished=self._finished, fast_forward=fast_forward,
                 )
                 self.workers.append(worker)
+        if scenario.peer_fetch:
+            bind_peer_fetch([w.engine for w in self.workers], nics)
         WorkersView.__init__(self, env, self.workers, block_size=self._block_size,
                              cache_num_blocks=self._cache_num_blocks, seed=self._seed)
         self._pending: dict[int, tuple[float, Callable[[RequestRecord], object], tuple[int, int, int, int]]] = {}

@@ -255,6 +255,8 @@ class EngineCounters:
     """Bytes this worker moved over its network link to the shared store, both directions."""
     host_link_bytes: int = 0
     """Bytes this worker moved over its host link for the host tier, both directions."""
+    peer_fetched_blocks: int = 0
+    """Blocks this worker pulled from peers' host tiers into its own (G2 peer fetch; 0 without it)."""
 
 
 # ---------------------------------------------------------------------------------------------- cache events
@@ -443,4 +445,6 @@ class EngineClass(Protocol):
 
     # NOTE: an engine with a cluster-shared KV tier (vLLM) also takes `shared_tier: SharedTier` and has
     # `shared_store(spec, kv_bytes_per_token) -> object`; the registry calls them only when a scenario has one.
+    # One with G2 peer fetch (vLLM, `engine.peer_fetch`) has `peer_store() -> object` and
+    # `bind_peers(peers, link)`: the registry's `bind_peer_fetch` wires the cluster's workers to one another.
 

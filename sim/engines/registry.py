@@ -9,6 +9,7 @@ engine class by name: the class, and with it the engine's whole cache and schedu
 from __future__ import annotations
 
 import importlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sim.engines.interface import Engine, EngineClass, EngineSpec, HostLink, SharedTier
@@ -69,4 +70,12 @@ def build_shared_store(spec: EngineSpec, *, kv_bytes_per_token: int) -> object:
     return make(spec, kv_bytes_per_token)
 
 
-__all__ = ["ENGINES", "EngineEntry", "build_engine", "build_shared_store"]
+def bind_peer_fetch(engines: Sequence[Engine], links: Sequence[HostLink]) -> None:
+    """G2 peer fetch: give every engine the other engines' host tiers, in worker order, and its device's NIC
+    (`links[i]` is engine i's)."""
+    stores = [e.peer_store() for e in engines]
+    for i, (engine, link) in enumerate(zip(engines, links, strict=True)):
+        engine.bind_peers([s for j, s in enumerate(stores) if j != i], link)
+
+
+__all__ = ["ENGINES", "EngineEntry", "bind_peer_fetch", "build_engine", "build_shared_store"]

@@ -24,6 +24,7 @@ from sim.engines.vllm.offload.connector import OffloadingConnector
 from sim.engines.vllm.offload.cpu_manager import CpuOffloadingManager
 from sim.engines.vllm.offload.lmcache import LmcacheConnector, LmcacheCpuBackend, LmcacheTransfers
 from sim.engines.vllm.offload.multi import MultiConnector, MultiTransfers
+from sim.engines.vllm.offload.peer_fetch import PeerFetch
 from sim.engines.vllm.offload.transfers import HostTransfers
 from sim.engines.vllm.request_state import RequestState
 from sim.engines.vllm.scheduler import Scheduler, SchedulerLimits
@@ -217,6 +218,8 @@ class VllmEngine:
         elif c is not None:
             tiers = {"cpu_stored_blocks": c.counters.num_stored_chunks,
                      "cpu_loaded_blocks": c.counters.num_loaded_chunks, "cpu_evicted_blocks": c.num_evicted_chunks}
+            if c.peer_fetch is not None:
+                tiers["peer_fetched_blocks"] = c.counters.num_peer_fetched_chunks
         B = self._bytes_per_block
         return EngineCounters(prefix_cache=self.cache.stats.copy(), evicted_blocks=evicted,
                               evicted_tokens=evicted * self.cache.block_size,
@@ -225,6 +228,17 @@ class VllmEngine:
                               shared_link_bytes=B * (tiers.get("shared_stored_blocks", 0)
                                                      + tiers.get("shared_loaded_blocks", 0)))
 
+    def peer_store(self) -> CpuOffloadingManager:
+        """This worker's host tier as its peers read it (G2 peer fetch, `spec.peer_fetch`)."""
+        assert isinstance(self.connector, OffloadingConnector) and self.spec.peer_fetch
+        return self.connector.manager
+
+    def bind_peers(self, peers: list, link: HostLink) -> None:
+        """G2 peer fetch: the other workers' host tiers (`peer_store`, worker order, this one excluded) and this
+        worker's NIC the pulls run on."""
+        assert isinstance(self.connector, OffloadingConnector) and self.spec.peer_fetch
+        self.connector.peer_fetch = PeerFetch(link, min_blocks=self.spec.peer_min_blocks, peers=list(peers))
+
     def next_background_s(self) -> float | None:
         remote_s = self.scheduler.next_remote_load_s()
         if self.transfers is None:
@@ -232,8 +246,9 @@ class VllmEngine:
                 # NOTE: finished P/D prefills hold blocks until the decode side reads them: wait for that.
                 return math.inf if self.scheduler.num_held_requests else None
             return 0.0 if self.scheduler.has_loaded_requests else remote_s
-        if self.scheduler.has_loaded_requests:
-            return 0.0  # a load reported done: the next step promotes it, at once
+        if self.scheduler.has_loaded_requests or (isinstance(self.connector, OffloadingConnector)
+                                                  and self.connector.pulled):
+            return 0.0  # a load reported done: the next step promotes it, at once (a peer pull: it looks up again)
         host_s = self.transfers.next_done_s()
         if host_s is None and remote_s is None:
             # NOTE: as without tiers: a P/D prefill worker may be waiting only for its held blocks' release.

@@ -76,6 +76,14 @@ class VllmEngineSpec(ConfigModel):
         "lru", description="The shared store's eviction policy, the host tier's managers' lru or arc.")
     shared_link: SharedLinkSpec = Field(default_factory=SharedLinkSpec,
                                         description="Each device's network link to the shared store.")
+    peer_fetch: bool = Field(
+        False, description="Dynamo KVBM's G2 peer fetch (remote search): a lookup whose host-tier run ends pulls the "
+                           "rest from the first other worker whose host tier holds it, over the device's NIC "
+                           "(shared_link's bandwidth and latency), into its own host tier, then loads it over PCIe "
+                           "(docs/concepts/kv-tiers.md). Needs cpu_kv_bytes > 0 (the offloading connector).")
+    peer_min_blocks: int = Field(
+        1, ge=1, description="The fewest prompt blocks past the local host-tier run worth asking the peers for "
+                             "(KVBM's min_remote_tokens in blocks).")
     free_order: Literal["tail-first", "head-first"] = Field(
         "tail-first",
         description="Order a finished request's blocks enter the free queue: vLLM's tail-first, or the naive-LRU "
@@ -91,6 +99,17 @@ class VllmEngineSpec(ConfigModel):
             if self.shared_kv_bytes:
                 raise ValueError("engine.cpu_kv_connector: lmcache does not chain with a shared store in kvsim "
                                  "(shared_kv_bytes); allowed with a shared store: offloading")
+        return self
+
+    @model_validator(mode="after")
+    def _peer_fetch(self) -> VllmEngineSpec:
+        if self.peer_fetch:
+            if not self.cpu_kv_bytes or self.cpu_kv_connector != "offloading":
+                raise ValueError("engine.peer_fetch: needs a host tier run by the offloading connector "
+                                 "(cpu_kv_bytes > 0, cpu_kv_connector offloading)")
+            if self.shared_kv_bytes:
+                raise ValueError("engine.peer_fetch: not modelled with a shared store (shared_kv_bytes); allowed "
+                                 "with peer_fetch: shared_kv_bytes 0")
         return self
 
     @field_validator("vllm_version")

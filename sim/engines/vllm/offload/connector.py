@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from sim.engines.interface import CacheEvent, PrefixCacheStats
 from sim.engines.vllm.offload.cpu_manager import CpuOffloadingManager, LookupResult
+from sim.engines.vllm.offload.peer_fetch import PeerFetch
 from sim.engines.vllm.request_state import RequestState
 
 
@@ -57,6 +58,9 @@ class ConnectorStep:
     evicted: list[tuple[RequestState, tuple]] = field(default_factory=list)
     """CPU chunks evicted to make room, per store offer in order: (the offering request, chunk hashes evicted
     least recent first); vLLM's `BlockRemoved(medium="CPU")` events."""
+    pull_jobs: list[TransferJob] = field(default_factory=list)
+    """Peer pulls (G2 peer fetch) created by this step's lookups; the worker starts them on its NIC at the step's
+    start."""
 
 
 @dataclass(slots=True)
@@ -88,6 +92,8 @@ class OffloadCounters:
     num_deferred_lookups: int = 0
     """Lookups answered "not yet" (a chunk still being stored or loaded, or the request's own jobs in flight)."""
     num_flushed_jobs: int = 0
+    num_peer_fetched_chunks: int = 0
+    """Chunks pulled from a peer's host tier into this one (G2 peer fetch), counted when the pull completes."""
 
 
 class OffloadingConnector:
@@ -132,6 +138,13 @@ class OffloadingConnector:
         """Requests whose last store offer found no room: they offer again at their next step."""
         self._block_fences: dict[int, set[int]] = {}
         """GPU block id -> in-flight store jobs reading it, for requests that have finished (`OS` 2336-2376)."""
+        self.peer_fetch: PeerFetch | None = None
+        """G2 peer fetch (sim/engines/vllm/offload/peer_fetch.py): None, off."""
+        self._pulls: dict[int, tuple[CpuOffloadingManager, tuple]] = {}
+        """Peer pulls in flight: job id -> (the holder's manager, the chunk hashes pinned there)."""
+        self.pulled = False
+        """A pull completed since the last `build_step`: its request's next lookup hits, so the next step is due at
+        once (the lookup that deferred ran before the completion was reported)."""
         self.events: list[CacheEvent] | None = None
         """The tier's KV events since they were last taken, once someone subscribed (None: not recorded): stored
         chunks when their store completes, evicted ones when a store offer evicts them (rules §5.2)."""
@@ -203,6 +216,10 @@ class OffloadingConnector:
                 break
             hits += 1
             pending |= result is LookupResult.HIT_PENDING
+        if (self.peer_fetch is not None and not pending and num_chunks - (start + hits) >= self.peer_fetch.min_blocks
+                and self._pull(state, start + hits, num_chunks)):
+            self.counters.num_deferred_lookups += 1
+            return None  # a peer's chunks are being pulled into this tier: wait, as for a pending store
         num_hit_tokens = (start + hits) * B - num_gpu_hit_tokens
         if num_hit_tokens < B:
             return 0
@@ -214,6 +231,45 @@ class OffloadingConnector:
             self.counters.num_deferred_lookups += 1
             return None  # another request's load is bringing these chunks in (`OS` 1021-1045)
         return num_hit_tokens
+
+    def _pull(self, state: RequestState, first: int, num_chunks: int) -> bool:
+        """G2 peer fetch: the first peer (worker order) holding chunk `first` gives its contiguous run of the
+        request's chunks from there; they are allocated here (all or nothing, evicting as a store does) and pinned
+        there, and a pull job is queued for the NIC. False if no peer holds chunk `first` or there is no room."""
+        wanted = state.block_hashes(first, num_chunks)
+        for holder in self.peer_fetch.peers:
+            run = 0
+            for h in wanted:
+                if holder.lookup(h) is not LookupResult.HIT:
+                    break
+                run += 1
+            if run:
+                break
+        else:
+            return False
+        hashes = self._chunk_hashes(state, first, first + run)
+        out = self.manager.prepare_store(state, hashes)
+        if out is None or not out.chunk_hashes_to_store:
+            return False
+        if out.evicted_chunk_hashes:
+            self._step.evicted.append((state, out.evicted_chunk_hashes))
+            if self.events is not None:
+                self.events.append(CacheEvent("removed", out.evicted_chunk_hashes, None, self.block_size,
+                                              self.medium))
+        pulled = out.chunk_hashes_to_store
+        holder.prepare_load(state, pulled)
+        stored = set(pulled)
+        indices = tuple(i for i, h in enumerate(hashes, first) if h in stored)
+        job = TransferJob(self._next_job_id, state, False, indices, len(indices) * self.bytes_per_block)
+        self._next_job_id += 1
+        self._jobs[job.job_id] = job
+        self._pulls[job.job_id] = (holder, pulled)
+        self._step.pull_jobs.append(job)
+        return True
+
+    def is_pull(self, job_id: int) -> bool:
+        """A peer pull (run on the NIC), not a copy over the host link."""
+        return job_id in self._pulls
 
     def record_lookup(self, state: RequestState, num_gpu_hit_tokens: int, num_external_tokens: int,
                       *, preempted: bool) -> None:
@@ -256,6 +312,7 @@ class OffloadingConnector:
         """Flushes, store jobs and the finish pass of one `schedule()` (`OS` 2103-2196); `scheduled` is each
         scheduled request with its new tokens, in schedule order, before its computed tokens advance."""
         step, self._step = self._step, ConnectorStep()
+        self.pulled = False
         scheduled = list(scheduled)
         for state, _n in scheduled:
             st = self._state(state)
@@ -352,6 +409,18 @@ class OffloadingConnector:
         for jid in job_ids:
             job = self._jobs.pop(jid)
             state = job.request
+            pull = self._pulls.pop(jid, None)
+            if pull is not None:
+                holder, pulled = pull
+                manager.complete_store(pulled)
+                holder.complete_load(pulled)
+                # NOTE: the read commits on the holder as a finished request's would (its recency: a use).
+                holder.request_finished(state)
+                self.counters.num_peer_fetched_chunks += len(pulled)
+                self.pulled = True
+                if self.events is not None:
+                    self.events.append(CacheEvent("stored", tuple(pulled), None, self.block_size, self.medium))
+                continue
             hashes = [state.block_hash(i) for i in job.chunk_indices]
             if job.is_store:
                 manager.complete_store(hashes)

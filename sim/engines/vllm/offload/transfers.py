@@ -37,7 +37,8 @@ class HostTransfers:
 
     def _submit(self, job_id: int, start_s: float) -> None:
         job = self.connector.job(job_id)
-        self._done_s[job_id] = self.link.copy_done_s(to_device=not job.is_store, start_s=start_s,
+        link = self.connector.peer_fetch.link if self.connector.is_pull(job_id) else self.link
+        self._done_s[job_id] = link.copy_done_s(to_device=not job.is_store, start_s=start_s,
                                                      num_bytes=job.num_bytes)
 
     def start_step(self, step: ConnectorStep, now_s: float) -> float:
@@ -45,6 +46,8 @@ class HostTransfers:
         jobs."""
         self._step = step
         self._step_start_s = now_s
+        for job in step.pull_jobs:  # G2 peer pulls: on the NIC, from the step's start (no compute to wait for)
+            self._submit(job.job_id, now_s)
         if not step.jobs_to_flush:
             return 0.0
         for jid in step.jobs_to_flush:
