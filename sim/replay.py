@@ -130,9 +130,9 @@ def device_groups(scenario: Scenario, jobs: int) -> list[frozenset[int]]:
     """How a replay of `scenario` splits over at most `jobs` processes: the workers each process simulates (whole
     devices, balanced by worker count). One group when it cannot split: one job, one device, a router that reads
     the cluster (its choices depend on what every worker does), a cluster-shared KV store (every worker reads what
-    the others stored) or no `fork` on this platform."""
+    the others stored), G2 peer fetch (every worker reads the others' host tiers) or no `fork` on this platform."""
     workers = scenario.cluster.workers
-    if (jobs <= 1 or scenario.shared_kv_bytes or not getattr(build_router(scenario), "ignores_cluster_state", False)
+    if (jobs <= 1 or scenario.shared_kv_bytes or scenario.peer_fetch or not getattr(build_router(scenario), "ignores_cluster_state", False)
             or "fork" not in multiprocessing.get_all_start_methods()):
         return [frozenset(range(workers))]
     devices, first = [], 0

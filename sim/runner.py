@@ -159,6 +159,7 @@ def run(scenario: Scenario, stream: RequestStream | None = None, *, fast_forward
         slo=scenario.slo.to_slo(),
         **pool_figures(scenario, cluster, marks),
         shared_tier=scenario.shared_kv_bytes > 0,
+        peer_fetch=scenario.peer_fetch,
     )
 
 

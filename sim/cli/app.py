@@ -271,6 +271,33 @@ def on_cpu_kv_connector(scenario: Scenario, name: str | None) -> Scenario:
         raise click.ClickException(str(err).removeprefix("Value error, ")) from None
 
 
+# --- G2 peer fetch (--peer-fetch) -------------------------------------------------------------------------------------
+PEER_FETCH_HELP = ("Dynamo KVBM's G2 peer fetch (vLLM engine, with a host tier: --cpu-kv-gib > 0): a lookup whose "
+                   "host-tier hit ends pulls the rest from the first other worker whose host tier holds it, over the "
+                   "device's network link (engine.shared_link), into its own host tier, then loads it over PCIe "
+                   "(docs/concepts/kv-tiers.md). Default: the scenario's (engine.peer_fetch).")
+
+
+def peer_fetch_option(command: Callable) -> Callable:
+    """`--peer-fetch` (parameter `peer_fetch`); apply it with `on_peer_fetch`."""
+    return click.option("--peer-fetch", "peer_fetch", is_flag=True, default=False, help=PEER_FETCH_HELP)(command)
+
+
+def on_peer_fetch(scenario: Scenario, peer_fetch: bool) -> Scenario:
+    """`scenario` with `--peer-fetch` applied (unchanged without it), or a one-line error."""
+    if not peer_fetch:
+        return scenario
+    if "peer_fetch" not in type(scenario.engine).model_fields:
+        raise click.ClickException(f"--peer-fetch: engine.kind {scenario.engine.kind!r} has no G2 peer fetch in "
+                                   "kvsim (only vllm)")
+    if not scenario.cpu_kv_bytes:
+        raise click.ClickException("--peer-fetch: needs a host tier to fetch into; give --cpu-kv-gib > 0")
+    try:
+        return scenario.with_overrides(**{"engine.peer_fetch": True})
+    except (ScenarioError, ValueError) as err:
+        raise click.ClickException(str(err).removeprefix("Value error, ")) from None
+
+
 def shared_kv_columns(scenario: Scenario) -> dict[str, float]:
     """The summary row's `shared_kv_gib` column when `scenario` has a shared store (else none: the row keeps its
     columns)."""

@@ -13,6 +13,7 @@ from sim.cli.app import (
     CPU_KV_HELP, ENGINE_HELP, SHARED_FIRST_BLOCK, SLO_HELP, UsageExit, checked_out_dir, console, err_console,
     executor_options, fmt, hit_rates_legend, load_or_exit, main, on_cpu_kv, on_engine, one_engine, open_executor_or_exit, positional_or_option, progress_bar,
     on_shared_kv, shared_kv_columns, shared_kv_option, cpu_kv_connector_option, on_cpu_kv_connector,
+    on_peer_fetch, peer_fetch_option,
     router_list, scenario_option, setup_text, slo_option, with_slo,
 )
 from sim.cli.render import Table, format_option
@@ -181,6 +182,14 @@ def _shared_tier_columns(scenario, result) -> dict[str, float | int]:
             "shared_link_bytes": engine.shared_link_bytes, "host_link_bytes": engine.host_link_bytes}
 
 
+def _peer_fetch_columns(result) -> dict[str, float | int]:
+    """A replay's G2 peer fetch columns (`PEER_FETCH_COLUMNS`), from the engines' counters."""
+    from sim.results.records import total_counters
+    from sim.results.summary import peer_fetch_row
+
+    return peer_fetch_row(total_counters(result.workers))
+
+
 def _requests_csv(records, session_trace, *, shared_tier: bool = False) -> bytes:
     """requests.csv of a replay, by request id; with a session trace, each request's parent's request id, its gap
     (the closed-loop delay after its parent finished) and its parent's finish time (empty for a first turn)."""
@@ -286,12 +295,13 @@ def trace_overrides(base: Scenario, *, block_size: int | None, kv_tokens: int | 
 @click.option("--cpu-kv-gib", "cpu_kv_gib", type=click.FloatRange(min=0), default=None, help=CPU_KV_HELP)
 @cpu_kv_connector_option
 @shared_kv_option
+@peer_fetch_option
 @executor_options
 @format_option("the row of summary.csv")
 @pd_options
 def replay(trace_file, trace_path, workers, kv_tokens, kv_blocks, kv_bytes, router, engine, scenario_path, trace_fmt,
            session_timing, infer_sessions, common_requests, block_size, trace_block_size, speed, limit, bin_s, out_dir, write_requests, jobs,
-           reuse_breakdown, slo, cpu_kv_gib, cpu_kv_connector, shared_kv_gib, executor_kind, dask_scheduler, prefill_workers=None,
+           reuse_breakdown, slo, cpu_kv_gib, cpu_kv_connector, shared_kv_gib, peer_fetch, executor_kind, dask_scheduler, prefill_workers=None,
            decode_workers=None) -> None:
     """Replay a JSONL trace and report prefix reuse, TTFT and throughput.
 
@@ -341,7 +351,7 @@ def replay(trace_file, trace_path, workers, kv_tokens, kv_blocks, kv_bytes, rout
                         f"trace is {kind} (independent requests, open loop)")
     sessions_of_trace = kind != "mooncake" or infer_sessions
     base = on_shared_kv(on_cpu_kv(with_slo(trace_base(scenario_path, engine), slo), cpu_kv_gib), shared_kv_gib)
-    base = on_cpu_kv_connector(base, cpu_kv_connector)
+    base = on_peer_fetch(on_cpu_kv_connector(base, cpu_kv_connector), peer_fetch)
     if sessions_of_trace and block_size is None:
         tb = trace_block_size or _session_block_tokens(trace, kind)
         if tb % base.engine.block_size:
@@ -384,6 +394,8 @@ def replay(trace_file, trace_path, workers, kv_tokens, kv_blocks, kv_bytes, rout
         **(sessions.row() if sessions is not None else {}),
         # NOTE: only with a shared store, likewise.
         **(_shared_tier_columns(scenario, result) if scenario.shared_kv_bytes else {}),
+        # NOTE: only with G2 peer fetch, likewise.
+        **(_peer_fetch_columns(result) if scenario.peer_fetch else {}),
     }
     kv = next((f"--{name}" for name, value in (("kv-tokens", kv_tokens), ("kv-blocks", kv_blocks),
                                                 ("kv-bytes", kv_bytes)) if value is not None), "the scenario's")

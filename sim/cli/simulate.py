@@ -15,6 +15,7 @@ from sim.cli.app import (
     executor_options, fmt, gib_list, hardware_options, hit_rates_legend, int_list, kv_origin, kv_rule_note,
     load_or_exit, main, on_cpu_kv, on_engine, on_hardware, on_shared_kv, one_engine, positional_or_option,
     reference_measurements, shared_kv_columns, shared_kv_option, cpu_kv_connector_option, on_cpu_kv_connector,
+    on_peer_fetch, peer_fetch_option,
     router_list, scenario_option, setup_text, slo_option, with_slo, workload_keys, workload_text,
 )
 from sim.cli import render
@@ -46,6 +47,7 @@ from sim.routing.spec import format_value, router_label, router_overrides
                    + CPU_KV_DETAIL)
 @cpu_kv_connector_option
 @shared_kv_option
+@peer_fetch_option
 @click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True, help="Runs per point; repeat r uses seed + r.")
 @click.option("--seed", type=int, default=None, help="Base seed. Default: the scenario's.")
 @executor_options
@@ -62,7 +64,7 @@ from sim.routing.spec import format_value, router_label, router_overrides
 @pd_options
 @click.pass_context
 def sweep(ctx, scenario_path, prefixes, workers, concurrency, routers, engines, cpu_kv_gib, cpu_kv_connector,
-          shared_kv_gib, repeats,
+          shared_kv_gib, peer_fetch, repeats,
           seed, jobs, executor_kind, dask_scheduler, slo, model, gpu, kv_gib, out_dir, resume, prefill_workers=None,
           decode_workers=None) -> None:
     """Run a grid of points and compare the hit rate with the formula and the measurements.
@@ -83,6 +85,12 @@ def sweep(ctx, scenario_path, prefixes, workers, concurrency, routers, engines, 
     base = on_shared_kv(on_pd(on_hardware(with_slo(base, slo), model, gpu, kv_gib), prefill_workers, decode_workers),
                         shared_kv_gib)
     base = on_cpu_kv_connector(base, cpu_kv_connector)
+    if peer_fetch:
+        if cpu_kv_gib and min(cpu_kv_gib) == 0:
+            raise click.UsageError("--peer-fetch: every point needs a host tier to fetch into; give --cpu-kv-gib "
+                                   "values > 0")
+        # NOTE: the points set their own host tier (all > 0); the base takes the first so that it validates.
+        base = on_peer_fetch(on_cpu_kv(base, cpu_kv_gib[0]) if cpu_kv_gib else base, True)
     if base.cluster.disaggregation is not None and workers and workers != [base.cluster.workers]:
         raise click.UsageError(f"--workers: a disaggregated cluster has prefill + decode workers "
                                f"({base.cluster.workers}); give the pools with --prefill-workers/--decode-workers")
@@ -203,6 +211,7 @@ def sweep(ctx, scenario_path, prefixes, workers, concurrency, routers, engines, 
 @click.option("--cpu-kv-gib", "cpu_kv_gib", type=click.FloatRange(min=0), default=None, help=CPU_KV_HELP)
 @cpu_kv_connector_option
 @shared_kv_option
+@peer_fetch_option
 @click.option("--seed", type=int, default=None, help="Seed. Default: the scenario's.")
 @click.option("--slo", callback=slo_option, default=None, help=SLO_HELP)
 @hardware_options
@@ -212,7 +221,7 @@ def sweep(ctx, scenario_path, prefixes, workers, concurrency, routers, engines, 
 @format_option("the row of summary.csv")
 @pd_options
 def run_command(scenario_file, scenario_path, prefixes, workers, concurrency, router, engine, cpu_kv_gib,
-                cpu_kv_connector, shared_kv_gib, seed, slo, model, gpu, kv_gib, out_dir, prefill_workers=None, decode_workers=None) -> None:
+                cpu_kv_connector, shared_kv_gib, peer_fetch, seed, slo, model, gpu, kv_gib, out_dir, prefill_workers=None, decode_workers=None) -> None:
     """Run one point of a scenario and print its summary.
 
     The scenario is SCENARIO or --scenario FILE (default: the built-in service-baseline); goodput counts the
@@ -231,7 +240,7 @@ def run_command(scenario_file, scenario_path, prefixes, workers, concurrency, ro
     if base.cluster.disaggregation is not None and workers is not None and workers != base.cluster.workers:
         raise click.UsageError(f"--workers: a disaggregated cluster has prefill + decode workers "
                                f"({base.cluster.workers}); give the pools with --prefill-workers/--decode-workers")
-    base = on_shared_kv(base, shared_kv_gib)
+    base = on_peer_fetch(on_shared_kv(base, shared_kv_gib), peer_fetch)
     overrides: dict = {k: v for k, v in {"cluster.workers": workers, "seed": seed}.items() if v is not None}
     if base.has_sessions:
         if prefixes is not None:

@@ -326,6 +326,8 @@ class RunResult:
     """A disaggregated run's device busy time per pool over (its devices x the measured phase): (prefill, decode)."""
     shared_tier: bool = False
     """The run had a cluster-shared KV store (its summary then has the shared tier's columns)."""
+    peer_fetch: bool = False
+    """The run had G2 peer fetch between host tiers (its summary then has `PEER_FETCH_COLUMNS`)."""
 
     @property
     def measured(self) -> tuple[RequestRecord, ...]:

@@ -76,16 +76,22 @@ SHARED_TIER_COLUMNS = (
 """The cluster-shared KV store's columns (`Summary.shared_tier_row` and the store's GiB), appended to the summary's
 only when a row has a shared store (`summary_columns`), so that a summary without one keeps its columns."""
 
+PEER_FETCH_COLUMNS = ("peer_fetched_blocks", "peer_share")
+"""G2 peer fetch's columns (`peer_fetch_row`), appended only when a row has peer fetch, so that a summary without
+it keeps its columns."""
+
 REQUEST_TIER_COLUMNS = ("shared_cached_tokens", "tier_load_s")
 """The record's shared-store fields, appended to `requests.csv` only for a run with a shared store."""
 
 
 def summary_columns(rows: Sequence[dict[str, object]]) -> tuple[str, ...]:
     """The columns of a summary of `rows`: `SUMMARY_COLUMNS`, then `SESSION_COLUMNS` when a row has sessions, then
-    `PD_COLUMNS` when a row is of a disaggregated run, then `SHARED_TIER_COLUMNS` when a row has a shared store."""
+    `PD_COLUMNS` when a row is of a disaggregated run, then `SHARED_TIER_COLUMNS` when a row has a shared store, then
+    `PEER_FETCH_COLUMNS` when a row has G2 peer fetch."""
     return (SUMMARY_COLUMNS + (SESSION_COLUMNS if any("sessions" in row for row in rows) else ())
             + (PD_COLUMNS if any("transfer_p50_ms" in row for row in rows) else ())
-            + (SHARED_TIER_COLUMNS if any("shared_kv_gib" in row for row in rows) else ()))
+            + (SHARED_TIER_COLUMNS if any("shared_kv_gib" in row for row in rows) else ())
+            + (PEER_FETCH_COLUMNS if any("peer_fetched_blocks" in row for row in rows) else ()))
 
 
 def request_rows(records: Sequence[RequestRecord], *, shared_tier: bool = False

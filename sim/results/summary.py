@@ -469,6 +469,8 @@ class Summary(RequestRates):
     """Prompt tokens loaded from the shared store (part of `cached_tokens`)."""
     shared_tier: bool = False
     """The run had a cluster-shared KV store: `row()` then appends `SHARED_TIER_COLUMNS`."""
+    peer_fetch: bool = False
+    """The run had G2 peer fetch: `row()` then appends `PEER_FETCH_COLUMNS`."""
     tier_load_ms: dict[str, float] = field(default_factory=dict)
     """The load-from-tier part of the TTFT (`RequestRecord.tier_load_s`) over the measured requests that loaded
     from a tier (host or shared): keys p50, p99; NaN without one."""
@@ -544,6 +546,8 @@ class Summary(RequestRates):
             **(self.pd_figures.row() if self.pd_figures is not None else {}),
             # NOTE: only with a shared store, likewise (`shared_kv_gib` itself comes from the caller's row).
             **(self.shared_tier_row() if self.shared_tier else {}),
+            # NOTE: only with G2 peer fetch, likewise.
+            **(peer_fetch_row(engine) if self.peer_fetch else {}),
         }
 
     def shared_tier_row(self) -> dict[str, float | int]:
@@ -561,6 +565,14 @@ class Summary(RequestRates):
             "shared_link_bytes": engine.shared_link_bytes,
             "host_link_bytes": engine.host_link_bytes,
         }
+
+
+def peer_fetch_row(engine: EngineCounters) -> dict[str, float | int]:
+    """G2 peer fetch's columns (`PEER_FETCH_COLUMNS`): blocks pulled from peers' host tiers, and their share of
+    what entered the host tiers (pulled / (pulled + stored from the GPU); NaN if nothing entered)."""
+    pulled, stored = engine.peer_fetched_blocks, engine.cpu_stored_blocks
+    return {"peer_fetched_blocks": pulled,
+            "peer_share": pulled / (pulled + stored) if pulled + stored else float("nan")}
 
 
 def summarize(result: RunResult) -> Summary:
@@ -612,6 +624,7 @@ def summarize(result: RunResult) -> Summary:
         shared_hit_requests=sum(1 for r in measured if r.is_shared_hit),
         shared_cached_tokens=sum(r.shared_cached_tokens for r in measured),
         shared_tier=result.shared_tier,
+        peer_fetch=result.peer_fetch,
         tier_load_ms={f"p{q}": _percentile_ms(tier_load, q) for q in (50, 99)},
         session_figures=SessionFigures.of(measured),
         pd_figures=None if result.pools is None else PdFigures.of(
