@@ -95,7 +95,8 @@ def sweep(ctx, scenario_path, prefixes, workers, concurrency, routers, engines, 
         raise click.UsageError(f"--workers: a disaggregated cluster has prefill + decode workers "
                                f"({base.cluster.workers}); give the pools with --prefill-workers/--decode-workers")
     for kind in engines or ():
-        on_shared_kv(on_engine(base, kind), shared_kv_gib)  # a one-line error for an engine without a shared store
+        # NOTE: one-line errors for an engine without a shared store or without peer fetch.
+        on_peer_fetch(on_shared_kv(on_engine(base, kind), shared_kv_gib), peer_fetch)
     measurements = reference_measurements(base, path)
     reference = measured(measurements, "request_hit_rate")
     points = sweep_points(

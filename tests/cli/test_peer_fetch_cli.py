@@ -62,6 +62,9 @@ def test_bad_input_is_one_line():
                           (("run", "--engine", "sglang", "--cpu-kv-gib", "1", "--peer-fetch"),
                            "--peer-fetch: engine.kind 'sglang' has no G2 peer fetch"),
                           (("sweep", "--prefixes", "2", "--cpu-kv-gib", "0,4", "--peer-fetch"),
-                           "--peer-fetch: every point needs a host tier")):
+                           "--peer-fetch: every point needs a host tier"),
+                          # NOTE: a sweep's points on SGLang would silently run without it.
+                          (("sweep", "--prefixes", "2", "--cpu-kv-gib", "4", "--peer-fetch", "--engine", "vllm,sglang"),
+                           "--peer-fetch: engine.kind 'sglang' has no G2 peer fetch")):
         res = CliRunner().invoke(main, list(args))
         assert res.exit_code != 0 and message in res.output and "Traceback" not in res.output, res.output
