@@ -11,38 +11,11 @@ from sim.cluster.network_link import NetworkLinkQueue, StoreBandwidth
 from sim.engines.interface import SharedTier
 from sim.engines.vllm.engine import VllmEngine
 from sim.engines.vllm.spec import VllmEngineSpec
-from sim.workloads.request import Request
+from tests.support.tier_engines import BLOCK_BYTES, KV, STEP_S
+from tests.support.tier_engines import request as _request
+from tests.support.tier_engines import serve as _serve
+from tests.support.tier_engines import step as _step
 
-KV = 1024  # KV bytes per token: a 16-token block is 16 KiB
-BLOCK_BYTES = 16 * KV
-STEP_S = 0.010
-
-
-def _request(rid: int, tokens: int, *, prefix: int, output: int = 2) -> Request:
-    return Request(request_id=rid, prompt_tokens=tokens, output_tokens=output,
-                   block_hashes=tuple((prefix, i) for i in range(tokens // 16)))
-
-
-def _step(engine: VllmEngine, now_s: float):
-    plan = engine.schedule(now_s)
-    if plan.is_empty:
-        return now_s, plan
-    end = now_s + plan.stall_s + STEP_S
-    engine.update_from_output(plan, end)
-    return end, plan
-
-
-def _drain(engine: VllmEngine, t: float) -> float:
-    while engine.has_work:
-        t, plan = _step(engine, t)
-        if plan.is_empty and engine.has_work:
-            t = max(t, engine.next_background_s())
-    return t
-
-
-def _serve(engine: VllmEngine, rid: int, tokens: int, prefix: int, t: float):
-    state = engine.add_request(_request(rid, tokens, prefix=prefix), worker=0, arrival_s=t)
-    return state, _drain(engine, t)
 
 
 def _link(bandwidth: float = 16e6, latency_s: float = 1e-3, overhead_s: float = 0.0, store=None):
