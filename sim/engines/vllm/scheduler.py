@@ -238,7 +238,7 @@ class Scheduler:
                 self._record_lookup(state, num_gpu_hit, preempted_before)
             # NOTE: a synchronous tier (LMCache in-process, `load_kv_async=False`) loads in the admitting step: the
             # request is scheduled at once with its loaded tokens computed (sim/engines/vllm/offload/lmcache.py).
-            sync_ext = num_ext if num_ext and getattr(connector, "sync_load", False) else 0
+            sync_ext = num_ext if num_ext and connector.sync_load else 0
             if num_ext and not sync_ext:
                 assert connector is not None
                 reserved = sum(map(kv.num_blocks_to_finish, self._inflight_prefills))

@@ -114,6 +114,10 @@ class OffloadingConnector:
       store on a reallocated block is then flushed).
     """
 
+    sync_load = False
+    """Loads are asynchronous (vLLM's `load_kv_async=True`): a hit request waits for its load before it is scheduled;
+    the LMCache connector is the synchronous one."""
+
     def __init__(self, manager: CpuOffloadingManager, *, block_size: int, bytes_per_block: int,
                  medium: str = "CPU", defer_on_pending: bool = True) -> None:
         self.manager = manager

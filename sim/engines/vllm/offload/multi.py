@@ -60,6 +60,9 @@ class MultiConnector:
     """One worker's `MultiConnector` over tier connectors in chain order (see the module docstring); the scheduler
     calls it exactly as it calls an `OffloadingConnector`, and the jobs it hands out are `TierJobId`s."""
 
+    sync_load = False
+    """Its tiers load asynchronously (LMCache, the synchronous one, is not chained)."""
+
     def __init__(self, tiers: Sequence[OffloadingConnector]) -> None:
         if not tiers:
             raise ValueError("a MultiConnector needs at least one tier")
