@@ -7,13 +7,13 @@ from collections.abc import Callable
 import simpy
 
 from sim.cluster.device import Device
-from sim.cluster.host_link import HostLinkQueue
-from sim.cluster.network_link import NetworkLinkQueue, StoreBandwidth
+from sim.cluster.network_link import NetworkLinkQueue
 from sim.cluster.reuse import ReuseLedger
+from sim.cluster.tier_links import TierLinks
 from sim.cluster.worker import Worker
 from sim.cluster.workers_view import WorkersView
-from sim.engines.interface import ServedRequest, SharedTier
-from sim.engines.registry import bind_peer_fetch, build_engine, build_shared_store
+from sim.engines.interface import ServedRequest
+from sim.engines.registry import bind_peer_fetch, build_engine
 from sim.results.records import RequestRecord, WorkerCounters
 from sim.routing.interface import Router
 from sim.scenario import Scenario, ScenarioError
@@ -44,27 +44,14 @@ class Cluster(WorkersView):
         self.devices: list[Device] = []
         self.workers: list[Worker] = []
         nics = []  # each worker's device NIC, for G2 peer fetch
-        shared_store = store_bandwidth = None
-        if scenario.shared_kv_bytes:
-            # NOTE: one store for the cluster; each device reaches it over its own NIC (sim/cluster/network_link.py).
-            shared_store = build_shared_store(scenario.engine, kv_bytes_per_token=scenario.model.kv_bytes_per_token)
-            if scenario.engine.shared_link.store_bandwidth is not None:
-                store_bandwidth = StoreBandwidth(bandwidth_bytes_per_s=scenario.engine.shared_link.store_bandwidth)
+        tiers = TierLinks(scenario, scenario.engine)
         for dev in scenario.cluster.devices():
             device = Device(env, dev.name, speed=dev.speed, sharing_efficiency=dev.sharing_efficiency,
                             num_workers=dev.workers, cores=dev.cores)
             time_model = build_time_model(scenario.device_time_model(dev), scenario.model)
             self.devices.append(device)
-            link = None
-            if scenario.cpu_kv_bytes:
-                bandwidth, latency = scenario.device_host_link(dev)
-                # NOTE: the workers sharing a device share its link.
-                link = HostLinkQueue(bandwidth_bytes_per_s=bandwidth, latency_s=latency)
-            shared_tier = None
-            if shared_store is not None:
-                bandwidth, latency, overhead = scenario.device_shared_link(dev)
-                shared_tier = SharedTier(shared_store, NetworkLinkQueue(
-                    bandwidth_bytes_per_s=bandwidth, latency_s=latency, overhead_s=overhead, store=store_bandwidth))
+            # NOTE: the workers sharing a device share its links.
+            link, shared_tier = tiers.host_link(dev), tiers.shared_tier(dev)
             nic = None
             if scenario.peer_fetch:
                 bandwidth, latency, overhead = scenario.device_shared_link(dev)

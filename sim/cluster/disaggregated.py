@@ -25,14 +25,13 @@ from dataclasses import dataclass, replace
 import simpy
 
 from sim.cluster.device import Device
-from sim.cluster.host_link import HostLinkQueue
-from sim.cluster.network_link import NetworkLinkQueue, StoreBandwidth
 from sim.cluster.reuse import ReuseLedger
+from sim.cluster.tier_links import TierLinks
 from sim.cluster.transfer_link import KvTransferLink, RemoteKv
 from sim.cluster.worker import Worker
 from sim.cluster.workers_view import WorkersView
-from sim.engines.interface import ServedRequest, SharedTier
-from sim.engines.registry import build_engine, build_shared_store
+from sim.engines.interface import ServedRequest
+from sim.engines.registry import build_engine
 from sim.results.records import RequestRecord, WorkerCounters
 from sim.routing.interface import PdChoice, PdStage
 from sim.scenario import Scenario, ScenarioError
@@ -95,30 +94,18 @@ class DisaggregatedCluster:
         self.workers: list[Worker] = []
         self.links: list[KvTransferLink | None] = []
         engines = {stage: scenario.pool_engine(stage) for stage in ("prefill", "decode")}
-        shared_store = store_bandwidth = None
-        if getattr(engines["prefill"], "shared_kv_bytes", 0):
-            # NOTE: the store is the prefill pool's (module docstring); the decode workers' engines have none.
-            shared_store = build_shared_store(engines["prefill"], kv_bytes_per_token=kv_bytes_per_token)
-            if engines["prefill"].shared_link.store_bandwidth is not None:
-                store_bandwidth = StoreBandwidth(bandwidth_bytes_per_s=engines["prefill"].shared_link.store_bandwidth)
+        # NOTE: the store is the prefill pool's (module docstring); the decode workers' engines have none.
         if getattr(engines["decode"], "shared_kv_bytes", 0):
             engines["decode"] = engines["decode"].model_copy(update={"shared_kv_bytes": 0})
+        tiers = {stage: TierLinks(scenario, spec) for stage, spec in engines.items()}
         for dev in scenario.cluster.devices():
             stage = pd.pool_of(len(self.workers))
             device = Device(env, dev.name, speed=dev.speed, sharing_efficiency=dev.sharing_efficiency,
                             num_workers=dev.workers, cores=dev.cores)
             self.devices.append(device)
             time_model = build_time_model(scenario.device_time_model(dev), scenario.model)
-            host_link = None
-            if getattr(engines[stage], "cpu_kv_bytes", 0):
-                bandwidth, latency = scenario.device_host_link(dev)
-                host_link = HostLinkQueue(bandwidth_bytes_per_s=bandwidth, latency_s=latency)
             prefill = stage == "prefill"
-            shared_tier = None
-            if prefill and shared_store is not None:
-                bandwidth, latency, overhead = scenario.device_shared_link(dev)
-                shared_tier = SharedTier(shared_store, NetworkLinkQueue(
-                    bandwidth_bytes_per_s=bandwidth, latency_s=latency, overhead_s=overhead, store=store_bandwidth))
+            host_link, shared_tier = tiers[stage].host_link(dev), tiers[stage].shared_tier(dev)
             engine = build_engine(engines[stage], kv_bytes_per_token=kv_bytes_per_token, host_link=host_link,
                                   shared_tier=shared_tier)
             self.workers.append(Worker(
