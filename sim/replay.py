@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import simpy
 
 from sim.cluster.arrivals import sessions as drive_sessions
+from sim.results.cost import DeviceTime
 from sim.results.records import RequestRecord, WorkerCounters, prefix_cache_hit_rate, total_counters
 from sim.results.streaming_pd import PdTally
 from sim.results.summary import slo_columns
@@ -52,6 +53,9 @@ class ReplayResult:
     """A disaggregated cluster's device busy time summed per pool over the replay: (prefill, decode)."""
     pd: PdTally | None = None
     """A disaggregated cluster's transfers and TTFT split, counted as requests finished (None: aggregated)."""
+    device_time: tuple[DeviceTime, ...] = ()
+    """The time each device was provisioned over the replay, with its price (`sim.results.cost`): what the
+    summary's GPU-hours and cost are derived from (empty: not filled)."""
 
     def pd_row(self) -> dict[str, float | int]:
         """A disaggregated replay's P/D columns (`PD_COLUMNS`, as `kvsim run`'s summary has them), each pool's

@@ -7,6 +7,7 @@ from dataclasses import dataclass, fields
 from functools import reduce
 
 from sim.engines.interface import EngineCounters, PrefixCacheStats, ServedRequest
+from sim.results.cost import DeviceTime
 from sim.results.stats import NAN, ratio
 from sim.workloads.request import is_full_hit
 
@@ -328,6 +329,9 @@ class RunResult:
     """The run had a cluster-shared KV store (its summary then has the shared tier's columns)."""
     peer_fetch: bool = False
     """The run had G2 peer fetch between host tiers (its summary then has `PEER_FETCH_COLUMNS`)."""
+    device_time: tuple[DeviceTime, ...] = ()
+    """The time each device was provisioned over the measured phase, with its price (`sim.results.cost`): what the
+    summary's GPU-hours and cost are derived from (empty: not filled)."""
 
     @property
     def measured(self) -> tuple[RequestRecord, ...]:
