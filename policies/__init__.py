@@ -1,7 +1,9 @@
-"""Routing policies. `ROUTERS` is the one registry: adding a router is one class plus one line here."""
+"""Routing policies and autoscalers. `ROUTERS` is the one registry of routers (adding a router is one class plus one
+line here); `AUTOSCALERS` (`policies.autoscalers`) is the one registry of autoscalers."""
 
 from __future__ import annotations
 
+from policies.autoscalers import AUTOSCALERS
 from policies.aibrix import AibrixLeastKvCacheRouter, AibrixPrefixCacheRouter
 from policies.base import RouterBase
 from policies.disaggregated import PdRouterBase, PdStagesRouter
@@ -52,4 +54,4 @@ def _pd_registry(*classes: type[PdRouterBase]) -> dict[str, type[PdRouterBase]]:
 PD_ROUTERS = _pd_registry(PdStagesRouter, DynamoDisaggRouter, LlmdPdRouter, SglangPdRouter)
 """Routers of disaggregated clusters (`sim.routing.interface.DisaggregatedRouter`): one class plus one line here."""
 
-__all__ = ["PD_ROUTERS", "ROUTERS"]
+__all__ = ["AUTOSCALERS", "PD_ROUTERS", "ROUTERS"]
