@@ -186,3 +186,26 @@ def test_the_answer_always_lies_in_the_bounds_and_moves_at_most_as_the_policies_
             assert a.min_workers <= desired <= a.max_workers
             if desired > current:
                 assert desired <= max(current + 4, 2 * current)
+
+
+def spread(total: int, workers: int) -> list[int]:
+    """`total` requests in flight spread as evenly as a balanced router would: [7, 7, 7, 7, 6, 6] for 40 over 6."""
+    return [total // workers + (i < total % workers) for i in range(workers)]
+
+
+def test_a_fleet_that_follows_its_hpa_up_and_then_down_after_five_minutes():
+    # The fleet applies each answer at once (no start-up delay); 40 requests in flight, target 4 per worker.
+    a = hpa(target=4)
+    workers, timeline = 2, []
+    for tick in range(1, 25):
+        now = 15.0 * tick
+        total = 40 if now < 60 else 20  # the load halves at t=60
+        workers = a.desired_workers(fleet(now, spread(total, workers)))
+        timeline.append((now, workers))
+    # t=15: 2 at 20 -> 10 wanted, 4-pods-or-double allows 6. t=30: 6 at 6.666 (6666 milli / 4000 = 1.6665) ->
+    # ceil(9.999) = 10, allowed max(10, 12). t=45: 10 at 4: in the band. From t=60: 10 at 2 -> 5 recommended, held
+    # by the t=30 and t=45 recommendations (10) until t=345, when t=45 is no longer strictly inside (45, 345].
+    assert timeline[:4] == [(15.0, 6), (30.0, 10), (45.0, 10), (60.0, 10)]
+    assert [n for t, n in timeline if t < 345] == [6] + [10] * 21
+    assert timeline[-2:] == [(345.0, 5), (360.0, 5)]
+    assert a.scale_up_events == [(15.0, 4), (30.0, 4)] and a.scale_down_events == [(345.0, 5)]

@@ -3,7 +3,11 @@ snapshots, and the autoscaler specs and registry."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from policies import AUTOSCALERS
 from policies.autoscalers import KalmanPredictor, PlannerAutoscaler, ScheduleAutoscaler, build_autoscaler, split_autoscaler_spec
@@ -133,3 +137,25 @@ def test_registry_and_builder():
         build_autoscaler("hap", {}, min_workers=1, max_workers=2)
     with pytest.raises(ValueError, match="min_workers <= max_workers"):
         build_autoscaler("hpa", {}, min_workers=3, max_workers=2)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 5000), min_size=1, max_size=20), st.floats(0.1, 20), st.integers(0, 3),
+       st.integers(-1, 16), st.integers(1, 4), st.sampled_from(["constant", "kalman"]))
+def test_the_planner_answer_is_within_its_floor_and_budget(arrivals, worker_rps, min_endpoint, budget, gpus, predictor):
+    """Whatever the traffic: at least min_endpoint workers and at most the budget's, unless the budget cannot hold
+    min_endpoint (then 0); with the constant predictor, ceil(last window's rps / worker_rps) clamped to the budget."""
+    p = planner(worker_rps=worker_rps, min_endpoint=min_endpoint, max_gpu_budget=budget, engine_num_gpu=gpus,
+                predictor=predictor)
+    for i, n in enumerate(arrivals):
+        desired = p.desired_workers(window(180.0 * (i + 1), n))
+        if 0 <= budget < min_endpoint * gpus:
+            assert desired == 0
+            continue
+        assert desired >= min_endpoint
+        if budget >= 0:
+            assert desired * gpus <= max(budget, min_endpoint * gpus)
+        if predictor == "constant":  # the naive model: the last window's rps, then the budget
+            wanted = max(math.ceil(p.predictor.predict_next() / 180.0 / worker_rps), min_endpoint)
+            fits = budget < 0 or wanted * gpus <= budget
+            assert desired == (wanted if fits else max(min_endpoint, budget // gpus))
