@@ -101,6 +101,11 @@ class HpaOptions(AutoscalerOptions):
         None, gt=0,
         description="The metric's target (AverageValue per worker, or Value for ttft_p90_ms). Default by metric: "
                     "in_flight 8, queue 1, kv_usage 0.8, ttft_p90_ms 500 (kvsim's choices).")
+    behavior: bool = Field(
+        True, description="true: the HPA has spec.behavior (every behavior option below, Kubernetes' defaults unless "
+                          "given). false: a manifest without behavior, which the controller normalises the legacy way "
+                          "(normalizeDesiredReplicas): the highest recommendation of the scale-down window and at most "
+                          "max(2 x current, 4) workers per sync; the scale_* options are then unused.")
     sync_period_s: float = Field(
         15.0, gt=0, description="How often the controller syncs (kube-controller-manager "
                                 "--horizontal-pod-autoscaler-sync-period, default 15 s).")
@@ -160,8 +165,9 @@ def milli(value: float) -> int:
 class HpaAutoscaler(AutoscalerBase):
     """Kubernetes' HPA (autoscaling/v2) on one metric, tick by tick as `HorizontalController.reconcileAutoscaler` does:
 
-    1. current = the workers kept (ready + starting: the scale's spec.replicas). Outside [min, max] it is brought back
-       to the bound, with no metric read.
+    1. current = the workers kept (ready + starting: the scale's spec.replicas); the first tick records it as a
+       recommendation (`recordInitialRecommendation`). A target at 0 with min_workers > 0 is left alone (scaling
+       disabled); outside [min, max] current is brought back to the bound, with no metric read.
     2. replica_calculator: per-worker metric (Pods metric, AverageValue target) -> usage ratio = average over the ready
        workers / target (`calcPlainMetricReplicas`); within the tolerance band -> current; else ceil(ratio x ready).
        Starting workers are Pending pods (unready): on a scale-up they count with usage 0 and the ratio is recomputed
@@ -177,6 +183,8 @@ class HpaAutoscaler(AutoscalerBase):
        removals of scale events strictly younger than the period); Pods: start ± value; Percent: up ceil(start x
        (1 + p/100)), down int(start x (1 - p/100)); select max (most change), min, or disabled; then [min, max].
     5. If the result differs from current, a scale event is stored at now.
+
+    With `behavior=false` steps 3-5 are the legacy `normalizeDesiredReplicas` instead (`legacy_normalized`).
     """
 
     name = "hpa"
@@ -195,6 +203,7 @@ class HpaAutoscaler(AutoscalerBase):
         """(time, workers added) of each scale-up."""
         self.scale_down_events: list[tuple[float, int]] = []
         """(time, workers removed) of each scale-down."""
+        self.initial_recorded = False
         self.last_reason = ""
         """Why the last tick answered what it did (the HPA's condition reason: ScaleUpLimit, ScaleDownStabilized...)."""
 
@@ -220,6 +229,8 @@ class HpaAutoscaler(AutoscalerBase):
             if not snapshot.ttft_ms:
                 return None
             usage_ratio = milli(percentile_90(snapshot.ttft_ms)) / milli(self.target)
+            if current == 0:  # scale from zero on the ratio alone (reached only with min_workers 0)
+                return math.ceil(usage_ratio)
             if self.within_tolerance(usage_ratio):
                 return current
             return math.ceil(usage_ratio * len(ready))
@@ -317,6 +328,24 @@ class HpaAutoscaler(AutoscalerBase):
             return allowed if desired < allowed else self._within(desired)
         return self._within(desired)
 
+    def legacy_normalized(self, now_s: float, current: int, recommendation: int) -> int:
+        """Without spec.behavior: `stabilizeRecommendation` (the highest recommendation not older than the scale-down
+        window, its edge included) then `convertDesiredReplicasWithRules` (at most max(2 x current, 4), within
+        [min, max])."""
+        cutoff = now_s - self.options.scale_down_stabilization_s
+        self.recommendations = [(t, r) for t, r in self.recommendations if t >= cutoff]
+        stabilized = max([recommendation] + [r for _, r in self.recommendations])
+        self.recommendations.append((now_s, recommendation))
+        scale_up_limit = max(2 * current, 4)
+        allowed = min(self.max_workers, scale_up_limit)
+        if stabilized < self.min_workers:
+            self.last_reason = "TooFewReplicas"
+            return self.min_workers
+        if stabilized > allowed:
+            self.last_reason = "ScaleUpLimit" if self.max_workers > scale_up_limit else "TooManyReplicas"
+            return allowed
+        return self._within(stabilized)
+
     def _within(self, desired: int) -> int:
         self.last_reason = "DesiredWithinRange"
         return desired
@@ -324,19 +353,29 @@ class HpaAutoscaler(AutoscalerBase):
     def desired_workers(self, snapshot: FleetSnapshot) -> int:
         now_s = snapshot.now_s
         current = current_replicas(snapshot)
+        if not self.initial_recorded:
+            # recordInitialRecommendation: the first reconcile records the current count, so that a new HPA does not
+            # scale down before its scale-down window has passed.
+            self.recommendations.append((now_s, current))
+            self.initial_recorded = True
+        if current == 0 and self.min_workers != 0:
+            self.last_reason = "ScalingDisabled"  # the HPA does not act on a target scaled to zero
+            return 0
         if current > self.max_workers:
             desired, self.last_reason = self.max_workers, "AboveMaxReplicas"
         elif current < self.min_workers:
             desired, self.last_reason = self.min_workers, "BelowMinReplicas"
-        elif current == 0:
-            desired, self.last_reason = 0, "ScalingDisabled"  # the HPA does not act on a target scaled to zero
         else:
             recommendation = self.metric_replicas(snapshot, current)
             if recommendation is None:
                 self.last_reason = "FailedGetMetric"
                 return current
-            stabilized = self.stabilize(now_s, current, recommendation)
-            desired = self.rate_limited(now_s, current, stabilized)
+            if self.options.behavior:
+                stabilized = self.stabilize(now_s, current, recommendation)
+                desired = self.rate_limited(now_s, current, stabilized)
+            else:
+                desired = self.legacy_normalized(now_s, current, recommendation)
+                return desired  # without behavior, no scale event is stored (storeScaleEvent)
         if desired > current:
             self.scale_up_events.append((now_s, desired - current))
         elif desired < current:

@@ -133,7 +133,39 @@ def test_no_ready_worker_means_no_metric_and_no_change():
     a = hpa(target=4)
     assert a.desired_workers(fleet(15, [], starting=3)) == 3
     assert a.last_reason == "FailedGetMetric"
-    assert a.recommendations == []
+    assert a.recommendations == [(15, 3)]  # only the first tick's record of the current count
+
+
+def test_a_new_hpa_does_not_scale_down_before_its_window_has_passed():
+    # recordInitialRecommendation: the first tick records current (6) before the metric's 2; the window holds it.
+    a = hpa(target=4)
+    assert a.desired_workers(fleet(15, [1] * 6)) == 6
+    assert a.recommendations == [(15, 6), (15, 2)]
+    assert a.last_reason == "DesiredWithinRange"
+    assert a.desired_workers(fleet(300, [1] * 6)) == 6
+    assert a.desired_workers(fleet(315, [1] * 6)) == 2
+
+
+def test_a_target_scaled_to_zero_is_left_alone_unless_min_workers_is_zero():
+    assert hpa(min_workers=1).desired_workers(fleet(15, [])) == 0
+    # min 0: the Pods metric has no pod (no change); TTFT p90 as an External metric scales from zero on the ratio.
+    assert hpa(min_workers=0).desired_workers(fleet(15, [])) == 0
+    ttft = hpa(min_workers=0, metric="ttft_p90_ms", target=500)
+    assert ttft.desired_workers(fleet(15, [], ttft_ms=(900.0, 1100.0))) == 3  # p90 1080 / 500 = 2.16 -> 3
+
+
+def test_without_behavior_the_legacy_normalisation_doubles_or_adds_up_to_four():
+    # behavior=false (a manifest without spec.behavior): the scale-up limit is max(2 x current, 4) per sync, with no
+    # period accounting and no scale events; 2 workers at 20 (10 wanted) -> 4; then 4 at 10 -> 8; then 8 -> 10.
+    a = hpa(target=4, behavior=False)
+    assert a.desired_workers(fleet(15, [20, 20])) == 4
+    assert a.desired_workers(fleet(30, [10] * 4)) == 8
+    assert a.desired_workers(fleet(45, [5] * 8)) == 10
+    assert a.scale_up_events == []
+    # the scale-down window includes its edge: the t=45 recommendation (10) still holds at t=345.
+    assert a.desired_workers(fleet(60, [1] * 10)) == 10
+    assert a.desired_workers(fleet(345, [1] * 10)) == 10
+    assert a.desired_workers(fleet(360, [1] * 10)) == 3
 
 
 def test_queue_and_kv_usage_metrics_read_their_own_field():
