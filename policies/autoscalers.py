@@ -406,6 +406,11 @@ class PlannerOptions(AutoscalerOptions):
         None, gt=0, description="Requests per second one worker serves meeting the SLO (Dynamo's engine_rps from its "
                                 "pre-deployment profiling). Default: measured for the scenario by "
                                 "sim.studies.worker_profile.")
+    observe: Literal["completed", "arrivals"] = Field(
+        "completed", description="The interval's request count the predictor learns from: completed (Dynamo's default "
+                                 "throughput_metrics_source=frontend: increase(dynamo_frontend_requests_total), which "
+                                 "the frontend counts when a response ends) or arrivals (requests that reached the "
+                                 "router in the interval).")
     predictor: Literal["constant", "kalman"] = Field(
         "constant", description="Load predictor of the next interval's requests: constant (the last interval's) or "
                                 "kalman (Dynamo's local-linear-trend Kalman filter). Dynamo's default, arima "
@@ -500,7 +505,8 @@ class KalmanPredictor(ConstantPredictor):
 class PlannerAutoscaler(AutoscalerBase):
     """Dynamo's SLA Planner, throughput-based, as `PlannerStateMachine` runs it for an aggregated deployment:
 
-    every `adjustment_interval_s` it adds the interval's request count to the load predictor, predicts the next
+    every `adjustment_interval_s` it adds the interval's request count (by default the requests completed in it, as
+    Dynamo's frontend counter `requests_total` is incremented when a response ends) to the load predictor, predicts the next
     interval's, and asks for `max(ceil(predicted / interval / worker_rps), min_endpoint)` workers
     (`_throughput_agg`), then clamps to the GPU budget (`_budget_clamp`: over budget -> max(min_endpoint,
     floor(budget / engine_num_gpu)); a budget below min_endpoint's GPUs -> 0). kvsim's workers are aggregated, so
@@ -542,7 +548,7 @@ class PlannerAutoscaler(AutoscalerBase):
 
     def desired_workers(self, snapshot: FleetSnapshot) -> int:
         opts: PlannerOptions = self.options
-        self.predictor.add(float(snapshot.arrivals))
+        self.predictor.add(float(snapshot.completed if opts.observe == "completed" else snapshot.arrivals))
         if snapshot.window_s <= 0:
             return current_replicas(snapshot)
         self.last_demand_rps = self.predictor.predict_next() / snapshot.window_s

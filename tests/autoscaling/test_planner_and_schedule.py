@@ -19,8 +19,10 @@ def planner(min_workers=1, max_workers=20, **options):
     return PlannerAutoscaler(min_workers=min_workers, max_workers=max_workers, options=options)
 
 
-def window(now_s, arrivals, ready=2):
-    return fleet(now_s, [0] * ready, arrivals=arrivals, window_s=180.0)
+def window(now_s, completed, ready=2, arrivals=None):
+    """A 180 s window in which `completed` requests ended (and `arrivals` arrived: by default as many)."""
+    return fleet(now_s, [0] * ready, completed=completed, arrivals=completed if arrivals is None else arrivals,
+                 window_s=180.0)
 
 
 def test_planner_defaults_are_dynamos():
@@ -39,6 +41,13 @@ def test_planner_asks_for_predicted_rps_over_worker_rps_rounded_up():
     assert p.last_demand_rps == pytest.approx(3.0)
     assert p.desired_workers(window(360, 600)) == 3
     assert p.desired_workers(window(540, 90)) == 1  # 0.5 req/s -> ceil(0.33) = 1
+
+
+def test_planner_learns_from_completed_requests_as_dynamos_frontend_counter_by_default():
+    # An overloaded interval: 900 arrived, 540 completed. Dynamo's frontend source counts completions (3 req/s -> 2
+    # workers); observe=arrivals counts what arrived (5 req/s -> 4).
+    assert planner(worker_rps=1.5).desired_workers(window(180, 540, arrivals=900)) == 2
+    assert planner(worker_rps=1.5, observe="arrivals").desired_workers(window(180, 540, arrivals=900)) == 4
 
 
 def test_planner_skips_the_idle_start_and_keeps_min_endpoint():

@@ -9,7 +9,7 @@ from sim.cluster.scaling import FleetSnapshot, WorkerSnapshot
 
 
 def fleet(now_s: float, in_flight: Sequence[int], *, starting: int = 0, waiting: Sequence[int] | None = None,
-          kv_usage: Sequence[float] | None = None, ttft_ms: Sequence[float] = (), arrivals: int = 0,
+          kv_usage: Sequence[float] | None = None, ttft_ms: Sequence[float] = (), arrivals: int = 0, completed: int = 0,
           window_s: float = 15.0, draining: int = 0) -> FleetSnapshot:
     """Ready workers 0..R-1 with `in_flight[i]` requests (and `waiting[i]`, `kv_usage[i]`), then `starting` starting
     and `draining` draining workers, each its own instance."""
@@ -25,5 +25,5 @@ def fleet(now_s: float, in_flight: Sequence[int], *, starting: int = 0, waiting:
                                phase_since_s=now_s, in_flight=1, num_running=1, num_waiting=0, kv_usage=0.1)
                 for j in range(draining)]
     return FleetSnapshot(now_s=now_s, workers=tuple(workers), window_s=window_s, arrivals=arrivals,
-                         arrival_prompt_tokens=0, completed=0, completed_output_tokens=0, ttft_ms=tuple(ttft_ms),
+                         arrival_prompt_tokens=0, completed=completed, completed_output_tokens=0, ttft_ms=tuple(ttft_ms),
                          cached_prompt_tokens=0, admitted_prompt_tokens=0)
