@@ -11,7 +11,7 @@ import simpy
 
 from policies import PD_ROUTERS, ROUTERS
 from sim.config import Problem, ProblemsError, suggestion
-from sim.cluster.arrivals import closed_loop, one_at_a_time, poisson, sessions
+from sim.cluster.arrivals import closed_loop, one_at_a_time, poisson, sessions, timed
 from sim.cluster.cluster import Cluster
 from sim.cluster.disaggregated import DisaggregatedCluster
 from sim.results.records import RequestRecord, RunResult
@@ -19,6 +19,7 @@ from sim.routing.interface import Router
 from sim.routing.replicas import ReplicatedRouter
 from sim.routing.spec import RouterSpec
 from sim.scenario import Scenario, ScenarioError
+from sim.workloads.arrival_curve import ConstantCurve, arrival_times_s
 from sim.workloads.session_workload import SessionWorkload
 from sim.workloads.shared_prefix import RequestStream, rng_for, shared_prefix_stream
 
@@ -110,9 +111,9 @@ def build_cluster(env: simpy.Environment, scenario: Scenario, router, *, fast_fo
 
 
 def run(scenario: Scenario, stream: RequestStream | None = None, *, fast_forward: bool = True) -> RunResult:
-    """Simulate one scenario: warm-ups one at a time, then the measured requests (closed loop or Poisson); a
-    sessions workload is driven by the session driver (`sim.cluster.arrivals.sessions`: Poisson session starts or
-    C sessions at once), with no warm-up.
+    """Simulate one scenario: warm-ups one at a time, then the measured requests (closed loop, Poisson, or Poisson
+    at a rate that follows `workload.arrival_curve`); a sessions workload is driven by the session driver
+    (`sim.cluster.arrivals.sessions`: session starts at a rate or a curve's, or C sessions at once), with no warm-up.
 
     `stream` replaces the scenario's generated workload (e.g. the requests of a measured run). `fast_forward`
     advances decode-only stretches as one event (same results; off only to check that)."""
@@ -122,8 +123,10 @@ def run(scenario: Scenario, stream: RequestStream | None = None, *, fast_forward
         if stream is not None:
             raise ScenarioError(f"scenario {scenario.name!r}: a sessions workload is not replaced by a request stream")
         stream = RequestStream((), ())
-    elif stream is None:
-        stream = shared_prefix_stream(scenario.workload, block_size=scenario.engine.block_size, seed=scenario.seed)
+    arrival_times = None if scenario.has_sessions else curve_arrivals(scenario)
+    if stream is None and not scenario.has_sessions:
+        stream = shared_prefix_stream(scenario.workload, block_size=scenario.engine.block_size, seed=scenario.seed,
+                                      num_requests=None if arrival_times is None else len(arrival_times))
     records: list[RequestRecord] = []
     marks: dict[str, object] = {}
 
@@ -137,11 +140,15 @@ def run(scenario: Scenario, stream: RequestStream | None = None, *, fast_forward
             source = SessionWorkload(workload, block_size=scenario.engine.block_size, seed=scenario.seed)
             yield env.process(sessions(env, cluster, source, records.append,
                                        concurrency=workload.concurrent_sessions))
-        elif workload.arrival_rate_rps is None:
+        elif arrival_times is not None:
+            yield env.process(timed(env, cluster, stream.requests, arrival_times, records))
+        elif not workload.open_loop:
             yield env.process(closed_loop(env, cluster, stream.requests, workload.concurrency, records))
-        else:
-            yield env.process(poisson(env, cluster, stream.requests, workload.arrival_rate_rps,
-                                      rng_for(scenario.seed, "arrivals"), records))
+        else:  # arrival_rate_rps, or a constant curve without duration_s: the same Poisson draws
+            rate_rps = (workload.arrival_rate_rps if workload.arrival_curve is None
+                        else workload.arrival_curve.rate_rps)
+            yield env.process(poisson(env, cluster, stream.requests, rate_rps, rng_for(scenario.seed, "arrivals"),
+                                      records))
         marks["end_s"] = env.now
 
     env.process(experiment())
@@ -161,6 +168,25 @@ def run(scenario: Scenario, stream: RequestStream | None = None, *, fast_forward
         shared_tier=scenario.shared_kv_bytes > 0,
         peer_fetch=scenario.peer_fetch,
     )
+
+
+def curve_arrivals(scenario: Scenario) -> list[float] | None:
+    """A shared-prefix workload's arrival times (s after the warm-ups) from its `arrival_curve` (stream `arrivals`):
+    those in [0, duration_s), else the first `num_requests`. None without a curve, and for a constant curve without
+    duration_s, which `poisson` draws as `arrival_rate_rps` does (the same draws, the same results)."""
+    w = scenario.workload
+    if w.arrival_curve is None:
+        return None
+    curve = w.arrival_curve.curve()
+    if isinstance(curve, ConstantCurve) and w.duration_s is None:
+        return None
+    times = list(arrival_times_s(curve, rng_for(scenario.seed, "arrivals"), until_s=w.duration_s,
+                                 limit=None if w.duration_s is not None else w.num_requests))
+    if len(times) <= w.discard_first:
+        raise ScenarioError(f"workload.arrival_curve: {len(times)} arrival(s) in duration_s {w.duration_s:g} s, "
+                            f"none left to measure after discard_first {w.discard_first}; lengthen duration_s or "
+                            "raise the rate")
+    return times
 
 
 def pool_figures(scenario: Scenario, cluster, marks: dict[str, object]) -> dict[str, object]:

@@ -605,8 +605,8 @@ class Scenario(ConfigModel):
         hashes_per_request = w.max_request_tokens // getattr(self.engine, "block_size", 1)
         if self.has_sessions:
             # NOTE: a run keeps every request's record, but only the running sessions' sequences (their hashes).
-            running = w.concurrent_sessions or min(w.sessions, 1024)
-            requests = round(w.sessions * w.mean_requests_per_session)
+            running = w.concurrent_sessions or min(w.planned_sessions, 1024)
+            requests = round(w.planned_sessions * w.mean_requests_per_session)
             return {
                 f"cluster.workers={self.cluster.workers}": self.cluster.workers * _WORKER_BYTES,
                 f"{blocks} KV blocks per worker (engine.kv_cache_bytes) x {self.cluster.workers} workers":
@@ -615,7 +615,7 @@ class Scenario(ConfigModel):
                 f"{running} running sessions' contexts (workload.concurrent_sessions, context_limit_tokens)":
                     running * 2 * hashes_per_request * _HASH_BYTES,
             }
-        requests = w.num_requests + w.warmup_per_prefix * w.prefixes
+        requests = w.planned_requests + w.warmup_per_prefix * w.prefixes
         return {
             f"cluster.workers={self.cluster.workers}": self.cluster.workers * _WORKER_BYTES,
             f"{blocks} KV blocks per worker (engine.kv_cache_bytes) x {self.cluster.workers} workers":

@@ -403,11 +403,16 @@ def workload_text(scenario: Scenario) -> str:
     """The workload a summary's title names: `N=7, concurrency=8`, or a sessions workload's style, sessions,
     groups and arrivals (`agent sessions: 40, 2 groups, 4 at once`)."""
     w = scenario.workload
+    span = "" if w.duration_s is None else f" over {w.duration_s:g} s"
     if not scenario.has_sessions:
+        if w.arrival_curve is not None:
+            return f"N={w.prefixes}, arrivals {w.arrival_curve.text()}{span}"
         return f"N={w.prefixes}, concurrency={w.concurrency}"
     arrivals = (f"{w.concurrent_sessions} at once" if w.concurrent_sessions is not None
-                else f"{w.session_rate_per_s:g}/s")
-    return f"{w.style} sessions: {w.sessions:,}, {w.groups} group{'s' * (w.groups > 1)}, {arrivals}"
+                else f"{w.session_rate_per_s:g}/s" if w.session_rate_per_s is not None
+                else f"starts {w.arrival_curve.text()}{span}")
+    count = f"{w.sessions:,}" if w.sessions is not None else f"~{w.planned_sessions:,}"
+    return f"{w.style} sessions: {count}, {w.groups} group{'s' * (w.groups > 1)}, {arrivals}"
 
 
 def workload_keys(scenario: Scenario) -> tuple[int, int]:

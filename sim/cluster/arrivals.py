@@ -1,5 +1,5 @@
-"""How requests are sent: one at a time (warm-ups), a closed loop with C requests in flight, Poisson arrivals, and
-sessions (each turn sent when the turn before it completed, plus a think time or tool latency)."""
+"""How requests are sent: one at a time (warm-ups), a closed loop with C requests in flight, Poisson arrivals, given
+arrival times (a rate curve's, `sim.workloads.arrival_curve`), and sessions (each turn sent when the turn before it completed, plus a think time or tool latency)."""
 
 from __future__ import annotations
 
@@ -46,6 +46,21 @@ def poisson(env: simpy.Environment, cluster: Cluster, requests: Iterable[Request
     pending = []
     for request in requests:
         yield env.timeout(rng.expovariate(rate_rps))
+        pending.append(cluster.send(request))
+    results = yield env.all_of(pending)
+    out.extend(results[e] for e in pending)
+
+
+def timed(env: simpy.Environment, cluster: Cluster, requests: Iterable[Request], arrival_times_s: Iterable[float],
+          out: list[RequestRecord]):
+    """SimPy process: an open loop sending each request at its arrival time (s after the process starts; increasing),
+    without waiting for responses; as many requests as there are times (the shorter of the two ends the sending);
+    ends when every request sent has completed."""
+    start_s = env.now
+    pending = []
+    for request, at_s in zip(requests, arrival_times_s):
+        if start_s + at_s > env.now:
+            yield env.timeout(start_s + at_s - env.now)
         pending.append(cluster.send(request))
     results = yield env.all_of(pending)
     out.extend(results[e] for e in pending)

@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from sim.config import ConfigModel
+from sim.workloads.arrival_curve import ArrivalCurveSpec
 from sim.workloads.spec import Length, length_max, length_mean, length_min, rank_weights
 
 
@@ -104,12 +105,22 @@ class SessionsSpec(ConfigModel):
     style: Literal["chat", "agent"] = Field(description=(
         "chat: a user's conversation (messages, think times); agent: a tool-calling loop (tool results, tool "
         "latencies, optional subagents)."))
-    sessions: int = Field(ge=1, description="Sessions in the run (each with all its turns; subagents not counted).")
+    sessions: int | None = Field(None, ge=1, description=(
+        "Sessions in the run (each with all its turns; subagents not counted). Required unless arrival_curve and "
+        "duration_s give them."))
     session_rate_per_s: float | None = Field(None, gt=0, description=(
-        "Open loop: sessions start at Poisson times at this rate (sessions/s). Give this or concurrent_sessions."))
+        "Open loop: sessions start at Poisson times at this rate (sessions/s). Give this, arrival_curve or "
+        "concurrent_sessions."))
+    arrival_curve: ArrivalCurveSpec | None = Field(None, description=(
+        "Open loop: sessions start at Poisson times whose rate (sessions/s) follows this curve: {kind: constant|"
+        "piecewise|diurnal|bursts, ...} (docs/concepts/load-curves.md). Give this, session_rate_per_s or "
+        "concurrent_sessions."))
+    duration_s: float | None = Field(None, gt=0, description=(
+        "With arrival_curve: the sessions are those starting in [0, duration_s) (instead of sessions); their turns "
+        "run on past it."))
     concurrent_sessions: int | None = Field(None, ge=1, description=(
-        "Closed loop: this many sessions run at once, a new one starting when one ends. Give this or "
-        "session_rate_per_s."))
+        "Closed loop: this many sessions run at once, a new one starting when one ends. Give this, "
+        "session_rate_per_s or arrival_curve."))
     groups: int = Field(1, ge=1, description=(
         "Distinct system prompts (tool schemas) G; a session draws its group by popularity and shares its system "
         "prompt with the group's other sessions."))
@@ -149,9 +160,17 @@ class SessionsSpec(ConfigModel):
 
     @model_validator(mode="after")
     def _check(self) -> SessionsSpec:
-        if (self.session_rate_per_s is None) == (self.concurrent_sessions is None):
-            raise ValueError("session_rate_per_s: give session_rate_per_s (Poisson session starts) or "
-                             "concurrent_sessions (a closed loop), one of them")
+        starts = [n for n in ("session_rate_per_s", "arrival_curve", "concurrent_sessions")
+                  if getattr(self, n) is not None]
+        if len(starts) != 1:
+            raise ValueError(f"{(starts or ['session_rate_per_s'])[0]}: give one of session_rate_per_s (Poisson "
+                             "session starts), arrival_curve (starts at a rate that follows a curve) or "
+                             f"concurrent_sessions (a closed loop){'; got ' + ' and '.join(starts) if starts else ''}")
+        if self.duration_s is not None and self.arrival_curve is None:
+            raise ValueError("duration_s: used only with arrival_curve (the span of its session starts)")
+        if (self.sessions is None) == (self.duration_s is None):
+            raise ValueError("sessions: give sessions (how many) or, with arrival_curve, duration_s (the span of "
+                             "their starts), one of them")
         gap, other = ("think_time_s", "tool_latency_s") if self.style == "chat" else ("tool_latency_s", "think_time_s")
         if getattr(self, other) is not None:
             raise ValueError(f"{other}: not a field of style {self.style}; its pause between turns is {gap}")
@@ -191,6 +210,14 @@ class SessionsSpec(ConfigModel):
                              f"prompt,{summary} the newest message and an output need up to "
                              f"{self.turn_floor_tokens} tokens")
         return self
+
+    @property
+    def planned_sessions(self) -> int:
+        """The sessions to expect: `sessions`, or the starts the curve expects in [0, duration_s) (rounded up; the
+        drawn count is Poisson around it)."""
+        if self.sessions is not None:
+            return self.sessions
+        return math.ceil(self.arrival_curve.curve().cumulative(self.duration_s))
 
     @property
     def has_subagents(self) -> bool:

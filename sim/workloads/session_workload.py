@@ -12,7 +12,7 @@ subagent's first message), `tool` (a tool's result), `result` (a subagent's resu
 (the model's output) and `summary` (a compaction's); the system prompt's key is `("system", group)` and a lineage is
 `("s", session_id, rewrites)`, so a truncation or compaction (a rewrite) breaks the prefix after the system prompt.
 
-A subagent is a session of its own (its requests carry its own `session_id`, numbered from `spec.sessions` on in the
+A subagent is a session of its own (its requests carry its own `session_id`, numbered from the number of sessions on in the
 order subagents start; turns from 0), forked (`TokenSequence.fork`) from its agent's sequence right after the turn
 that starts it: its first prompt is the agent's context plus its task. The agent's next turn is due when both its
 tool's latency has passed and the subagent has finished; it appends the tool's result and the subagent's result (its
@@ -33,6 +33,7 @@ from bisect import bisect_right
 from collections.abc import Iterator
 from itertools import accumulate
 
+from sim.workloads.arrival_curve import arrival_times_s
 from sim.workloads.request import Request
 from sim.workloads.session_spec import SessionsSpec, sample_seconds
 from sim.workloads.sessions import Due
@@ -99,16 +100,32 @@ class SessionWorkload:
         lengths = rng_for(seed, "system-lengths")
         self.system_tokens = [sample_length(spec.system_tokens, lengths) for _ in range(spec.groups)]
         """Each group's system prompt length (tokens), drawn once per group."""
+        self._curve_starts_s: list[float] | None = None
+        if spec.arrival_curve is not None and spec.duration_s is not None:
+            self._curve_starts_s = list(self._curve_starts(until_s=spec.duration_s))
+        self.num_sessions = spec.sessions if spec.sessions is not None else len(self._curve_starts_s)
+        """Sessions in a pass (subagents not counted): `sessions`, or the curve's starts in [0, duration_s)."""
+
+    def _curve_starts(self, *, until_s: float | None = None, limit: int | None = None) -> Iterator[float]:
+        """The start times of an `arrival_curve` workload (stream `session-starts`)."""
+        return arrival_times_s(self.spec.arrival_curve.curve(), rng_for(self.seed, "session-starts"),
+                               until_s=until_s, limit=limit)
 
     def __iter__(self) -> Iterator[_Session]:
         spec = self.spec
-        ids = _Ids(spec.sessions)
+        ids = _Ids(self.num_sessions)
         starts, groups, turns = (rng_for(self.seed, name) for name in
                                  ("session-starts", "session-groups", "session-turns"))
         cum_weights = list(accumulate(spec.popularity_weights()))
         start_s = 0.0
-        for k in range(spec.sessions):
-            if spec.session_rate_per_s is not None:
+        curve_starts = (None if spec.arrival_curve is None else iter(self._curve_starts_s) if self._curve_starts_s
+                        is not None else self._curve_starts(limit=self.num_sessions))
+        for k in range(self.num_sessions):
+            if curve_starts is not None:
+                start_s = next(curve_starts, None)
+                if start_s is None:
+                    return  # NOTE: a curve that ends at rate 0 may bring fewer starts than `sessions`
+            elif spec.session_rate_per_s is not None:
                 start_s += starts.expovariate(spec.session_rate_per_s)
             group = bisect_right(cum_weights, groups.random() * cum_weights[-1], 0, spec.groups - 1)
             yield _Session(self, ids, k, start_s, group, sample_length(spec.turns, turns))

@@ -98,11 +98,14 @@ def iter_shared_prefix_requests(spec: SharedPrefixSpec, *, block_size: int, seed
         rid += 1
 
 
-def shared_prefix_stream(spec: SharedPrefixSpec, *, block_size: int, seed: int) -> RequestStream:
-    """`iter_shared_prefix_requests` materialised: warm-ups (sent one at a time) and the measured requests, of
-    which the first `discard_first` are flagged as warm-ups (excluded from statistics) but sent like the rest."""
-    made = list(iter_shared_prefix_requests(spec, block_size=block_size, seed=seed))
-    warmups = tuple(made[: len(made) - spec.num_requests])
+def shared_prefix_stream(spec: SharedPrefixSpec, *, block_size: int, seed: int,
+                         num_requests: int | None = None) -> RequestStream:
+    """`iter_shared_prefix_requests` materialised: warm-ups (sent one at a time) and `num_requests` measured
+    requests (default: the spec's), of which the first `discard_first` are flagged as warm-ups (excluded from
+    statistics) but sent like the rest."""
+    n = spec.num_requests if num_requests is None else num_requests
+    made = list(iter_shared_prefix_requests(spec, block_size=block_size, seed=seed, num_requests=n))
+    warmups = tuple(made[: len(made) - n])
     main = made[len(warmups):]
     main[: spec.discard_first] = [replace(r, warmup=True) for r in main[: spec.discard_first]]
     return RequestStream(warmups, tuple(main))

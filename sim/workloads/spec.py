@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from sim.config import ConfigModel
+from sim.workloads.arrival_curve import ArrivalCurveSpec
 
 
 class LengthSpec(ConfigModel):
@@ -89,6 +90,13 @@ class SharedPrefixSpec(ConfigModel):
     discard_first: int = Field(0, ge=0, description="Measured requests at the start also excluded from statistics (steady state).")
     concurrency: int = Field(8, ge=1, description="Closed loop: requests kept in flight (unless arrival_rate_rps is set).")
     arrival_rate_rps: float | None = Field(None, gt=0, description="Open loop: Poisson arrivals at this rate (requests/s) instead of a closed loop.")
+    arrival_curve: ArrivalCurveSpec | None = Field(None, description=(
+        "Open loop: Poisson arrivals whose rate follows this curve over the measured phase (time 0: after the "
+        "warm-ups), instead of a closed loop or arrival_rate_rps: {kind: constant|piecewise|diurnal|bursts, ...} "
+        "(docs/concepts/load-curves.md)."))
+    duration_s: float | None = Field(None, gt=0, description=(
+        "With arrival_curve: send the curve's arrivals in [0, duration_s) (their number replaces min_requests and "
+        "requests_per_prefix). Absent: the curve's first max(min_requests, requests_per_prefix x N) arrivals."))
 
     @model_validator(mode="after")
     def _check(self) -> SharedPrefixSpec:
@@ -102,7 +110,12 @@ class SharedPrefixSpec(ConfigModel):
                 raise ValueError(f"popularity 'weights' needs one weight per prefix ({self.prefixes})")
             if any(w < 0 for w in self.weights) or sum(self.weights) <= 0:
                 raise ValueError("weights must be >= 0 with a positive sum")
-        if self.discard_first >= self.num_requests:
+        if self.arrival_curve is not None and self.arrival_rate_rps is not None:
+            raise ValueError("arrival_curve: give arrival_curve or arrival_rate_rps, not both (a constant rate is "
+                             "{kind: constant, rate_rps: R})")
+        if self.duration_s is not None and self.arrival_curve is None:
+            raise ValueError("duration_s: used only with arrival_curve (the span of its arrivals)")
+        if self.duration_s is None and self.discard_first >= self.num_requests:
             raise ValueError(f"discard_first ({self.discard_first}) leaves no measured request of {self.num_requests}")
         return self
 
@@ -117,7 +130,22 @@ class SharedPrefixSpec(ConfigModel):
 
     @property
     def num_requests(self) -> int:
+        """Measured requests: max(min_requests, requests_per_prefix x N); with a curve and duration_s, the arrivals
+        drawn in that span (`planned_requests` estimates them)."""
         return max(self.min_requests, self.requests_per_prefix * self.prefixes)
+
+    @property
+    def open_loop(self) -> bool:
+        """Whether requests arrive on their own (arrival_rate_rps or arrival_curve) rather than from C clients."""
+        return self.arrival_rate_rps is not None or self.arrival_curve is not None
+
+    @property
+    def planned_requests(self) -> int:
+        """The measured requests to expect: `num_requests`, or with a curve over duration_s the arrivals it expects
+        there (Λ(duration_s), rounded up; the drawn count is Poisson around it)."""
+        if self.duration_s is None:
+            return self.num_requests
+        return math.ceil(self.arrival_curve.curve().cumulative(self.duration_s))
 
     def popularity_weights(self) -> list[float]:
         """Probability of each prefix id (rank order: prefix 0 is the most popular under Zipf)."""

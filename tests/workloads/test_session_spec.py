@@ -42,8 +42,9 @@ CASES = [
     ({"think_time_s": None}, "think_time_s",
      "workload.think_time_s: style chat needs it (the pause before each next turn, seconds)"),
     ({"session_rate_per_s": 1.0}, "session_rate_per_s",
-     "workload.session_rate_per_s: give session_rate_per_s (Poisson session starts) or concurrent_sessions "
-     "(a closed loop), one of them"),
+     "workload.session_rate_per_s: give one of session_rate_per_s (Poisson session starts), arrival_curve (starts "
+     "at a rate that follows a curve) or concurrent_sessions (a closed loop); got session_rate_per_s and "
+     "concurrent_sessions"),
     ({"context_limit_tokens": 50}, "context_limit_tokens",
      "workload.context_limit_tokens: 50 cannot hold one turn: a system prompt, the newest message and an output "
      "need up to 64 tokens"),
