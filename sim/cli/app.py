@@ -145,6 +145,51 @@ def slo_option(ctx: click.Context, param: click.Parameter, value: str | None) ->
                                  f"number of ms > 0") from None
 
 
+ARRIVAL_CURVE_FORM = ("KIND:key=value,...: constant:rate_rps=R, piecewise:points=T:R/T:R/...[,interpolation=step], "
+                      "diurnal:mean_rps=M,amplitude=A[,period_s=P,peak_s=S] or bursts:base_rps=B,bursts=AT:DURATION:"
+                      "EXTRA/...; a bare number is a constant rate (docs/concepts/load-curves.md)")
+
+
+def arrival_curve_option(ctx: click.Context, param: click.Parameter, value: str | None):
+    """An arrival curve in the CLI form (`sim.workloads.arrival_curve.parse_arrival_curve`), as its spec; a one-line
+    error names the field and what is allowed."""
+    if value is None:
+        return None
+    from sim.workloads.arrival_curve import parse_arrival_curve
+
+    try:
+        return parse_arrival_curve(value)
+    except ValueError as err:
+        raise click.BadParameter(str(err)) from None
+
+
+def on_arrival_curve(scenario: Scenario, curve, duration_s: float | None, *, concurrency: int | None) -> Scenario:
+    """`scenario` whose workload arrives at `curve` (its spec; None: the scenario's arrivals) over `duration_s`
+    (None: the scenario's): a shared-prefix workload's requests, a sessions workload's session starts (`sessions`
+    then comes from the span). One-line errors for a closed loop asked at the same time, or a span without a curve."""
+    if curve is None and duration_s is None:
+        return scenario
+    if curve is not None and concurrency is not None:
+        raise UsageExit("--concurrency is a closed loop and --arrival-curve an open loop: give one of them")
+    w = scenario.workload
+    if curve is None and w.arrival_curve is None:
+        raise UsageExit("--duration-s is the span of an arrival curve: give --arrival-curve (or a scenario's "
+                        "workload.arrival_curve)")
+    overrides: dict[str, object] = {}
+    if curve is not None:
+        overrides["workload.arrival_curve"] = curve.model_dump()
+        overrides.update({"workload.session_rate_per_s": None, "workload.concurrent_sessions": None}
+                         if scenario.has_sessions else {"workload.arrival_rate_rps": None})
+    if duration_s is not None:
+        overrides["workload.duration_s"] = duration_s
+        if scenario.has_sessions:
+            overrides["workload.sessions"] = None
+    try:
+        return scenario.with_overrides(**overrides)
+    except ScenarioError as err:
+        raise click.ClickException(str(err)) from None
+
+
 def with_slo(scenario: Scenario, slo: SloSpec | None) -> Scenario:
     """`scenario` with its slo block replaced by `slo` (unchanged when None)."""
     return scenario if slo is None else scenario.model_copy(update={"slo": slo})

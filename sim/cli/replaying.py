@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from sim.cli.app import (
+    ARRIVAL_CURVE_FORM, arrival_curve_option,
     CPU_KV_HELP, ENGINE_HELP, SHARED_FIRST_BLOCK, SLO_HELP, UsageExit, checked_out_dir, console, err_console,
     executor_options, fmt, hit_rates_legend, load_or_exit, main, on_cpu_kv, on_engine, one_engine, open_executor_or_exit, positional_or_option, progress_bar,
     on_shared_kv, shared_kv_columns, shared_kv_option, cpu_kv_connector_option, on_cpu_kv_connector,
@@ -84,8 +85,9 @@ def _first_line_field(path: str, name: str):
 
 
 def _replay_mooncake(scenario, trace, trace_block_size, speed, limit, bin_s, keep_records, jobs, executor_kind,
-                     dask_scheduler):
-    """Replay the Mooncake trace at `trace` open loop (split over processes when the router allows it)."""
+                     dask_scheduler, *, arrival_curve=None):
+    """Replay the Mooncake trace at `trace` open loop (split over processes when the router allows it), its times
+    warped onto `arrival_curve` (a curve spec) when given."""
     import time as _time
 
     from sim.replay import device_groups
@@ -99,6 +101,8 @@ def _replay_mooncake(scenario, trace, trace_block_size, speed, limit, bin_s, kee
     executor = open_executor_or_exit(executor_kind, jobs, dask_scheduler) if executor_kind != "local" else None
     open_trace = functools.partial(read_mooncake, trace, block_size=scenario.engine.block_size,
                                    trace_block_tokens=trace_block_size, speed=speed, limit=limit)
+    if arrival_curve is not None:
+        open_trace = _warped_opener(open_trace, arrival_curve)
     with executor if executor is not None else contextlib.nullcontext():
         parts = executor.jobs if executor is not None else jobs
         split = len(device_groups(scenario, parts)) > 1 and not keep_records
@@ -113,8 +117,37 @@ def _replay_mooncake(scenario, trace, trace_block_size, speed, limit, bin_s, kee
     return result, _time.perf_counter() - t0
 
 
+def _warped_opener(open_trace, curve_spec):
+    """`open_trace` whose times are warped onto the curve (`sim.workloads.arrival_curve.warp_trace`): one pass over
+    the trace first for its mean rate r̄ = requests / last arrival; the warp is said in one line."""
+    from sim.workloads.arrival_curve import trace_mean_rps
+    from sim.workloads.traces import TraceError
+
+    n, last_s = 0, 0.0
+    with progress_bar("read the trace's times"):
+        for n, item in enumerate(open_trace(), 1):
+            last_s = item.arrival_s
+    curve = curve_spec.curve()
+    try:
+        mean_rps = trace_mean_rps(n, last_s)
+    except ValueError as err:
+        raise TraceError(f"--arrival-curve: {err}") from None
+    if curve.total_arrivals < n:
+        raise TraceError(f"--arrival-curve: the curve brings only {curve.total_arrivals:g} arrivals in all, fewer "
+                         f"than the trace's {n:,} requests")
+    console.print(f"arrivals warped onto {curve_spec.text()}: {n:,} requests over {last_s:,.6g} s at "
+                  f"{mean_rps:.4g}/s now span {curve.inverse(n):,.6g} s", highlight=False)
+    return functools.partial(_warped, open_trace, curve, mean_rps)
+
+
+def _warped(open_trace, curve, mean_rps: float):
+    from sim.workloads.arrival_curve import warp_trace
+
+    return warp_trace(open_trace(), curve, mean_rps=mean_rps)
+
+
 def _replay_session_trace(scenario, trace, fmt, timing, trace_block_size, speed, limit, bin_s, keep_records, *,
-                          jobs, executor_kind, infer_common_requests=None):
+                          jobs, executor_kind, infer_common_requests=None, arrival_curve=None):
     """Replay the session trace at `trace` (a Mooncake trace whose sessions are inferred, with
     `infer_common_requests`): closed loop in one process, or recorded (open loop, split like a Mooncake trace when
     the router allows it and no record is kept)."""
@@ -141,6 +174,12 @@ def _replay_session_trace(scenario, trace, fmt, timing, trace_block_size, speed,
                                  infer_common_requests=infer_common_requests)
     if index.inference is not None:
         _show_inference(index)
+    if arrival_curve is not None:
+        curve = arrival_curve.curve()
+        mean_rps = index.warp(curve, timing=timing)
+        what = "turns" if timing == "recorded" else "session starts"
+        console.print(f"{what} warped onto {arrival_curve.text()} from the trace's {mean_rps:.4g}/s",
+                      highlight=False)
     if timing == "closed-loop":
         if (jobs or 1) > 1 or executor_kind != "local":
             console.print("closed-loop sessions replay in one process: when a turn is sent depends on when its "
@@ -278,6 +317,16 @@ def trace_overrides(base: Scenario, *, block_size: int | None, kv_tokens: int | 
                    "lines' block_size or 16, mooncake-sessions and mooncake-delta 512).")
 @click.option("--speed", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
               help="Replay speed: arrival times are divided by it.")
+@click.option("--time-scale", "time_scale", type=click.FloatRange(min=0, min_open=True), default=None, metavar="F",
+              help="Multiply the trace's timestamps (and a session trace's gaps) by F: 0.5 replays it twice as fast "
+                   "(the same as --speed 1/F; give one of them).")
+@click.option("--arrival-curve", "arrival_curve", callback=arrival_curve_option, default=None, metavar="SPEC",
+              help="Warp the trace's timestamps onto a rate curve: each arrival t goes to Λ⁻¹(r̄·t), with Λ the "
+                   "curve's cumulative rate and r̄ the trace's mean rate (requests / last timestamp), so the order "
+                   "and the relative burstiness stay and the rate follows the curve; the last request lands where "
+                   "the curve expects as many arrivals as the trace has. A session trace warps its sessions' starts "
+                   "(closed loop; turns keep their gaps) or every turn (--sessions recorded). SPEC is "
+                   + ARRIVAL_CURVE_FORM + ".")
 @click.option("--limit", type=click.IntRange(min=1), default=None,
               help="Replay only the first N requests (lines); a session trace's turns beyond them are dropped.")
 @click.option("--bin", "bin_s", type=click.FloatRange(min=0.001), default=60.0, show_default=True,
@@ -300,7 +349,8 @@ def trace_overrides(base: Scenario, *, block_size: int | None, kv_tokens: int | 
 @format_option("the row of summary.csv")
 @pd_options
 def replay(trace_file, trace_path, workers, kv_tokens, kv_blocks, kv_bytes, router, engine, scenario_path, trace_fmt,
-           session_timing, infer_sessions, common_requests, block_size, trace_block_size, speed, limit, bin_s, out_dir, write_requests, jobs,
+           session_timing, infer_sessions, common_requests, block_size, trace_block_size, speed, time_scale, arrival_curve,
+           limit, bin_s, out_dir, write_requests, jobs,
            reuse_breakdown, slo, cpu_kv_gib, cpu_kv_connector, shared_kv_gib, peer_fetch, executor_kind, dask_scheduler, prefill_workers=None,
            decode_workers=None) -> None:
     """Replay a JSONL trace and report prefix reuse, TTFT and throughput.
@@ -350,6 +400,13 @@ def replay(trace_file, trace_path, workers, kv_tokens, kv_blocks, kv_bytes, rout
         raise UsageExit(f"--sessions is for session traces ({', '.join(SESSION_FORMATS)}) or --infer-sessions; this "
                         f"trace is {kind} (independent requests, open loop)")
     sessions_of_trace = kind != "mooncake" or infer_sessions
+    if time_scale is not None:
+        if speed != 1.0:
+            raise UsageExit("--time-scale F is --speed 1/F: give one of them")
+        speed = 1 / time_scale
+    if arrival_curve is not None and kind == "agentic-mooncake":
+        raise UsageExit("--arrival-curve warps recorded times; an agentic-mooncake trace is sent by its dependencies "
+                        "(warp a Mooncake or session trace)")
     base = on_shared_kv(on_cpu_kv(with_slo(trace_base(scenario_path, engine), slo), cpu_kv_gib), shared_kv_gib)
     base = on_peer_fetch(on_cpu_kv_connector(base, cpu_kv_connector), peer_fetch)
     if sessions_of_trace and block_size is None:
@@ -376,11 +433,12 @@ def replay(trace_file, trace_path, workers, kv_tokens, kv_blocks, kv_bytes, rout
         if sessions_of_trace:
             session_trace, result, wall_s = _replay_session_trace(
                 scenario, trace, kind, session_timing or "closed-loop", trace_block_size, speed, limit, bin_s,
-                write_requests, jobs=jobs, executor_kind=executor_kind,
+                write_requests, jobs=jobs, executor_kind=executor_kind, arrival_curve=arrival_curve,
                 infer_common_requests=(common_requests or DEFAULT_COMMON_REQUESTS) if infer_sessions else None)
         else:
             result, wall_s = _replay_mooncake(scenario, trace, trace_block_size or 512, speed, limit, bin_s,
-                                              write_requests, jobs, executor_kind, dask_scheduler)
+                                              write_requests, jobs, executor_kind, dask_scheduler,
+                                              arrival_curve=arrival_curve)
     except (ScenarioError, TraceError) as err:
         raise click.ClickException(str(err)) from None
     st = result.stats

@@ -11,6 +11,7 @@ import click
 
 from sim.studies.analytic import formula_hit_rate
 from sim.cli.app import (
+    ARRIVAL_CURVE_FORM, arrival_curve_option, on_arrival_curve,
     CPU_KV_DETAIL, CPU_KV_HELP, ENGINE_HELP, SLO_HELP, capacity_text, checked_out_dir, console, engine_list,
     executor_options, fmt, gib_list, hardware_options, hit_rates_legend, int_list, kv_origin, kv_rule_note,
     load_or_exit, main, on_cpu_kv, on_engine, on_hardware, on_shared_kv, one_engine, positional_or_option,
@@ -214,6 +215,13 @@ def sweep(ctx, scenario_path, prefixes, workers, concurrency, routers, engines, 
 @shared_kv_option
 @peer_fetch_option
 @click.option("--seed", type=int, default=None, help="Seed. Default: the scenario's.")
+@click.option("--arrival-curve", "arrival_curve", callback=arrival_curve_option, default=None, metavar="SPEC",
+              help="Open loop: requests (with sessions: session starts) arrive at a rate that follows a curve, "
+                   "exact Poisson arrivals by time-rescaling, instead of the scenario's arrivals. SPEC is "
+                   + ARRIVAL_CURVE_FORM + ".")
+@click.option("--duration-s", "duration_s", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="With an arrival curve: send its arrivals in [0, S) s of the measured phase (their number replaces "
+                   "the scenario's request or session count), e.g. 86400 for a day.")
 @click.option("--slo", callback=slo_option, default=None, help=SLO_HELP)
 @hardware_options
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
@@ -222,11 +230,13 @@ def sweep(ctx, scenario_path, prefixes, workers, concurrency, routers, engines, 
 @format_option("the row of summary.csv")
 @pd_options
 def run_command(scenario_file, scenario_path, prefixes, workers, concurrency, router, engine, cpu_kv_gib,
-                cpu_kv_connector, shared_kv_gib, peer_fetch, seed, slo, model, gpu, kv_gib, out_dir, prefill_workers=None, decode_workers=None) -> None:
+                cpu_kv_connector, shared_kv_gib, peer_fetch, seed, arrival_curve, duration_s, slo, model, gpu, kv_gib, out_dir,
+                prefill_workers=None, decode_workers=None) -> None:
     """Run one point of a scenario and print its summary.
 
     The scenario is SCENARIO or --scenario FILE (default: the built-in service-baseline); goodput counts the
-    requests that meet --slo or the scenario's slo block. A sessions workload (chat, agent: scenarios/chat.yaml,
+    requests that meet --slo or the scenario's slo block. --arrival-curve makes the load vary over time (a day:
+    --arrival-curve diurnal:mean_rps=4,amplitude=0.8 --duration-s 86400). A sessions workload (chat, agent: scenarios/chat.yaml,
     scenarios/agent.yaml) also prints a row per turn (hit rates, TTFT, re-prefilled tokens, gap survival) and
     writes DIR/turns.csv.
     """
@@ -242,6 +252,7 @@ def run_command(scenario_file, scenario_path, prefixes, workers, concurrency, ro
         raise click.UsageError(f"--workers: a disaggregated cluster has prefill + decode workers "
                                f"({base.cluster.workers}); give the pools with --prefill-workers/--decode-workers")
     base = on_peer_fetch(on_shared_kv(base, shared_kv_gib), peer_fetch)
+    base = on_arrival_curve(base, arrival_curve, duration_s, concurrency=concurrency)
     overrides: dict = {k: v for k, v in {"cluster.workers": workers, "seed": seed}.items() if v is not None}
     if base.has_sessions:
         if prefixes is not None:

@@ -51,6 +51,7 @@ from dataclasses import dataclass, replace
 from collections.abc import Iterator
 from pathlib import Path
 
+from sim.workloads.arrival_curve import RateCurve, trace_mean_rps
 from sim.workloads.request import Request, computed_block_hashes, context_tokens
 from sim.workloads.sessions import Due
 from sim.workloads.session_inference import ParentInference, common_block_ids
@@ -166,6 +167,30 @@ class SessionTrace:
             raise TraceError(f"engine block size {block_size} must divide the trace's block size "
                              f"{self.trace_block_tokens}")
         self._per_block = self.trace_block_tokens // block_size
+        self.warp_curve: RateCurve | None = None
+        """With `warp`: the arrival curve the sent times are warped onto (`sim.workloads.arrival_curve`)."""
+        self.warp_mean_rps = 0.0
+        """With `warp`: the trace's own mean rate r̄ of the times warped (t -> Λ⁻¹(r̄·t))."""
+
+    def warp(self, curve: RateCurve, *, timing: str) -> float:
+        """Warp the sent times onto `curve` (t -> Λ⁻¹(r̄·t), `sim.workloads.arrival_curve.warp_trace`) and return r̄:
+        closed loop, the sessions' starts (their first turns' times; later turns still follow their parents after
+        the recorded gaps), r̄ = sessions / last start; recorded, every turn's time, r̄ = turns / last time."""
+        roots = range(len(self)) if timing == "recorded" else [i for i in range(len(self)) if self.parents[i] < 0]
+        times = [self.timestamps_s[i] / self.speed for i in roots]
+        missing = next((i for i, t in zip(roots, times) if math.isnan(t)), None)
+        if missing is not None:
+            raise TraceError(f"{self.path}:{self.line_nos[missing]}: --arrival-curve warps recorded times; this "
+                             f"{'turn' if timing == 'recorded' else 'first turn'} has none")
+        try:
+            self.warp_mean_rps = trace_mean_rps(len(times), max(times))
+        except ValueError as err:
+            raise TraceError(f"{self.path}: {err}") from None
+        if curve.total_arrivals < len(times):
+            raise TraceError(f"{self.path}: the arrival curve brings only {curve.total_arrivals:g} arrivals in all, "
+                             f"fewer than the trace's {len(times):,} {'turns' if timing == 'recorded' else 'sessions'}")
+        self.warp_curve = curve
+        return self.warp_mean_rps
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -274,8 +299,10 @@ class SessionTrace:
             c = self.next_sibling[c]
 
     def start_s(self, i: int) -> float:
-        """When request `i` is sent in a recorded replay (its timestamp / speed)."""
-        return self.timestamps_s[i] / self.speed
+        """When request `i` is sent in a recorded replay, or session `i` starts (its timestamp / speed; warped onto
+        the curve after `warp`)."""
+        t = self.timestamps_s[i] / self.speed
+        return t if self.warp_curve is None else self.warp_curve.inverse(self.warp_mean_rps * t)
 
     def gap_s(self, i: int) -> float:
         """The closed-loop delay of child `i` after its parent finished (module docstring), over speed."""
