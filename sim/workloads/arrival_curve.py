@@ -368,12 +368,6 @@ def warp_trace(trace: Iterable[TraceRequest], curve: RateCurve, *, mean_rps: flo
         yield TraceRequest(at_s, item.request)
 
 
-def scale_trace(trace: Iterable[TraceRequest], factor: float) -> Iterator[TraceRequest]:
-    """The trace with each arrival time multiplied by `factor` (< 1: faster, > 1: slower)."""
-    for item in trace:
-        yield TraceRequest(item.arrival_s * factor, item.request)
-
-
 # ---- the CLI form: KIND:key=value,... ------------------------------------------------------------------------------
 
 CLI_FORM = ("KIND:key=value,... with KIND constant (rate_rps), piecewise (points=T:R/T:R/..., interpolation), diurnal "

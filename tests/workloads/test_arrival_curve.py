@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from sim.config import ProblemsError
 from sim.workloads.arrival_curve import (
-    ConstantCurve, DiurnalCurveSpec, PiecewiseCurveSpec, arrival_times_s, parse_arrival_curve, scale_trace,
+    ConstantCurve, DiurnalCurveSpec, PiecewiseCurveSpec, arrival_times_s, parse_arrival_curve,
     trace_mean_rps, warp_trace,
 )
 from sim.workloads.request import Request
@@ -163,13 +163,12 @@ def test_warp_keeps_order_and_lands_the_last_request_where_the_curve_expects_n(t
     assert flat == pytest.approx([t * mean / 3.0 for t in times], rel=1e-12)
 
 
-def test_warp_and_scale_errors():
+def test_warp_errors():
     with pytest.raises(ValueError, match="spans no time"):
         trace_mean_rps(3, 0.0)
     short = _piecewise([[0, 1], [2, 0]])  # 1 arrival in all
     with pytest.raises(ValueError, match="request 1: the curve brings only 1 arrivals in all"):
         list(warp_trace(_trace([1.0, 2.0]), short, mean_rps=1.0))
-    assert [w.arrival_s for w in scale_trace(_trace([1.0, 3.0]), 0.5)] == [0.5, 1.5]
 
 
 def test_cli_forms():
