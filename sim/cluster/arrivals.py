@@ -1,5 +1,6 @@
 """How requests are sent: one at a time (warm-ups), a closed loop with C requests in flight, Poisson arrivals, given
-arrival times (a rate curve's, `sim.workloads.arrival_curve`), and sessions (each turn sent when the turn before it completed, plus a think time or tool latency)."""
+arrival times (a rate curve's, `sim.workloads.arrival_curve`), and sessions (each turn sent when the turn before it
+completed, plus a think time or tool latency)."""
 
 from __future__ import annotations
 

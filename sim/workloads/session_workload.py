@@ -12,13 +12,14 @@ subagent's first message), `tool` (a tool's result), `result` (a subagent's resu
 (the model's output) and `summary` (a compaction's); the system prompt's key is `("system", group)` and a lineage is
 `("s", session_id, rewrites)`, so a truncation or compaction (a rewrite) breaks the prefix after the system prompt.
 
-A subagent is a session of its own (its requests carry its own `session_id`, numbered from the number of sessions on in the
+A subagent is a session of its own (its requests carry its own `session_id`, numbered from `num_sessions` on in the
 order subagents start; turns from 0), forked (`TokenSequence.fork`) from its agent's sequence right after the turn
 that starts it: its first prompt is the agent's context plus its task. The agent's next turn is due when both its
 tool's latency has passed and the subagent has finished; it appends the tool's result and the subagent's result (its
 last turn's output, `subagent_result_tokens` long). Subagents start no subagents.
 
-Randomness: a session's start time, group and number of turns come from the streams `session-starts`,
+Randomness: a session's start time (Poisson at `session_rate_per_s`, or at the `arrival_curve`'s rate by
+time-rescaling, `sim.workloads.arrival_curve`), group and number of turns come from the streams `session-starts`,
 `session-groups` and `session-turns`, drawn in session order; every per-turn draw comes from the session's own
 stream per distribution (`user-tokens:K`, `output-tokens:K`, `gaps:K`, `subagents:K`, `summaries:K`; a subagent
 forked at turn t of session K has path `K/t` and draws its turns from `subagent-turns:K/t` and its result length from
@@ -118,8 +119,11 @@ class SessionWorkload:
                                  ("session-starts", "session-groups", "session-turns"))
         cum_weights = list(accumulate(spec.popularity_weights()))
         start_s = 0.0
-        curve_starts = (None if spec.arrival_curve is None else iter(self._curve_starts_s) if self._curve_starts_s
-                        is not None else self._curve_starts(limit=self.num_sessions))
+        curve_starts: Iterator[float] | None = None
+        if self._curve_starts_s is not None:
+            curve_starts = iter(self._curve_starts_s)
+        elif spec.arrival_curve is not None:
+            curve_starts = self._curve_starts(limit=self.num_sessions)
         for k in range(self.num_sessions):
             if curve_starts is not None:
                 start_s = next(curve_starts, None)
