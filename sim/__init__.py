@@ -27,6 +27,8 @@ _EXPORTS = {
     "run_sweep": "sim.studies.sweep", "sweep_points": "sim.studies.sweep",
     "parse_space": "sim.studies.search_space", "tune": "sim.studies.tune", "TuneResult": "sim.studies.tune",
     "shared_prefix_stream": "sim.workloads.shared_prefix", "read_mooncake": "sim.workloads.traces",
+    "parse_arrival_curve": "sim.workloads.arrival_curve", "arrival_times_s": "sim.workloads.arrival_curve",
+    "warp_trace": "sim.workloads.arrival_curve", "trace_mean_rps": "sim.workloads.arrival_curve",
 }
 
 
