@@ -1,4 +1,5 @@
-"""`kvsim traces`: list the public Mooncake traces, and fetch them (checked against their SHA-256) into a folder."""
+"""`kvsim traces`: list the public Mooncake traces, fetch them (checked against their SHA-256) into a folder, and warp
+one's timestamps onto a rate curve."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import click
 
 from sim.cli import render
-from sim.cli.app import checked_out_dir, console, main
+from sim.cli.app import ARRIVAL_CURVE_FORM, arrival_curve_option, checked_out_dir, console, main
 from sim.results.report import write_atomic
 from sim.workloads.public_traces import DEFAULT_TRACES_DIR, MOONCAKE_COMMIT, MOONCAKE_TRACES, MOONCAKE_TRACES_URL
 
@@ -92,3 +93,28 @@ def fetch(out_dir: str, base_url: str) -> None:
                                        f"({t.num_bytes:,} bytes); not written")
         write_atomic(dest, data)
         click.echo(f"wrote {dest} ({t.num_requests:,} requests, {len(data):,} bytes, SHA-256 checked)")
+
+
+@traces.command()
+@click.argument("trace_file", type=click.Path(dir_okay=False), metavar="TRACE")
+@click.option("--arrival-curve", "arrival_curve", callback=arrival_curve_option, required=True, metavar="SPEC",
+              help="The rate curve to warp the timestamps onto: " + ARRIVAL_CURVE_FORM + ".")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), required=True, metavar="FILE",
+              help="The warped trace to write (Mooncake JSONL).")
+def warp(trace_file: str, arrival_curve, out_path: str) -> None:
+    """Write a Mooncake trace whose timestamps are warped onto a rate curve: each t goes to Λ⁻¹(r̄·t), r̄ the
+    trace's mean rate (requests / last timestamp), in whole ms, every other field as it was. It is the load
+    `kvsim replay TRACE --arrival-curve SPEC` sends (within half a millisecond), as a file another simulator (Dynamo's
+    mocker) replays too (docs/concepts/load-curves.md).
+    """
+    from sim.workloads.arrival_curve import warped_mooncake
+    from sim.workloads.traces import TraceError
+
+    try:
+        warped = warped_mooncake(trace_file, arrival_curve.curve())
+    except TraceError as err:
+        raise click.ClickException(str(err)) from None
+    write_atomic(Path(out_path), warped.jsonl)
+    console.print(f"wrote {out_path}: {warped.num_requests:,} requests over {warped.last_arrival_s:,.6g} s at "
+                  f"{warped.mean_rps:.4g}/s warped onto {arrival_curve.text()}, now over "
+                  f"{warped.warped_last_arrival_s:,.6g} s", highlight=False)

@@ -22,18 +22,20 @@ The scenario form is a pydantic spec discriminated by `kind` (`workload.arrival_
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import sys
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Literal, Protocol, Union
 
 from pydantic import Field, ValidationError, model_validator
 
 from sim.config import ConfigModel, ProblemsError, key_values, suggestion, validation_problems
-from sim.workloads.traces import TraceRequest
+from sim.workloads.traces import TraceError, TraceRequest, field, json_object
 
 
 # ---- the curves: λ(t), Λ(t) and Λ⁻¹ -------------------------------------------------------------------------------
@@ -366,6 +368,61 @@ def warp_trace(trace: Iterable[TraceRequest], curve: RateCurve, *, mean_rps: flo
             raise ValueError(f"request {item.request.request_id}: the curve brings only {curve.total_arrivals:g} "
                              "arrivals in all, fewer than the trace's requests")
         yield TraceRequest(at_s, item.request)
+
+
+@dataclass(frozen=True, slots=True)
+class WarpedMooncake:
+    """A Mooncake trace warped onto a curve (`warped_mooncake`)."""
+
+    jsonl: bytes
+    """The trace's lines with their timestamps warped (ms, whole), every other field as it was; blank lines dropped."""
+    num_requests: int
+    last_arrival_s: float
+    """The trace's own last timestamp (s)."""
+    mean_rps: float
+    """The trace's own mean rate r̄ (`trace_mean_rps`)."""
+    warped_last_arrival_s: float
+    """Where the last request lands: Λ⁻¹(n) before rounding."""
+
+
+def warped_mooncake(path: str | Path, curve: RateCurve) -> WarpedMooncake:
+    """The Mooncake trace at `path` with each timestamp t warped to Λ⁻¹(r̄·t) as `warp_trace` does, written in whole
+    ms as Mooncake's are (the order stays: rounding never reverses it), every other field untouched: the same load
+    for another simulator (Dynamo's mocker) as `kvsim replay --arrival-curve` sends, within half a millisecond.
+
+    Two passes over the file (the first for r̄); a TraceError names the line whose timestamp is missing, not a
+    finite number >= 0, or goes backwards (the rest of a line is not checked here: the replay reads it)."""
+    path = Path(path)
+    stamped: list[tuple[dict, float]] = []
+    try:
+        handle = path.open("rb")
+    except OSError as err:
+        raise TraceError(f"{path}: cannot open ({err.strerror})") from None
+    with handle:
+        last_ms = 0.0
+        for line_no, text in enumerate(handle, start=1):
+            if not text.strip():
+                continue
+            obj = json_object(text, path, line_no)
+            ts = field(obj, "timestamp", float, path, line_no)
+            if not math.isfinite(ts) or ts < 0:
+                raise TraceError(f"{path}:{line_no}: field 'timestamp' must be a finite number of ms >= 0, got {ts}")
+            if ts < last_ms:
+                raise TraceError(f"{path}:{line_no}: field 'timestamp' goes backwards ({ts} after {last_ms})")
+            last_ms = ts
+            stamped.append((obj, ts / 1000.0))
+    if not stamped:
+        raise TraceError(f"{path}: no requests (an empty trace)")
+    n, last_s = len(stamped), stamped[-1][1]
+    try:
+        mean = trace_mean_rps(n, last_s)
+    except ValueError as err:
+        raise TraceError(f"{path}: {err}") from None
+    if curve.total_arrivals < n:
+        raise TraceError(f"{path}: the curve brings only {curve.total_arrivals:g} arrivals in all, fewer than the "
+                         f"trace's {n:,} requests")
+    lines = [json.dumps({**obj, "timestamp": round(1000 * curve.inverse(mean * t_s))}) for obj, t_s in stamped]
+    return WarpedMooncake(("\n".join(lines) + "\n").encode(), n, last_s, mean, curve.inverse(n))
 
 
 # ---- the CLI form: KIND:key=value,... ------------------------------------------------------------------------------

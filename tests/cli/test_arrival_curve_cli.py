@@ -1,11 +1,12 @@
-"""`--arrival-curve` on `kvsim run` (with `--duration-s`) and on `kvsim replay` (the trace warp, with `--time-scale`):
-a constant curve is today's Poisson summary byte for byte, a replay's warped send times are the trace's own through
-Λ⁻¹(r̄·t), and every bad spec is a one-line error."""
+"""`--arrival-curve` on `kvsim run` (with `--duration-s`), on `kvsim replay` (the trace warp, with `--time-scale`) and
+`kvsim traces warp`: a constant curve is today's Poisson summary byte for byte, a replay's warped send times are the
+trace's own through Λ⁻¹(r̄·t), the warped file replays as the warp does, and every bad spec is a one-line error."""
 
 from __future__ import annotations
 
 import csv
 import io
+import json
 
 import pytest
 import yaml
@@ -80,6 +81,28 @@ def test_a_session_trace_warps_its_session_starts(tmp_path):
     assert "session starts warped onto constant 0.25/s" in res.output
 
 
+def test_traces_warp_writes_the_load_replay_sends(tmp_path):
+    # The warped file holds the same lines with timestamps Λ⁻¹(r̄·t) in whole ms; replayed, it gives the summary of
+    # the replay that warps as it reads (the 400-request head of the conversation trace rises to 6/s and falls).
+    spec = "piecewise:points=0:0.5/60:6/120:0.5"
+    conversation = REPO / "tests" / "fixtures" / "traces" / "conversation_head400.jsonl"
+    res = _ok(["traces", "warp", conversation, "--arrival-curve", spec, "--out", tmp_path / "warped.jsonl"])
+    assert "400 requests over 141 s at 2.837/s warped onto piecewise (linear) 0.5-6/s over 120 s, now over 140 s" \
+        in " ".join(res.output.split())
+    original = [json.loads(line) for line in conversation.read_text().splitlines() if line.strip()]
+    warped = [json.loads(line) for line in (tmp_path / "warped.jsonl").read_text().splitlines()]
+    curve = parse_arrival_curve(spec).curve()
+    mean = trace_mean_rps(len(original), original[-1]["timestamp"] / 1000)
+    assert [w["timestamp"] for w in warped] == [round(1000 * curve.inverse(mean * o["timestamp"] / 1000))
+                                                for o in original]
+    assert [{**w, "timestamp": 0} for w in warped] == [{**o, "timestamp": 0} for o in original]
+    _ok(["replay", tmp_path / "warped.jsonl", "--workers", "4", "--router", "kv-aware", "--out", tmp_path / "file"])
+    _ok(["replay", conversation, "--workers", "4", "--router", "kv-aware", "--arrival-curve", spec,
+         "--out", tmp_path / "warp"])
+    by_file, by_warp = (_csv(tmp_path / d / "summary.csv")[0] for d in ("file", "warp"))
+    assert {k: v for k, v in by_file.items() if k != "wall_s"} == {k: v for k, v in by_warp.items() if k != "wall_s"}
+
+
 @pytest.mark.parametrize("args, expected", [
     (["run", TINY, "--arrival-curve", "diurnal:mean_rps=3,amplitude=1.5"],
      "'--arrival-curve': amplitude: Input should be less than or equal to 1"),
@@ -95,8 +118,13 @@ def test_a_session_trace_warps_its_session_starts(tmp_path):
      "the curve brings only 5 arrivals in all, fewer than the trace's 300 requests"),
     (["replay", REPO / "tests" / "fixtures" / "traces" / "agentic_mooncake.jsonl", "--workers", "2",
       "--arrival-curve", "3"], "an agentic-mooncake trace is sent by its dependencies"),
+    (["traces", "warp", TRACE, "--arrival-curve", "piecewise:points=0:1/10:0", "--out", "x.jsonl"],
+     "the curve brings only 5 arrivals in all, fewer than the trace's 300 requests"),
+    (["traces", "warp", TRACE, "--arrival-curve", "diurnal:mean_rps=1", "--out", "x.jsonl"],
+     "amplitude: Field required"),
 ])
-def test_bad_curves_are_one_line_errors(args, expected):
+def test_bad_curves_are_one_line_errors(args, expected, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(main, [str(a) for a in args])
     assert result.exit_code != 0 and "Traceback" not in result.output
     assert result.exception is None or isinstance(result.exception, SystemExit), result.exception

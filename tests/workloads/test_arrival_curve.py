@@ -4,6 +4,7 @@ come back through Λ; counts per interval are exactly the unit-rate counts on th
 
 from __future__ import annotations
 
+import json
 import math
 from itertools import accumulate
 
@@ -13,12 +14,12 @@ from hypothesis import strategies as st
 
 from sim.config import ProblemsError
 from sim.workloads.arrival_curve import (
-    ConstantCurve, DiurnalCurveSpec, PiecewiseCurveSpec, arrival_times_s, parse_arrival_curve,
-    trace_mean_rps, warp_trace,
+    ConstantCurve, DiurnalCurveSpec, PiecewiseCurveSpec, arrival_times_s, parse_arrival_curve, trace_mean_rps,
+    warp_trace, warped_mooncake,
 )
 from sim.workloads.request import Request
 from sim.workloads.shared_prefix import rng_for
-from sim.workloads.traces import TraceRequest
+from sim.workloads.traces import TraceError, TraceRequest
 
 
 def _piecewise(points, interpolation="linear"):
@@ -200,3 +201,19 @@ def test_bad_specs_are_one_line_errors(spec, message):
         parse_arrival_curve(spec)
     assert message in str(err.value) and "\n" not in str(err.value)
     assert isinstance(err.value, (ProblemsError, ValueError))
+
+
+def test_a_mooncake_file_warped(tmp_path):
+    # Three requests at 0, 1 and 2 s: r̄ = 3 / 2 s. Onto 3 req/s: Λ⁻¹(1.5·t) = t / 2, so 0, 500 and 1000 ms; the
+    # other fields stay as they were.
+    lines = [{"timestamp": ms, "input_length": 512, "output_length": 4, "hash_ids": [i]}
+             for i, ms in enumerate((0, 1000, 2000))]
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n\n")
+    warped = warped_mooncake(path, ConstantCurve(3.0))
+    assert (warped.num_requests, warped.last_arrival_s, warped.mean_rps, warped.warped_last_arrival_s) == (3, 2.0, 1.5, 1.0)
+    assert [json.loads(x) for x in warped.jsonl.decode().splitlines()] == [
+        {**x, "timestamp": ms} for x, ms in zip(lines, (0, 500, 1000))]
+    path.write_text(json.dumps(lines[1]) + "\n" + json.dumps(lines[0]) + "\n")
+    with pytest.raises(TraceError, match=r"t.jsonl:2: field 'timestamp' goes backwards \(0 after 1000\)"):
+        warped_mooncake(path, ConstantCurve(3.0))
