@@ -210,8 +210,9 @@ def probe(cfg: MeasureConfig) -> dict:
 
 def measure(cfg: MeasureConfig, progress: Callable[[], None] | None = None) -> tuple[list[dict], dict]:
     """Run the stream against the endpoints; returns the run CSV rows and the sidecar (nothing is written)."""
-    if cfg.workload.arrival_rate_rps is not None:
-        raise ValueError("kvsim measure drives a closed loop; unset workload.arrival_rate_rps")
+    if cfg.workload.open_loop:
+        given = "arrival_rate_rps" if cfg.workload.arrival_rate_rps is not None else "arrival_curve"
+        raise ValueError(f"kvsim measure drives a closed loop; unset workload.{given}")
     factory = ROUTERS[cfg.router]
     if factory.needs_cache_state:
         raise ValueError(f"router {cfg.router!r} needs the servers' cache state (KV events), which measure cannot "
