@@ -86,3 +86,8 @@ class ApproxPrefixIndex:
     def record(self, request: Request, worker: int) -> None:
         self.history.record(self.keys(request), worker, self._view.now_s)
         self._last = None
+
+    def remove_worker(self, worker: int) -> None:
+        """The pod's LRU goes with it (kvsim: its slot's entries; a new pod starts with none)."""
+        self.history.remove_worker(worker)
+        self._last = None

@@ -68,6 +68,10 @@ class PrefixState(Protocol):
 
     def record(self, request: Request, worker: int) -> None: ...
 
+    def remove_worker(self, worker: int) -> None:
+        """Forget everything believed of `worker` (it left the routable set, or a new instance took its slot)."""
+        ...
+
 
 class ClusterView(Protocol):
     """Read-only view of the cluster at routing time."""

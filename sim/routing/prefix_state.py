@@ -27,6 +27,9 @@ class ExactState:
     def record(self, request: Request, worker: int) -> None:
         pass
 
+    def remove_worker(self, worker: int) -> None:
+        pass  # the peeks read the caches themselves: a new instance's cache is empty
+
 
 class _Keys:
     """A request's prefix keys at one granularity: the engines' own blocks, or every m-th block hash of the stream
@@ -71,6 +74,9 @@ class ApproximateState:
 
     def record(self, request: Request, worker: int) -> None:
         self.history.record(self._keys.of(request), worker, self._view.now_s)
+
+    def remove_worker(self, worker: int) -> None:
+        self.history.remove_worker(worker)
 
 
 class EventFedState:
@@ -173,6 +179,17 @@ class EventFedState:
     def record(self, request: Request, worker: int) -> None:
         if self._predicted is not None:
             self._predicted.record(request, worker)
+
+    def remove_worker(self, worker: int) -> None:
+        """Dynamo's indexer `remove_worker` (when an instance leaves discovery): the worker's blocks leave the index,
+        and so do its event batches still in flight to the router. NOTE: Dynamo keys its index by instance id, so a
+        late batch of a removed instance lands on an id nobody routes to; kvsim keys by slot, which a later instance
+        may reuse, so the batches are dropped instead: the same routing either way."""
+        self._pending = [entry for entry in self._pending if entry[2] != worker]
+        heapq.heapify(self._pending)
+        self.index.remove_worker(worker)
+        if self._predicted is not None:
+            self._predicted.remove_worker(worker)
 
 
 def build_prefix_state(spec: PrefixStateSpec, view: ClusterView, rng: random.Random):

@@ -49,3 +49,8 @@ class ReplicatedRouter:
 
     def on_complete(self, request: Request, worker: int) -> None:
         self._owner.pop(request.request_id).on_complete(request, worker)
+
+    def set_workers(self, workers: tuple[int, ...], instances: tuple[int, ...]) -> None:
+        """Every replica watches the same discovery, so each sees the change."""
+        for r in self.replicas:
+            r.set_workers(workers, instances)

@@ -106,6 +106,21 @@ class RoutingHistory:
         if self.check_interval_s == 0:
             self._prune(scope_id)
 
+    def remove_worker(self, worker: int) -> None:
+        """Forget every entry of `worker` (it left the fleet): its runs leave their scope, its keys the index. Not
+        counted in `forgotten_keys` (that is forgetting by age or size)."""
+        run_of = self._run_of[worker]
+        if not run_of:
+            return
+        scope_id = worker if self.per_worker else 0
+        scope = self._scopes[scope_id]
+        for number in [n for n, run in scope.items() if run.worker == worker]:
+            del scope[number]
+        self._scope_entries[scope_id] -= self._held[worker]
+        self._held[worker] = 0
+        self._run_of[worker] = {}
+        self.index.remove_all(list(run_of), worker)
+
     def depths(self, keys: Sequence[Hashable], now_s: float) -> list[int]:
         self._enforce(now_s)
         return self.index.depths(keys)

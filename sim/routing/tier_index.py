@@ -40,6 +40,11 @@ class TierIndex:
             else:
                 held.clear()
 
+    def remove_worker(self, worker: int) -> None:
+        """Forget `worker`'s host tier (it left the fleet; a new instance's host tier starts empty). The shared
+        store is the cluster's and stays."""
+        self.host[worker].clear()
+
     @staticmethod
     def _run(held: set, keys: Sequence[Hashable], start: int) -> int:
         """Keys held in a row from `start` on."""
