@@ -7,6 +7,12 @@ getTargetPodListOnLoadImbalance), `least_request.go` (selectTargetPodWithLeastRe
 (PrefixHashTable), `pkg/utils/lrustore/lru_store.go`, `pkg/utils/tokenizer/local_characters.go`,
 `pkg/cache/cache_trace.go` (addPodStats / donePodStats) and the deployed settings in `dist/chart/values.yaml` and
 `config/gateway/gateway-plugin/gateway-plugin.yaml` (both set the same gateway env).
+
+Membership: both routers choose among the routing context's ready pods (the gateway's pod cache lists a model's pods
+and routes only to ready ones; a terminating pod is not ready). `prefix-cache` takes the running counts, their mean
+and standard deviation, and the least-running pods over the ready pods, and matches its prefix index against them
+only (`MatchPrefix(..., readyPodsMap)`): a departed pod's entries stay in the index until they expire, under a pod
+name no later pod has; kvsim drops them when the pod leaves (its slot may be reused), which routes the same.
 """
 
 from __future__ import annotations
@@ -106,13 +112,15 @@ class AibrixPrefixCacheRouter(RouterBase):
         if num_keys == 0:
             return {}  # no full block: no hashes, nothing matches
         matched = self.prefix_tokens(request)
-        return {w: (t // key_tokens) * 100 // num_keys for w, t in enumerate(matched) if t // key_tokens > 0}
+        return {w: (matched[w] // key_tokens) * 100 // num_keys for w in self.workers
+                if matched[w] // key_tokens > 0}
 
     def route(self, request: Request, view: ClusterView) -> int:
         running = self.running(view)
-        lo = min(running)
-        least = [w for w in range(self.num_workers) if running[w] == lo]
-        imbalanced = max(running) - lo > self.options.imbalance_abs_count
+        ready = [running[w] for w in self.workers]
+        lo = min(ready)
+        least = [w for w in self.workers if running[w] == lo]
+        imbalanced = max(ready) - lo > self.options.imbalance_abs_count
         percents = self.match_percents(request, view)
         if imbalanced:
             percents = {w: p for w, p in percents.items() if running[w] == lo}
@@ -123,8 +131,9 @@ class AibrixPrefixCacheRouter(RouterBase):
         return self.pick_one(least)
 
     def _gate(self, percents: dict[int, int], running: list[int]) -> int | None:
-        mean = sum(running) / len(running)
-        sigma = statistics.stdev(running) if len(running) > 1 else 0.0
+        ready = [running[w] for w in self.workers]  # mean and sigma over the ready pods
+        mean = sum(ready) / len(ready)
+        sigma = statistics.stdev(ready) if len(ready) > 1 else 0.0
         bound = mean + self.options.standard_deviation_factor * sigma
         pods = sorted(percents)
         self.rng.shuffle(pods)  # Go map order, then rand.Shuffle: equal (%, running) pairs are in random order
@@ -153,8 +162,8 @@ class AibrixLeastKvCacheRouter(RouterBase):
 
     def route(self, request: Request, view: ClusterView) -> int:
         interval = self.options.scrape_interval_s
-        best, best_usage = 0, math.inf
-        for w in range(self.num_workers):
+        best, best_usage = self.workers[0], math.inf
+        for w in self.workers:  # the ready pods, in list order
             usage = view.scraped_load(w, interval).kv_usage  # + cpu_cache_usage_perc, always 0 here
             if usage <= best_usage:
                 best, best_usage = w, usage

@@ -53,7 +53,15 @@ class RouterBase:
       yet completed (router-side load; other replicas' requests are not counted);
     * `prefix`: the prefix state of `prefix_state_spec()` (None: the router reads none), bound at `bind`. Read it
       with `prefix_tokens(request)`; each decision is recorded into it at dispatch, and what the router believed of
-      the chosen worker is kept for the view-error counters.
+      the chosen worker is kept for the view-error counters;
+    * `workers`: the routable workers (slots), ascending, and `instances`: the instance id of each (`set_workers`).
+
+    Membership. Per-worker lists (`in_flight`, a prefix state's matches, a subclass's costs) stay indexed by slot,
+    0..num_workers-1, whatever is routable; a router's choice ranges over `workers` only. A fixed fleet never changes
+    them (`workers` = all slots, instance id = slot), so every choice is the one it was before routers knew of
+    membership: the same candidates in the same order, the same random draws. `set_workers` drops what the router
+    believed of a worker that left (its prefix-state entries) and tells the subclass (`after_set_workers`); a slot
+    that gets a new instance starts empty there.
     """
 
     name: ClassVar[str] = ""
@@ -88,6 +96,12 @@ class RouterBase:
         self.prefix: PrefixState | None = None
         self._matched: tuple[int, list[int]] | None = None
         self._belief: dict[int, int] = {}
+        self.workers: tuple[int, ...] = tuple(range(num_workers))
+        """Routable workers (slots), ascending; never empty."""
+        self.instances: tuple[int, ...] = self.workers
+        """`instances[i]`: the instance id of the worker in slot `workers[i]`."""
+        self._slot_instance: dict[int, int] = dict(zip(self.workers, self.instances))
+        """Per slot, the instance last routable there (kept after it left: a later one is a new instance)."""
 
     @classmethod
     def parse_options(cls, options: dict[str, Any]) -> RouterOptions:
@@ -138,13 +152,44 @@ class RouterBase:
         return candidates[0] if len(candidates) == 1 else self.rng.choice(candidates)
 
     def random_argmin(self, values: Sequence[float], candidates: Sequence[int] | None = None) -> int:
-        """The candidate (default: every worker) with the lowest value, ties broken by `pick_one`."""
-        candidates = range(len(values)) if candidates is None else candidates
+        """The candidate (default: every routable worker) with the lowest value, ties broken by `pick_one`."""
+        candidates = self.workers if candidates is None else candidates
         lowest = min(values[w] for w in candidates)
         return self.pick_one([w for w in candidates if values[w] == lowest])
 
     def route(self, request: Request, view: ClusterView) -> int:
         raise NotImplementedError
+
+    # ------------------------------------------------------------------ membership
+    def set_workers(self, workers: tuple[int, ...], instances: tuple[int, ...]) -> None:
+        """The routable workers changed (`sim.routing.interface.Router.set_workers`).
+
+        `left`: the slots whose instance stopped being routable (it drains, or a new instance replaced it); `joined`:
+        the slots whose instance became routable (a new one, or one that was draining and is routable again);
+        `renewed`: the joined slots whose instance differs from the last one routable there (its per-instance state
+        starts empty). The prefix state forgets the left and renewed slots (Dynamo's indexer `remove_worker` when an
+        instance leaves discovery; a new instance's cache is empty): what a draining instance still publishes is
+        dropped again when its slot is renewed."""
+        workers, instances = tuple(workers), tuple(instances)
+        if (not workers or len(workers) != len(instances) or any(a >= b for a, b in zip(workers, workers[1:]))
+                or workers[0] < 0 or workers[-1] >= self.num_workers):
+            raise ValueError(f"set_workers: workers must be ascending slots in 0..{self.num_workers - 1}, never empty, "
+                             f"one instance id each; got workers={workers}, instances={instances}")
+        before = dict(zip(self.workers, self.instances))
+        now = dict(zip(workers, instances))
+        left = tuple(w for w, i in before.items() if now.get(w) != i)
+        joined = tuple(w for w, i in now.items() if before.get(w) != i)
+        renewed = tuple(w for w in joined if self._slot_instance.get(w, now[w]) != now[w])
+        self.workers, self.instances = workers, instances
+        self._slot_instance.update(now)
+        forget = sorted(set(left) | set(renewed))
+        if self.prefix is not None:
+            for w in forget:
+                self.prefix.remove_worker(w)
+        self.after_set_workers(left, joined, renewed)
+
+    def after_set_workers(self, left: tuple[int, ...], joined: tuple[int, ...], renewed: tuple[int, ...]) -> None:
+        """A subclass's own rule on a membership change (`set_workers` names the slots)."""
 
     def on_dispatch(self, request: Request, worker: int) -> None:
         self.in_flight[worker] += 1

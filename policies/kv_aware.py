@@ -92,6 +92,14 @@ id, written after the worker is chosen ("Indexing failures never affect routing"
 by lineage queries and KV-hint policies, never by the cost: kvsim takes the option and routes the same. Not modelled:
 the 65,536-binding cap (a full table routes without affinity), bindings synchronised between router replicas over the
 event plane (here each replica keeps its own), and separate prefill/decode bindings.
+
+Membership (Dynamo's KV router watches the workers' instances in discovery): the costs are computed over the current
+instances only; an instance that leaves is removed from the indexer (`remove_worker`: its blocks leave the radix
+tree) and from the host-tier index, and a new instance starts with none; a worker that left keeps its active blocks
+until its requests complete, and is never a candidate meanwhile. Session affinity: a binding whose worker is no
+longer routable is not live for routing (hard: invalidated and a worker selected again; soft: selected elsewhere);
+the dispatch then rebinds the session to the new worker (a new version, as soft's rebind). The softmax (T > 0) and
+lmetric's hot-spot test (holders M, the others M') range over the routable workers.
 """
 
 from __future__ import annotations
@@ -276,6 +284,8 @@ class KvAwareRouter(RouterBase):
     def route(self, request: Request, view: ClusterView) -> int:
         costs, overlap = self.costs(request, view)
         bound = self._live_binding(request, view.now_s)
+        if bound is not None and bound.worker not in self.workers:
+            bound = None  # its worker left: select again (the dispatch rebinds the session)
         lmetric = self.options.router_selection_policy == "lmetric"
         if bound is not None and (self.options.session_affinity_mode == "hard" or not lmetric):
             worker = bound.worker  # hard: pinned; soft: the default selector's exclusive affinity target
@@ -331,15 +341,16 @@ class KvAwareRouter(RouterBase):
                           if b.active_requests or b.idle_deadline_s > now_s}
 
     def _lmetric_pick(self, request: Request, scores: list[float], overlap: list[int]) -> int:
-        best = min(range(self.num_workers), key=scores.__getitem__)  # first minimum: the lowest worker wins ties
+        workers = self.workers
+        best = min(workers, key=scores.__getitem__)  # first minimum: the lowest worker wins ties
         detector = self._hotspots
         k = self.options.lmetric_class_prefix_blocks
         if detector is None or len(request.block_hashes) < k:
             return best
         cls = request.block_hashes[k - 1]  # a chained hash: it names the whole k-block prefix
         holds = [o >= k for o in overlap]
-        holders = sum(holds)
-        others = self.num_workers - holders
+        holders = sum(holds[w] for w in workers)
+        others = len(workers) - holders
         share = detector.record(cls)
         if holders == 0 or others == 0 or share * others <= (1 - share) * holders or not holds[best]:
             detector.streak[cls] = 0
@@ -348,21 +359,29 @@ class KvAwareRouter(RouterBase):
         detector.streak[cls] = streak
         if streak < 2 * holders:
             return best
-        return min((w for w in range(self.num_workers) if not holds[w]), key=scores.__getitem__)
+        return min((w for w in workers if not holds[w]), key=scores.__getitem__)
 
     def _select(self, costs: list[float]) -> int:
-        lo, hi = min(costs), max(costs)
+        """argmin over the routable workers (random ties), or the softmax over them at T > 0."""
+        workers = self.workers
+        routable = [costs[w] for w in workers]
+        lo, hi = min(routable), max(routable)
         if self.options.temperature > 0 and hi > lo:
             t = self.options.temperature
-            weights = [math.exp(-(c - lo) / (t * (hi - lo))) for c in costs]
+            weights = [math.exp(-(c - lo) / (t * (hi - lo))) for c in routable]
             u = self.rng.random() * sum(weights)
             acc = 0.0
-            for w, p in enumerate(weights):
+            for w, p in zip(workers, weights):
                 acc += p
                 if acc >= u:
                     return w
-            return len(costs) - 1
+            return workers[-1]
         return self.random_argmin(costs)
+
+    def after_set_workers(self, left, joined, renewed) -> None:
+        if self._tiers is not None:
+            for w in sorted(set(left) | set(renewed)):
+                self._tiers.remove_worker(w)
 
     def after_dispatch(self, request: Request, worker: int) -> None:
         overlap = self._chosen_overlap.pop(request.request_id, 0)

@@ -42,6 +42,11 @@ The longest-match rule already keeps a session where its context is; the moves l
 affinity does not override. It gains at most 0.008 of reuse for 5 ms of p99. (The engines of these runs cache prompt
 blocks only; cached outputs lengthen the session worker's lead, which the longest match sees too.)
 
+Membership (kvsim's own rule; no product to follow): the bounds and the choice range over the routable workers (the
+load bound's total and worker count are theirs); the homes on a worker that leaves are released (their claims with
+them), so each of its prefixes is placed again by room at its next request, and a new worker is where room is. A
+session whose last worker left goes by the longest-match rule.
+
 A prefix's *class* is the chained hash of its first `class_blocks` blocks (it names the whole leading prefix, as
 lmetric's class does); the router keeps class -> (home, tokens claimed, last seen) for `home_ttl_s` after a class was
 last routed. Everything it reads is what a real router has: its own dispatch/complete counts, its prefix state, and
@@ -147,8 +152,9 @@ class KvsimRouter(RouterBase):
         now_s = view.now_s
         self._expire(now_s)
         load = self.in_flight
-        capacity = math.ceil(self.options.load_factor * (sum(load) + 1) / self.num_workers)
-        eligible = [w for w in range(self.num_workers) if load[w] + 1 <= capacity]
+        workers = self.workers
+        capacity = math.ceil(self.options.load_factor * (sum(load[w] for w in workers) + 1) / len(workers))
+        eligible = [w for w in workers if load[w] + 1 <= capacity]
         fits = [w for w in eligible if self._fits(request, w, view)]
         eligible = fits or eligible
         matched = self.prefix_tokens(request)
@@ -193,6 +199,14 @@ class KvsimRouter(RouterBase):
         hashes = request.block_hashes
         need_blocks = len(active) + len(hashes) - active.held(hashes) + 1  # + 1: the partial last block
         return need_blocks * self.block_size <= self.options.kv_fit * kv_tokens
+
+    def after_set_workers(self, left, joined, renewed) -> None:
+        gone = set(left)
+        if not gone:
+            return
+        for key in [k for k, (home, _, _) in self._homes.items() if home in gone]:
+            home, tokens, _ = self._homes.pop(key)
+            self._claimed[home] -= tokens
 
     def after_dispatch(self, request: Request, worker: int) -> None:
         if self.options.session_affinity and request.session_id is not None:

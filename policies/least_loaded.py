@@ -15,7 +15,11 @@ Decision, with in_flight the router's own counts (`RouterBase.in_flight`, per ro
 
     load_w = in_flight[w]                (load=requests, both products)
            = in_flight_tokens[w]         (load=tokens: prompt tokens in flight, a variant neither product ships)
-    w*     = uniform choice among argmin_w load_w
+    w*     = uniform choice among argmin_w load_w          (w over the routable workers)
+
+Membership: Dynamo selects over the client's current free instances (an instance that left discovery is not a
+candidate; a new one starts at 0 in flight); KubeAI over the endpoints of its current EndpointSlice. A worker that
+left keeps its count until its requests complete, and is not a candidate meanwhile.
 """
 
 from __future__ import annotations

@@ -11,6 +11,13 @@ Pipeline (`scheduling/scheduler_profile.go`, `framework/plugins/scheduling/picke
     total[e]   = sum_s weight_s * clamp(score_s(e), 0, 1)       over e in candidates, scorers in profile order
     pick       = shuffle(candidates) (self.rng), stable sort by total descending, first  -> ties uniformly random
 
+Membership: the EPP's datastore holds the InferencePool's ready pods (a terminating pod leaves it, a new pod joins when
+ready); the candidates are those, every scorer's min/max and ranks are over them. The approximate producer removes
+pods no longer in the pod list from its indexer (`CleanUpInactivePods`, a ticker every `podActiveCheckInterval`,
+`requestcontrol/dataproducer/approximateprefix/`); kvsim removes them at once (NOTE: until upstream's tick a departed
+pod's keys can still carry the match walk past a key no live pod holds). A new pod's LRU starts empty. The no-hit LRU keeps pod names (departed ones
+too, as upstream never removes them; a new pod is never used).
+
 A scorer whose weight is 0 is not in the profile (and reads nothing). Every scorer sees only the filtered candidates
 (min/max of the queue scorer, the busiest count of the active-request scorer, the no-hit LRU ranks are over them).
 
@@ -280,7 +287,7 @@ class LlmdRouter(RouterBase):
             if self.prefix is approx:
                 self.prefix_tokens(request)  # registers the belief for the view-error counters
             uncached = [self._uncached_tokens(request, matched[w], total) for w in range(n)]
-        candidates = list(range(n))
+        candidates = list(self.workers)  # the datastore's ready endpoints
         if o.affinity_filter:
             candidates = self._affinity_filter(candidates, matched, total)
 
@@ -435,13 +442,32 @@ class LlmdRouter(RouterBase):
         n = len(candidates)
         if n == 1:
             return lambda w: 1.0
-        position = {w: i for i, w in enumerate(self._lru)}  # oldest first, over every pod in the LRU
-        never = [w for w in candidates if w not in position]
+        # NOTE: the LRU holds pod names (kvsim: instance ids), departed pods included: upstream never removes them
+        # (`lruCache.Keys()` counts them in every position), and a new pod has a name of its own: never used.
+        position = {pod: i for i, pod in enumerate(self._lru)}  # oldest first, over every pod in the LRU
+        pod_of = self._slot_instance
+        never = [w for w in candidates if pod_of[w] not in position]
         score = {w: 1.0 - i / (n - 1) for i, w in enumerate(never)}
         for w in candidates:
-            if w in position:
-                score[w] = max(0.0, 1.0 - (len(never) + position[w]) / (n - 1))
+            if pod_of[w] in position:
+                score[w] = max(0.0, 1.0 - (len(never) + position[pod_of[w]]) / (n - 1))
         return score.__getitem__
+
+    # ------------------------------------------------------------------ membership
+    def after_set_workers(self, left, joined, renewed) -> None:
+        """A pod that leaves the datastore takes its approximate LRU and host-tier entries with it (the base drops
+        the prefix state); a session pointing at it, by echoed header or by binding, scores nowhere from now on,
+        as upstream's does for a pod that is no longer a candidate (then migrates at its next dispatch): dropped."""
+        gone = set(left) | set(renewed)
+        if not gone:
+            return
+        for w in sorted(gone):
+            if self._approx is not None and self.prefix is not self._approx:
+                self._approx.remove_worker(w)
+            if self._tiers is not None:
+                self._tiers.remove_worker(w)
+        self._session_pod = {k: w for k, w in self._session_pod.items() if w not in gone}
+        self._bindings = {k: b for k, b in self._bindings.items() if b[0] not in gone}
 
     # ------------------------------------------------------------------ hooks
     def after_dispatch(self, request: Request, worker: int) -> None:
@@ -457,8 +483,9 @@ class LlmdRouter(RouterBase):
         if o.session_affinity_weight > 0 and o.session_affinity_strategy == "session_id":
             self._bind_session(request, worker)
         if self._cold.pop(request.request_id, False):
-            self._lru[worker] = None
-            self._lru.move_to_end(worker)
+            pod = self._slot_instance[worker]
+            self._lru[pod] = None
+            self._lru.move_to_end(pod)
             while len(self._lru) > self.options.no_hit_lru_size:
                 self._lru.popitem(last=False)
 

@@ -53,15 +53,18 @@ class PowerOfTwoRouter(RouterBase):
     Options = PowerOfTwoOptions
 
     def sample_pair(self) -> tuple[int, int]:
-        """Two distinct workers, the gateway's O(1) way: an offset of 1..n-1 from the first."""
-        n = self.num_workers
+        """Two distinct routable workers, the gateway's O(1) way: an offset of 1..n-1 from the first, over the
+        routable list (the gateway samples the indices of its healthy workers, `get_healthy_worker_indices`, so a
+        removed or draining worker is never sampled)."""
+        workers = self.workers
+        n = len(workers)
         first = self.rng.randrange(n)
         second = (first + 1 + self.rng.randrange(n - 1)) % n
-        return first, second
+        return workers[first], workers[second]
 
     def route(self, request: Request, view: ClusterView) -> int:
-        if self.num_workers == 1:
-            return 0
+        if len(self.workers) == 1:
+            return self.workers[0]
         first, second = self.sample_pair()
         if self.options.load == "in_flight":
             load1, load2 = self.in_flight[first], self.in_flight[second]

@@ -117,6 +117,14 @@ class PrebleRouter(RouterBase):
     request); node depths follow upstream's bookkeeping (a split gives the new node
     the child's depth and the child depth + 1, descendants unchanged; the insert descends +1, +2 after a split).
 
+    Membership (kvsim's rule: Preble's GPU set is fixed at start, `num_gpus`, with no join or leave): the GPUs are the
+    routable workers. A GPU that leaves is taken out of every allocation (a node allocated only to it has none left,
+    so its next request explores or takes its ancestor's GPUs) and of the rebalancing ranks; a new GPU starts with no
+    allocation, no TPOT samples (the 0.15 s seed) and no TTFT history, and is found by explore's argmin (cost 0).
+    Exploit's holders and explore's argmin range over the routable GPUs; with `holder_pick=position` the position
+    indexes the routable list (the i-th routable GPU: on a fixed fleet GPU i, as upstream). The rebalancing threshold
+    is 50 x the routable GPUs.
+
     Left out: eviction modelling (`enable_eviction`, off in the benchmarks' `GlobalSchedulerTime`, on in
     `server.py`: the virtual LRU eviction cost in load_cost and the 198,516-token per-GPU capacity);
     `runtime_id_with_highest_hit_rate` (None in the server); the unused incremental cost bookkeeping
@@ -289,18 +297,19 @@ class PrebleRouter(RouterBase):
                 if holders:
                     break
                 node = node.parent
-            candidates = sorted(holders) if holders else list(range(self.num_workers))
+            # NOTE: holders are routable (a GPU that left is taken out of every allocation).
+            candidates = sorted(holders) if holders else list(self.workers)
             if len(candidates) == 1:
                 gpu = candidates[0]
             else:
                 cost = self.load_costs()
                 costs = [cost[g] for g in candidates]
                 i = costs.index(min(costs))
-                gpu = i if self.options.holder_pick == "position" else candidates[i]
+                gpu = self.workers[i] if self.options.holder_pick == "position" else candidates[i]
         else:
             self.explored += 1
             cost = self.load_costs()
-            gpu = cost.index(min(cost))
+            gpu = min(self.workers, key=cost.__getitem__)  # the first minimum, as list.index(min)
         self._pending = (request.request_id, leaf, self.important(leaf))
         return gpu
 
@@ -365,6 +374,25 @@ class PrebleRouter(RouterBase):
                     del table[old]
                 self.alloc[old] = set()  # upstream: "reset the gpu allocation outside the time window"
 
+    # ------------------------------------------------------------------ membership
+    def after_set_workers(self, left, joined, renewed) -> None:
+        gone = set(left) | set(renewed)
+        if gone:
+            # NOTE: allocation sets may be shared between nodes and are never changed in place: new sets are put.
+            # One new set per old one, so that nodes sharing a set still share one (the old sets are kept here).
+            changed: dict[int, tuple[set[int], set[int]]] = {}
+            for node, gpus in self.alloc.items():
+                if gpus & gone:
+                    entry = changed.get(id(gpus))
+                    if entry is None:
+                        entry = changed[id(gpus)] = (gpus, gpus - gone)
+                    self.alloc[node] = entry[1]
+            self._ttft = {key: data for key, data in self._ttft.items() if key[1] not in gone}
+        seed = self.options.initial_tpot_s
+        for g in renewed:
+            self._tpots[g] = deque([seed], maxlen=self.options.tpot_samples)
+            self._tpot_median[g] = seed
+
     # ------------------------------------------------------------------ feedback
     def after_first_token(self, request: Request, worker: int) -> None:
         self._first_s[request.request_id] = self.view.now_s
@@ -407,10 +435,10 @@ class PrebleRouter(RouterBase):
     def rebalance(self, now: float) -> None:
         """Upstream `handle_important_node_stealing`."""
         opts = self.options
-        if sum(self.routed) < opts.rebalance_after_requests_per_gpu * self.num_workers:
+        if sum(self.routed) < opts.rebalance_after_requests_per_gpu * len(self.workers):
             return
         cost = self.load_costs(min_count=2)
-        ranked = sorted(((g, cost[g]) for g in range(self.num_workers)), key=lambda gc: -gc[1])
+        ranked = sorted(((g, cost[g]) for g in self.workers), key=lambda gc: -gc[1])
         self._steal(ranked, now)
 
     def _steal(self, ranked: list[tuple[int, float]], now: float) -> None:

@@ -6,6 +6,13 @@ it: from the key, clockwise, the first worker whose in-flight count + 1 <= ceil(
 if none qualifies, the key's own worker.
 NOTE: the bin capacity is rounded up as in the paper; KubeAI's unrounded bound would send every request home
 whenever the cluster is nearly idle (no worker could take one more).
+
+Membership: the ring holds `virtual_nodes` points per routable worker, each the hash of (instance id, point number):
+a ring of the worker set, as SGLang's and KubeAI's rings are rebuilt from the current workers' names (URLs, pod
+names). So a join adds only the new instance's points (exactly the keys whose first point clockwise is now one of them
+move, all to the new worker) and a leave removes only the departed instance's points (exactly its keys move, each to
+the next point clockwise): consistent hashing's minimal remap (Karger et al., STOC'97). A new instance in a reused
+slot has new points. The bounded load counts the routable workers' in-flight requests over their number.
 """
 
 from __future__ import annotations
@@ -41,14 +48,22 @@ class PrefixHashRouter(RouterBase):
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
+        self._build_ring()
+        self.ignores_cluster_state = self.options.load_factor is None  # strict hashing reads no load
+
+    def _build_ring(self) -> None:
+        """The ring of the routable workers: point (instance, v) hashed, owned by the instance's slot. A fixed
+        fleet's instance ids are its slots, so its ring is the one hashed from worker indices."""
         points = sorted(
-            (stable_hash64(("worker", w, v)), w)
-            for w in range(self.num_workers)
+            (stable_hash64(("worker", instance, v)), w)
+            for w, instance in zip(self.workers, self.instances)
             for v in range(self.options.virtual_nodes)
         )
         self._ring_keys = [p for p, _ in points]
         self._ring_workers = [w for _, w in points]
-        self.ignores_cluster_state = self.options.load_factor is None  # strict hashing reads no load
+
+    def after_set_workers(self, left, joined, renewed) -> None:
+        self._build_ring()
 
     def ring_walk(self, request: Request):
         """Workers in ring order from the request's key, each once."""
@@ -61,7 +76,7 @@ class PrefixHashRouter(RouterBase):
             if w not in seen:
                 seen.add(w)
                 yield w
-                if len(seen) == self.num_workers:
+                if len(seen) == len(self.workers):
                     return
 
     def route(self, request: Request, view: ClusterView) -> int:
@@ -71,8 +86,8 @@ class PrefixHashRouter(RouterBase):
         if factor is None:
             return home
         load = self.in_flight  # the router's own in-flight counts (per replica)
-        total = sum(load)
-        capacity = math.ceil(factor * (total + 1) / self.num_workers)
+        total = sum(load[w] for w in self.workers)
+        capacity = math.ceil(factor * (total + 1) / len(self.workers))
         if load[home] + 1 <= capacity:
             return home
         for w in walk:

@@ -1,4 +1,9 @@
-"""A Kubernetes Service (iptables/nftables mode) with a new connection per request: a uniform random pod."""
+"""A Kubernetes Service (iptables/nftables mode) with a new connection per request: a uniform random pod.
+
+Membership: kube-proxy programs the Service's ready endpoints (EndpointSlice `conditions.ready`); a terminating pod
+leaves the set (it is used only when no endpoint is ready, `ProxyTerminatingEndpoints`, which a draining fleet with a
+ready worker never reaches) and a new pod joins when it is ready. The draw is uniform over the routable workers.
+"""
 
 from __future__ import annotations
 
@@ -13,4 +18,6 @@ class RandomRouter(RouterBase):
     ignores_cluster_state = True
 
     def route(self, request: Request, view: ClusterView) -> int:
-        return self.rng.randrange(self.num_workers)
+        # NOTE: randrange(n) and indexing draw exactly what randrange(num_workers) drew for a fixed fleet.
+        workers = self.workers
+        return workers[self.rng.randrange(len(workers))]

@@ -28,6 +28,11 @@ class RecordedRouter(RouterBase):
 
     def route(self, request: Request, view: ClusterView) -> int:
         try:
-            return self.options.workers[request.request_id]
+            worker = self.options.workers[request.request_id]
         except KeyError:
             raise ValueError(f"recorded router: no worker recorded for request {request.request_id}") from None
+        if worker not in self.workers:
+            # A measured assignment names fixed workers: replaying it on a fleet that changed has no answer.
+            raise ValueError(f"recorded router: request {request.request_id} was recorded on worker {worker}, which is "
+                             f"not routable now (routable: {', '.join(map(str, self.workers))})")
+        return worker

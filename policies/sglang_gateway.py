@@ -7,6 +7,13 @@ Upstream read:
 * smg-project/smg (the gateway's continuation) `model_gateway/src/policies/cache_aware.rs`, `crates/kv_index/src/
   string_tree.rs`, `bindings/python/src/smg/router_args.py`: @3d145182 (after PR #1621 token-usage guards, #1714
   min-load tie-break, #2137 shared tree budget; before #2161) and HEAD @f8daa883 (2026-08-22, after #2161).
+
+Membership: the gateway routes among its healthy workers (the worker registry's current list), so the imbalance
+test, the min-load fallback, the KV-usage guards and the matched tenants range over the routable workers. A worker
+removed from the registry is removed from the tree: `CacheAwarePolicy::remove_worker` -> `tree.remove_tenant(url)`
+(sgl-model-gateway `src/policies/cache_aware.rs`; smg: "Remove a worker from the model-scoped trees as soon as it
+drains"), which drops its characters from every node and its size. A new worker is added as an empty tenant
+(`tree.insert("", url)`) with no requests processed.
 """
 
 from __future__ import annotations
@@ -143,20 +150,21 @@ class SglangCacheAwareRouter(RouterBase):
     def min_load_worker(self) -> int:
         load = self.in_flight
         if self.options.min_load_tie == "fewest_processed":
-            return min(range(self.num_workers), key=lambda w: (load[w], self.processed[w], w))
-        return min(range(self.num_workers), key=load.__getitem__)  # first minimum, as Rust's min_by_key
+            return min(self.workers, key=lambda w: (load[w], self.processed[w], w))
+        return min(self.workers, key=load.__getitem__)  # first minimum, as Rust's min_by_key
 
     def kv_imbalanced(self, view: ClusterView) -> bool:
         if not self._reads_kv:
             return False
         opts = self.options
-        usage = [view.scraped_load(w, opts.scrape_interval_s).kv_usage for w in range(self.num_workers)]
+        usage = [view.scraped_load(w, opts.scrape_interval_s).kv_usage for w in self.workers]
         return max(usage) > opts.overload_token_usage_threshold or \
             max(usage) - min(usage) > opts.balance_token_usage_threshold
 
     def count_imbalanced(self) -> bool:
         opts = self.options
-        hi, lo = max(self.in_flight), min(self.in_flight)
+        loads = [self.in_flight[w] for w in self.workers]
+        hi, lo = max(loads), min(loads)
         return hi - lo > opts.balance_abs_threshold and hi > opts.balance_rel_threshold * lo
 
     # ------------------------------------------------------------------ decision
@@ -166,13 +174,13 @@ class SglangCacheAwareRouter(RouterBase):
         if self.kv_imbalanced(view) or (global_gate and self.count_imbalanced()):
             return self.min_load_worker()
         matched = self.prefix_tokens(request)
-        best = max(matched)
+        best = max(matched[w] for w in self.workers)
         rate = best / request.prompt_tokens
         if best == 0 or rate <= opts.cache_threshold:
             if opts.miss_fallback == "smallest_tree":
                 return self.smallest_tree_worker(view)
             return self.min_load_worker()
-        holders = [w for w, t in enumerate(matched) if t == best]
+        holders = [w for w in self.workers if matched[w] == best]
         if global_gate:
             return self.match_tenant(request, best, holders)
         return self.gated_pick(request, best, holders)
@@ -196,7 +204,7 @@ class SglangCacheAwareRouter(RouterBase):
         load = self.in_flight
         candidates = self.hash_order(request, matched_tokens, holders)[:MATCHED_TENANTS_CAP]
         pick = self.random_argmin(load, candidates)
-        mean = sum(load) / self.num_workers
+        mean = sum(load[w] for w in self.workers) / len(self.workers)
         if load[pick] > mean * opts.balance_rel_threshold and load[pick] > mean + opts.balance_abs_threshold:
             return self.min_load_worker()
         return pick
@@ -206,7 +214,16 @@ class SglangCacheAwareRouter(RouterBase):
         now = view.now_s
         sizes = [history.keys_held(w, now) for w in range(self.num_workers)]
         # NOTE: upstream iterates a DashMap of tenant sizes (hash order); ties here go to the first worker.
-        return min(range(self.num_workers), key=sizes.__getitem__)
+        return min(self.workers, key=sizes.__getitem__)
+
+    def after_set_workers(self, left, joined, renewed) -> None:
+        # The tree forgot the left tenants (the base's prefix state); a new worker has processed nothing, and a node's
+        # first inserter that left is no longer its `last_tenant`.
+        for w in renewed:
+            self.processed[w] = 0
+        gone = set(left) | set(renewed)
+        if gone and self._creator:
+            self._creator = {node: w for node, w in self._creator.items() if w not in gone}
 
     def after_dispatch(self, request: Request, worker: int) -> None:
         self.processed[worker] += 1

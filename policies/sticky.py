@@ -35,6 +35,13 @@ longer than 5 s moves the session to a random pod. `session_clients=false` sends
 pool instead (a backend that serves many users' sessions through one client). Requests without a session id always
 take the shared pool. Subagents are sessions of their own, hence clients of their own here (an agent that shares one
 client between parent and subagents would mix their connections; requests do not name their parent).
+
+Membership. A new connection's pod is uniform over the routable pods (kube-proxy's ready endpoints: a terminating pod
+is out of the Service, a new one in once ready). A pod that leaves closes its connections: the server of a draining
+pod ends keep-alive (uvicorn's graceful shutdown closes idle connections at once and answers in-flight requests with
+`Connection: close`), so every pool drops the pod's connections when it leaves and the session's next request opens
+a new connection on a random routable pod: sticky sessions re-pick. A request in flight on such a connection still
+completes there. Connections already open stay pinned when a pod joins (a new pod gets only new connections).
 """
 
 from __future__ import annotations
@@ -93,7 +100,7 @@ class ConnectionPool:
         if idle is not None:
             return idle
         if len(self.connections) < router.options.connections:
-            connection = Connection(pod=router.rng.randrange(router.num_workers))
+            connection = Connection(pod=router.new_pod())
             self.connections.append(connection)
             router.connections_opened += 1
             return connection
@@ -103,8 +110,13 @@ class ConnectionPool:
         connection.active_requests -= 1
         if connection.active_requests == 0:
             connection.idle_since_s = now_s
-            if max_requests is not None and connection.served_requests >= max_requests:
+            if (max_requests is not None and connection.served_requests >= max_requests
+                    and connection in self.connections):  # not closed already by its pod leaving
                 self.connections.remove(connection)
+
+    def close_pods(self, pods: set[int]) -> None:
+        """The connections pinned to `pods` close (their pods left)."""
+        self.connections = [c for c in self.connections if c.pod not in pods]
 
 
 class StickyRouter(RouterBase):
@@ -131,10 +143,24 @@ class StickyRouter(RouterBase):
         """The shared client's connections, in pool order."""
         return self.shared.connections
 
+    def new_pod(self) -> int:
+        """The pod a new connection is pinned to: uniform over the routable pods (`self.rng`; for a fixed fleet the
+        draw `randrange(num_workers)` was)."""
+        workers = self.workers
+        return workers[self.rng.randrange(len(workers))]
+
+    def after_set_workers(self, left, joined, renewed) -> None:
+        gone = set(left)
+        if not gone:
+            return
+        self.shared.close_pods(gone)
+        for pool in self.session_pools.values():
+            pool.close_pods(gone)
+
     def route(self, request: Request, view: ClusterView) -> int:
         opts = self.options
         if opts.connections == 0:
-            return self.rng.randrange(self.num_workers)
+            return self.new_pod()
         if request.session_id is not None and opts.session_clients:
             client = self.session_pools.setdefault(request.session_id, ConnectionPool())
             expiry = opts.session_keepalive_expiry_s

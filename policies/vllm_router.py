@@ -9,6 +9,13 @@ Read from github:vllm-project/production-stack @a6c01db05f65f556235413ba8dbcfb0c
 The session key: `RoutingInterface.extract_session_id` reads the `--session-key` header (then the body field of that
 name); the router refuses to start `session` without `--session-key` (`parsers/parser.py`); the tutorials and the
 multi-round QA benchmark send `x-user-id` (`tutorials/08-benchmark-multi-round-qa-multi-gpu.md`).
+
+Membership (the router's service discovery lists the current endpoints; every routing logic is handed that list per
+request): `session` updates its uhashring ring to the current endpoint URLs (`SessionRouter._update_hash_ring`:
+removes the nodes that left, adds the new ones), so only the sessions of a departed endpoint move and a new endpoint
+takes only the sessions whose ring position it now owns; `prefixaware` matches the trie against the current endpoints
+only (the trie keeps a departed endpoint's URL, which no later pod reuses: kvsim drops its entries, which routes the
+same); `_qps_routing` scans the current endpoints, and a new endpoint has no request stats yet, so it is taken first.
 """
 
 from __future__ import annotations
@@ -58,8 +65,8 @@ class _ProductionStackRouter(RouterBase):
         return len(arrivals) / self.options.request_stats_window_s
 
     def qps_routing(self, now_s: float) -> int:
-        best, lowest = 0, float("inf")
-        for w in range(self.num_workers):
+        best, lowest = self.workers[0], float("inf")
+        for w in self.workers:
             if not self._has_stats[w]:
                 return w
             q = self.qps(w, now_s)
@@ -74,6 +81,11 @@ class _ProductionStackRouter(RouterBase):
 
     def choose(self, request: Request, view: ClusterView) -> int:
         raise NotImplementedError
+
+    def after_set_workers(self, left, joined, renewed) -> None:
+        for w in renewed:  # a new endpoint URL: no request stats yet
+            self._has_stats[w] = False
+            self._arrivals_s[w].clear()
 
     def after_dispatch(self, request: Request, worker: int) -> None:
         self._has_stats[worker] = True
@@ -106,12 +118,22 @@ class VllmRouterSession(_ProductionStackRouter):
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
+        self._build_ring()
+
+    def _build_ring(self) -> None:
+        """The ring of the routable endpoints, each named by its instance id (`worker-{instance}`: a fixed fleet's
+        instance ids are its worker indices). uhashring's ring is a function of its node set, so rebuilding it equals
+        `_update_hash_ring`'s remove/add."""
         ring: dict[int, int] = {}
-        for w in range(self.num_workers):
+        for w, instance in zip(self.workers, self.instances):
             for i in range(self.options.vnodes):
-                ring[_md5_int(f"worker-{w}-{i}")] = w  # a colliding point is the later node's, as a dict keeps it
+                ring[_md5_int(f"worker-{instance}-{i}")] = w  # a colliding point is the later node's, as a dict keeps it
         self._points = sorted(ring)
         self._owners = [ring[p] for p in self._points]
+
+    def after_set_workers(self, left, joined, renewed) -> None:
+        super().after_set_workers(left, joined, renewed)
+        self._build_ring()
 
     def ring_node(self, session_id: object) -> int:
         pos = bisect.bisect_right(self._points, _md5_int(str(session_id)))
@@ -160,10 +182,11 @@ class VllmRouterPrefixAware(_ProductionStackRouter):
     def longest_match(self, request: Request) -> tuple[int, list[int]]:
         """(match length in characters, the selected endpoints)."""
         matched = self.prefix_tokens(request)
-        deepest = max(matched)
+        workers = self.workers
+        deepest = max(matched[w] for w in workers)
         if deepest == 0:
-            return 0, list(range(self.num_workers))
-        return deepest * CHARS_PER_TOKEN, [w for w, t in enumerate(matched) if t == deepest]
+            return 0, list(workers)
+        return deepest * CHARS_PER_TOKEN, [w for w in workers if matched[w] == deepest]
 
     def choose(self, request: Request, view: ClusterView) -> int:
         match_chars, selected = self.longest_match(request)
@@ -209,10 +232,16 @@ class VllmRouterLoadAware(_ProductionStackRouter):
         self._ring = VllmRouterSession(num_workers=self.num_workers, block_size=self.block_size, rng=self.rng,
                                        options={}) if self.options.session_key else None
 
+    def after_set_workers(self, left, joined, renewed) -> None:
+        super().after_set_workers(left, joined, renewed)
+        if self._ring is not None:
+            self._ring.set_workers(self.workers, self.instances)
+
     def scores(self, request: Request) -> tuple[list[float], list[int]]:
+        """Per worker (slot) the score and the matched tokens; the mean load is over the routable workers."""
         matched = self.prefix_tokens(request)
         load = self.in_flight
-        mean = sum(load) / len(load)
+        mean = sum(load[w] for w in self.workers) / len(self.workers)
         isl = request.prompt_tokens
         beta = self.options.loadaware_beta
         scores = [min(m, isl) / max(isl, 1) - beta * (load[w] - mean) / max(1.0, mean)
@@ -221,13 +250,14 @@ class VllmRouterLoadAware(_ProductionStackRouter):
 
     def choose(self, request: Request, view: ClusterView) -> int:
         scores, matched = self.scores(request)
-        if max(matched) == 0:  # the controller names no holder
+        workers = self.workers
+        if max(matched[w] for w in workers) == 0:  # the controller names no holder
             key = session_key(request)
             if self._ring is not None and key is not None:
                 return self._ring.ring_node(key)
             return self.qps_routing(self._now_s)
-        best = 0
-        for w in range(1, self.num_workers):
+        best = workers[0]
+        for w in workers[1:]:
             if scores[w] > scores[best]:
                 best = w
         return best
