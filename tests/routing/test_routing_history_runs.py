@@ -1,6 +1,7 @@
 """The routing history stored as runs (one per record) forgets exactly what the entry-per-key history it replaced
 forgot: a narrated story of stale places and a partly dropped run, and a property test that drives both with the
-same records and lookups under every expiry setting (age, size, per worker, prune_to, check interval, drop order)."""
+same records, lookups and worker removals under every expiry setting (age, size, per worker, prune_to, check interval,
+drop order)."""
 
 from __future__ import annotations
 
@@ -48,6 +49,13 @@ class EntryHistory:
     def depths(self, keys, now_s):
         self.enforce(now_s)
         return self.index.depths(keys)
+
+    def remove_worker(self, worker):
+        for scope in self.scopes:
+            for key, w in [entry for entry in scope if entry[1] == worker]:
+                del scope[(key, w)]
+                self.index.remove(key, w)
+        self.held[worker] = 0
 
     def enforce(self, now_s):
         if self.check_interval_s > 0:
@@ -115,7 +123,7 @@ settings_strategy = st.fixed_dictionaries({
     "check_interval_s": st.sampled_from([0.0, 0.0, 1.0]),
     "leaves_first": st.booleans(),
 })
-operations = st.lists(st.tuples(st.sampled_from(["record", "record", "depths"]), st.integers(0, 2),
+operations = st.lists(st.tuples(st.sampled_from(["record", "record", "record", "depths", "remove"]), st.integers(0, 2),
                                 st.integers(0, 2), st.integers(0, 6), st.sampled_from([0.0, 0.0, 0.25, 1.0])),
                       min_size=1, max_size=40)
 
@@ -131,8 +139,27 @@ def test_runs_forget_exactly_what_entries_forgot(config, ops):
         if op == "record":
             runs.record(keys, worker, now)
             entries.record(keys, worker, now)
+        elif op == "remove":
+            runs.remove_worker(worker)
+            entries.remove_worker(worker)
         else:
             assert runs.depths(keys, now) == entries.depths(keys, now)
         assert [runs.keys_held(w, now) for w in range(3)] == [entries.keys_held(w, now) for w in range(3)]
         assert len(runs) == len(entries) and runs.forgotten_keys == entries.forgotten_keys
         assert runs.index._masks == entries.index._masks
+
+
+def test_removing_a_worker_drops_its_runs_and_keys_and_later_pruning_takes_the_oldest_of_the_rest():
+    # One shared scope, capacity 6. Worker 0 records a0 a1 (t=0), worker 1 b0 b1 (t=1), worker 0 c0 c1 (t=2):
+    # 6 entries. Worker 0 leaves: its 4 entries go (not counted as forgotten), worker 1's stay. Worker 2 then
+    # records d0..d5 (t=3): 8 entries, 2 over capacity: b0 b1, the oldest left, go.
+    h = RoutingHistory(3, capacity_keys=6)
+    h.record(chain("a", 2), 0, now_s=0.0)
+    h.record(chain("b", 2), 1, now_s=1.0)
+    h.record(chain("c", 2), 0, now_s=2.0)
+    h.remove_worker(0)
+    assert len(h) == 2 and h.keys_held(0, 2.0) == 0 and h.forgotten_keys == 0
+    assert h.depths(chain("a", 2), 2.0) == [0, 0, 0] and h.depths(chain("b", 2), 2.0) == [0, 2, 0]
+    h.record(chain("d", 6), 2, now_s=3.0)
+    assert h.forgotten_keys == 2 and h.depths(chain("b", 2), 3.0) == [0, 0, 0]
+    assert h.depths(chain("d", 6), 3.0) == [0, 0, 6]

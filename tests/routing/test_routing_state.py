@@ -245,3 +245,47 @@ def test_each_worker_may_have_its_own_event_lag():
     assert r.prefix_state_spec().event_lag_s == (0.1, 1.0)
     with pytest.raises(ValueError, match="one lag >= 0 per worker"):
         build(KvAwareRouter, n=2, view=view, state="events", event_lag_s=[0.1])
+
+
+# ------------------------------------------------------------------ a worker leaves
+def test_an_event_fed_index_drops_a_removed_workers_blocks_and_its_batches_still_in_flight():
+    # Lag 1 s. At t=0 worker 0 stores a0 a1 and worker 1 b0 b1; at t=0.5 worker 0 stores a2 and worker 1 b2 (due at
+    # 1.5). At t=1 the first batches have landed. Worker 0 is removed at t=1: its blocks leave the index and its
+    # batch still in flight is dropped; at t=2 worker 0 holds nothing while worker 1's late batch has landed.
+    view = FakeView(2)
+    state = view.prefix_state(PrefixStateSpec(mode="events", event_lag_s=1.0))
+    view.emit(0, "stored", keys(2, "a"))
+    view.emit(1, "stored", keys(2, "b"))
+    view.now_s = 0.5
+    view.emit(0, "stored", [("a", 2)])
+    view.emit(1, "stored", [("b", 2)])
+    req_a, req_b = Request(0, 48, 1, tuple(keys(3, "a"))), Request(1, 48, 1, tuple(keys(3, "b")))
+    view.now_s = 1.0
+    assert state.match_tokens(req_a) == [2 * B, 0] and state.match_tokens(req_b) == [0, 2 * B]
+    state.remove_worker(0)
+    view.now_s = 2.0
+    assert state.match_tokens(req_a) == [0, 0]
+    assert state.match_tokens(req_b) == [0, 3 * B]
+
+
+def test_a_renewed_slot_forgets_what_its_draining_instance_published_after_it_left():
+    # Worker 1 leaves routing (it drains) and still stores x0 x1 while finishing; a new instance then starts in slot
+    # 1: the router's index holds nothing for it (the new engine's cache is empty), whatever the old one published.
+    view = FakeView(2)
+    r = build(KvAwareRouter, n=2, view=view, state="events")
+    r.set_workers((0,), (0,))
+    view.emit(1, "stored", keys(2, "x"))
+    req = Request(0, 40, 1, tuple(keys(2, "x")))
+    assert r.prefix_tokens(req) == [0, 2 * B]
+    r.set_workers((0, 1), (0, 2))
+    assert r.prefix_tokens(req) == [0, 0]
+
+
+def test_an_approximate_router_forgets_what_it_sent_to_a_worker_that_left():
+    view = FakeView(3)
+    r = build(KvAwareRouter, n=3, view=view, state="approximate")
+    req = prompt(0, 5)
+    r.on_dispatch(req, 2)
+    assert r.prefix_tokens(req)[2] == 148 * B
+    r.set_workers((0, 1), (0, 1))
+    assert r.prefix_tokens(req) == [0, 0, 0]
