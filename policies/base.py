@@ -188,6 +188,10 @@ class RouterBase:
                 self.prefix.remove_worker(w)
         self.after_set_workers(left, joined, renewed)
 
+    def instance_of(self, worker: int) -> int:
+        """The instance id of the worker in slot `worker` (the last one routable there)."""
+        return self._slot_instance[worker]
+
     def after_set_workers(self, left: tuple[int, ...], joined: tuple[int, ...], renewed: tuple[int, ...]) -> None:
         """A subclass's own rule on a membership change (`set_workers` names the slots)."""
 

@@ -445,12 +445,12 @@ class LlmdRouter(RouterBase):
         # NOTE: the LRU holds pod names (kvsim: instance ids), departed pods included: upstream never removes them
         # (`lruCache.Keys()` counts them in every position), and a new pod has a name of its own: never used.
         position = {pod: i for i, pod in enumerate(self._lru)}  # oldest first, over every pod in the LRU
-        pod_of = self._slot_instance
-        never = [w for w in candidates if pod_of[w] not in position]
+        pod = {w: self.instance_of(w) for w in candidates}
+        never = [w for w in candidates if pod[w] not in position]
         score = {w: 1.0 - i / (n - 1) for i, w in enumerate(never)}
         for w in candidates:
-            if pod_of[w] in position:
-                score[w] = max(0.0, 1.0 - (len(never) + position[pod_of[w]]) / (n - 1))
+            if pod[w] in position:
+                score[w] = max(0.0, 1.0 - (len(never) + position[pod[w]]) / (n - 1))
         return score.__getitem__
 
     # ------------------------------------------------------------------ membership
@@ -483,7 +483,7 @@ class LlmdRouter(RouterBase):
         if o.session_affinity_weight > 0 and o.session_affinity_strategy == "session_id":
             self._bind_session(request, worker)
         if self._cold.pop(request.request_id, False):
-            pod = self._slot_instance[worker]
+            pod = self.instance_of(worker)
             self._lru[pod] = None
             self._lru.move_to_end(pod)
             while len(self._lru) > self.options.no_hit_lru_size:
