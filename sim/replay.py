@@ -15,12 +15,12 @@ from __future__ import annotations
 import multiprocessing
 import pickle
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import simpy
 
 from sim.cluster.arrivals import sessions as drive_sessions
-from sim.results.cost import DeviceTime
+from sim.results.cost import DeviceTime, cost_columns
 from sim.results.records import RequestRecord, WorkerCounters, prefix_cache_hit_rate, total_counters
 from sim.results.streaming_pd import PdTally
 from sim.results.summary import slo_columns
@@ -88,7 +88,16 @@ class ReplayResult:
             "cpu_evicted_blocks": engine.cpu_evicted_blocks,
             # NOTE: only for a disaggregated cluster, so that an aggregated replay keeps its columns.
             **self.pd_row(),
+            **self.cost_row(),
         }
+
+    def cost_row(self) -> dict[str, float]:
+        """The cost columns (`sim.results.cost.COST_COLUMNS`) over the replay: its devices' time over the simulated
+        span and the tokens and SLO-meeting requests of what finished."""
+        st = self.stats
+        return cost_columns(self.device_time, span_s=self.simulated_s, input_tokens=st.prompt_tokens,
+                            output_tokens=st.output_tokens, slo_met_requests=st.slo_met_requests,
+                            slo_set=st.slo.is_set)
 
     def slo_row(self) -> dict[str, float | int]:
         """The SLO, goodput, TPOT / E2E tail and load-balance columns, as `Summary.row()` names them."""
@@ -115,14 +124,23 @@ def replay(scenario: Scenario, trace: Trace | Callable[[], Trace], *, bin_s: flo
         jobs = executor.jobs
     groups = device_groups(scenario, jobs if callable(trace) and not keep_records else 1)
     if len(groups) <= 1:
-        return _replay(scenario, trace() if callable(trace) else trace, bin_s=bin_s, fast_forward=fast_forward,
-                       keep_records=keep_records)
+        return with_device_time(scenario, _replay(scenario, trace() if callable(trace) else trace, bin_s=bin_s,
+                                                  fast_forward=fast_forward, keep_records=keep_records))
     if executor is not None:
         # NOTE: the parts travel to the executor's processes (or machines), so the trace opener is pickled: give a
         # module-level function or a functools.partial of one, not a lambda.
         parts = executor.map(_replay_part, [(scenario, trace, owned, bin_s, fast_forward) for owned in groups])
-        return _merge_parts(groups, parts)
-    return _replay_split(scenario, trace, groups, bin_s=bin_s, fast_forward=fast_forward)
+        return with_device_time(scenario, _merge_parts(groups, parts))
+    return with_device_time(scenario, _replay_split(scenario, trace, groups, bin_s=bin_s, fast_forward=fast_forward))
+
+
+def with_device_time(scenario: Scenario, result: ReplayResult) -> ReplayResult:
+    """`result` with its devices' time: a fixed fleet is provisioned for the whole simulated span, from 0 to the
+    last event (`simulated_s`). A result that already carries its device time (an elastic fleet's, counted slot by
+    slot as it ran) keeps it."""
+    if result.device_time:
+        return result
+    return replace(result, device_time=scenario.fleet_device_time(result.simulated_s))
 
 
 def _replay_part(args: tuple) -> ReplayResult:
@@ -203,7 +221,7 @@ def replay_sessions(scenario: Scenario, sessions: Iterable[Session], *, bin_s: f
 
     env.process(drive_sessions(env, cluster, sessions, on_record, on_session_end=stats.end_session, admit=admit))
     env.run()
-    return _result(scenario, env, cluster, stats, rejected, records, tally)
+    return with_device_time(scenario, _result(scenario, env, cluster, stats, rejected, records, tally))
 
 
 def _replay(scenario: Scenario, trace: Trace, *, bin_s: float, fast_forward: bool,

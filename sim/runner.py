@@ -167,6 +167,8 @@ def run(scenario: Scenario, stream: RequestStream | None = None, *, fast_forward
         **pool_figures(scenario, cluster, marks),
         shared_tier=scenario.shared_kv_bytes > 0,
         peer_fetch=scenario.peer_fetch,
+        # NOTE: a fixed fleet is paid for over the whole measured phase, busy or idle.
+        device_time=scenario.fleet_device_time(marks["end_s"] - marks["start_s"]),
     )
 
 

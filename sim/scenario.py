@@ -19,6 +19,7 @@ from pydantic import Field, ValidationError, ValidationInfo, field_validator, mo
 
 from sim.config import GIB, ConfigModel, Loc, Problem, suggestion, validation_problems
 from sim.engines.registry import ENGINES
+from sim.results.cost import DeviceTime
 from sim.results.records import Slo
 from sim.routing.spec import RouterSpec
 from sim.timing.architecture import ModelArchitecture, load_architecture
@@ -102,6 +103,7 @@ class DeviceSpec(ConfigModel):
     time_model: TimeModelSpec | None = Field(None, description="This device class's own step-time model (default: the scenario's).")
     hardware: str | None = Field(None, description="This device's hardware profile under a roofline time model (default: the time model's).")
     tensor_parallel: int | None = Field(None, ge=1, le=64, description="This device's tensor-parallel degree under a roofline time model (default: the time model's).")
+    price_per_hour_usd: float | None = Field(None, gt=0, allow_inf_nan=False, description="US dollars for one of this device's GPUs for an hour (the device costs tensor_parallel x this); overrides its hardware profile's list price (sim/timing/hardware.yaml; `kvsim hardware`). Default: the profile's, none under a linear time model (cost columns NaN).")
 
     _hardware = field_validator("hardware")(known_hardware)
 
@@ -572,6 +574,33 @@ class Scenario(ConfigModel):
                 f"{', '.join(other)}: its step times there are an extrapolation (`kvsim calibrate` on measurements "
                 f"from that hardware settles them)")
 
+    def device_price(self, device: DeviceSpec) -> tuple[str | None, int, float]:
+        """What `device` costs: (its hardware profile or None under a linear time model, its GPUs = the
+        tensor-parallel degree, US dollars per GPU-hour: the device's own `price_per_hour_usd`, else its profile's
+        list price, else NaN). The one place that rule lives."""
+        spec = self.device_time_model(device)
+        profile = hardware_profile(spec.hardware) if spec.kind == "roofline" else None
+        gpus = spec.tensor_parallel if profile is not None else 1
+        price = device.price_per_hour_usd
+        if price is None:
+            price = profile.price_per_hour_usd if profile is not None else math.nan
+        return (profile.name if profile is not None else None), gpus, price
+
+    def fleet_device_time(self, seconds: float) -> tuple[DeviceTime, ...]:
+        """The cluster's devices (`cluster.devices()`: a fixed fleet), each provisioned for `seconds`, with its
+        price: what a composition root puts in a result's `device_time`."""
+        out = []
+        for dev in self.cluster.devices():
+            hardware, gpus, price = self.device_price(dev)
+            out.append(DeviceTime(device=dev.name, hardware=hardware, gpus=gpus, price_per_hour_usd=price,
+                                  seconds=seconds))
+        return tuple(out)
+
+    def fleet_usd_per_hour(self) -> float:
+        """What the cluster's devices cost an hour together (NaN if any has no price): the order `kvsim plan cost`
+        tries candidates in."""
+        return math.fsum(t.cost_usd for t in self.fleet_device_time(3600.0))
+
     def all_devices(self) -> list[DeviceSpec]:
         """Every device spec the scenario names (deployments and the default device)."""
         pd = self.cluster.disaggregation
@@ -926,6 +955,39 @@ def with_cpu_kv_gib(scenario: Scenario, gib: float) -> Scenario:
     --hicache-size in GiB; 0: none)."""
     return _with_engine_kv_gib(scenario, gib, option="cpu_kv_gib", field="cpu_kv_bytes", tier="host KV tier",
                                engines="vllm: its OffloadingConnector; sglang: HiCache")
+
+
+def with_gpu_price(scenario: Scenario, price: float | dict[str, float]) -> Scenario:
+    """`scenario` with a price per GPU-hour (US dollars) on its devices: `price` for every device, or per hardware
+    profile (`{"l4": 0.8}`: the devices on that hardware; the others keep theirs). A price of a profile that no
+    device runs is an error naming the profiles used, so a typo is not silently ignored."""
+    prices = price if isinstance(price, dict) else None
+    if prices is not None:
+        try:
+            names = {hardware_profile(name).name: usd for name, usd in prices.items()}
+        except ValueError as err:
+            raise ScenarioError(f"gpu_price_usd: {err}") from None
+    for usd in (prices.values() if prices is not None else (price,)):
+        if not (isinstance(usd, (int, float)) and math.isfinite(usd) and usd > 0):
+            raise ScenarioError(f"gpu_price_usd must be US dollars per GPU-hour > 0, got {usd!r}")
+    data = scenario.model_dump()
+    cluster = data["cluster"]
+    devices = [cluster["default_device"], *(d for dep in cluster["deployments"] for d in dep["devices"])]
+    if cluster.get("disaggregation"):
+        devices += [p["device"] for p in (cluster["disaggregation"]["prefill"], cluster["disaggregation"]["decode"])
+                    if p.get("device")]
+    used = set()
+    for dev in devices:
+        hardware = scenario.device_price(DeviceSpec.model_validate(dev))[0]
+        if prices is None:
+            dev["price_per_hour_usd"] = float(price)
+        elif hardware in names:
+            dev["price_per_hour_usd"] = float(names[hardware])
+        used.add(hardware)
+    if prices is not None and (unused := sorted(set(names) - used)):
+        on = ", ".join(sorted(h for h in used if h)) or "none (a linear time model: give one price)"
+        raise ScenarioError(f"gpu_price_usd: no device runs on {', '.join(unused)}; the devices' hardware: {on}")
+    return validate_scenario(data, source=f"scenario {scenario.name!r} with gpu_price_usd")
 
 
 def with_pools(scenario: Scenario, prefill_workers: int, decode_workers: int) -> Scenario:

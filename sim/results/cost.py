@@ -13,6 +13,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 SECONDS_PER_HOUR = 3600.0
+PER_MILLION = 1e6
+
+COST_COLUMNS = (
+    "gpu_hours", "cost_usd", "usd_per_hour", "usd_per_million_input_tokens", "usd_per_million_output_tokens",
+    "usd_per_million_tokens", "usd_per_million_slo_requests",
+)
+"""The cost columns every summary ends its fixed columns with (`cost_columns`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,3 +68,36 @@ def total_gpu_hours(times: Iterable[DeviceTime]) -> float:
 def total_cost_usd(times: Iterable[DeviceTime]) -> float:
     """Cost of `times` in US dollars, summed (0 without an entry; NaN if any entry's price is unknown)."""
     return math.fsum(t.cost_usd for t in times)
+
+
+def cost_columns(device_time: tuple[DeviceTime, ...], *, span_s: float, input_tokens: int, output_tokens: int,
+                 slo_met_requests: int, slo_set: bool) -> dict[str, float]:
+    """The cost columns (`COST_COLUMNS`) of a run or a replay, derived here for both (the one summary path):
+
+    * `gpu_hours`, `cost_usd`: `device_time` summed (`total_gpu_hours`, `total_cost_usd`);
+    * `usd_per_hour`: `cost_usd` over the span the devices were provisioned for (`span_s`: a run's measured phase,
+      a replay's simulated span): a fixed fleet's price per hour, an elastic fleet's mean;
+    * `usd_per_million_input_tokens` / `_output_tokens` / `_tokens`: the WHOLE cost over a million prompt tokens,
+      output tokens, or both, of the requests counted (not a split of the cost between prefill and decode: each
+      answers "what does a million of these cost if the fleet did nothing else");
+    * `usd_per_million_slo_requests`: the cost over a million requests meeting the SLO; NaN without an SLO (every
+      request would count) or when none met it.
+
+    Everything is NaN when `device_time` is empty (the result was not given its device time: unknown, not free),
+    and the dollar figures are NaN when a device has no price."""
+    if not device_time:
+        return dict.fromkeys(COST_COLUMNS, math.nan)
+    cost = total_cost_usd(device_time)
+
+    def per_million(count: float) -> float:
+        return cost / count * PER_MILLION if count > 0 else math.nan
+
+    return {
+        "gpu_hours": total_gpu_hours(device_time),
+        "cost_usd": cost,
+        "usd_per_hour": cost / (span_s / SECONDS_PER_HOUR) if span_s > 0 else math.nan,
+        "usd_per_million_input_tokens": per_million(input_tokens),
+        "usd_per_million_output_tokens": per_million(output_tokens),
+        "usd_per_million_tokens": per_million(input_tokens + output_tokens),
+        "usd_per_million_slo_requests": per_million(slo_met_requests) if slo_set else math.nan,
+    }

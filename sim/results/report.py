@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
+from sim.results.cost import COST_COLUMNS
 from sim.results.records import RequestRecord
 from sim.results.stats import over_runs
 
@@ -36,8 +37,9 @@ SUMMARY_COLUMNS = (
     "tpot_p50_ms", "tpot_p99_ms", "e2e_p50_ms", "e2e_p99_ms", "imbalance_max_mean", "jain_index",
     "ttft_slo_met", "tpot_slo_met", "e2e_slo_met",
     *TIER_COLUMNS,
+    *COST_COLUMNS,
 )
-"""A run's summary columns; columns added later are appended, so old positions never move (last: `TIER_COLUMNS`)."""
+"""A run's summary columns; columns added later are appended, so old positions never move (last: `COST_COLUMNS`)."""
 
 SESSION_COLUMNS = (
     "sessions", "session_requests", "session_time_p50_s", "session_time_p99_s", "context_requests", "context_tokens",

@@ -177,6 +177,8 @@ class StreamingStats(HitCounts, RequestRates):
     """Of those, requests whose chosen worker held less than the router believed."""
     preemptions: int = 0
     """Preemptions (retractions) of the requests, summed."""
+    output_tokens: int = 0
+    """Output tokens of the requests."""
     slo_met_requests: int = 0
     """Requests meeting every objective of `slo` (all of them when none is set)."""
     ttft_slo_met: int = 0
@@ -219,6 +221,7 @@ class StreamingStats(HitCounts, RequestRates):
             self.view_checked += 1
             self.view_false_hits += r.believed_tokens > r.held_tokens
         self.preemptions += r.num_preemptions
+        self.output_tokens += r.output_tokens
         self.slo_met_requests += self.slo.met_by(r)
         self.ttft_slo_met += self.slo.ttft_met(r)
         self.tpot_slo_met += self.slo.tpot_met(r)
@@ -275,6 +278,7 @@ class StreamingStats(HitCounts, RequestRates):
         self.view_checked += other.view_checked
         self.view_false_hits += other.view_false_hits
         self.preemptions += other.preemptions
+        self.output_tokens += other.output_tokens
         self.slo_met_requests += other.slo_met_requests
         self.ttft_slo_met += other.ttft_slo_met
         self.tpot_slo_met += other.tpot_slo_met

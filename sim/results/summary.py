@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, fields
 from functools import reduce
 
 from sim.engines.interface import EngineCounters
+from sim.results.cost import DeviceTime, cost_columns
 from sim.results.pd_figures import PdFigures
 from sim.results.records import RequestRecord, RunResult, Slo, booked_add, booked_fraction, total_counters
 from sim.results.stats import NAN, per_second, percentile, ratio
@@ -478,6 +479,11 @@ class Summary(RequestRates):
     """Of the measured requests that belong to sessions (None: none does): per-session and per-turn figures."""
     pd_figures: PdFigures | None = None
     """A disaggregated run's transfers, TTFT split and pool utilisation (None: an aggregated run)."""
+    output_tokens: int = 0
+    """Output tokens of the measured requests."""
+    device_time: tuple[DeviceTime, ...] = ()
+    """The devices' provisioned time over the measured phase, with their prices (`RunResult.device_time`): the
+    cost columns' counters (`sim.results.cost.cost_columns`; NaN when empty)."""
 
     @property
     def token_hit_rate(self) -> float:
@@ -540,6 +546,7 @@ class Summary(RequestRates):
             "cpu_stored_blocks": engine.cpu_stored_blocks,
             "cpu_loaded_blocks": engine.cpu_loaded_blocks,
             "cpu_evicted_blocks": engine.cpu_evicted_blocks,
+            **self.cost_row(),
             # NOTE: only with sessions, so that the summary of a run without them keeps its columns.
             **(self.session_figures.row() if self.session_figures is not None else {}),
             # NOTE: only for a disaggregated run, likewise.
@@ -549,6 +556,12 @@ class Summary(RequestRates):
             # NOTE: only with G2 peer fetch, likewise.
             **(peer_fetch_row(engine) if self.peer_fetch else {}),
         }
+
+    def cost_row(self) -> dict[str, float]:
+        """The cost columns (`COST_COLUMNS`), over the measured phase."""
+        return cost_columns(self.device_time, span_s=self.duration_s, input_tokens=self.prompt_tokens,
+                            output_tokens=self.output_tokens, slo_met_requests=self.slo_met_requests,
+                            slo_set=self.slo.is_set)
 
     def shared_tier_row(self) -> dict[str, float | int]:
         """The cluster-shared store's columns (`SHARED_TIER_COLUMNS` but `shared_kv_gib`): its hits, TTFT of its
@@ -630,4 +643,6 @@ def summarize(result: RunResult) -> Summary:
         pd_figures=None if result.pools is None else PdFigures.of(
             measured, prefill_workers=result.pools[0], decode_workers=result.pools[1],
             utilisation=result.pool_utilisation),
+        output_tokens=sum(r.output_tokens for r in measured),
+        device_time=result.device_time,
     )

@@ -34,6 +34,9 @@ class HardwareProfile:
     host_latency: float
     """Seconds per host <-> device transfer job beyond the bytes (an assumption; see hardware.yaml)."""
     aliases: tuple[str, ...] = ()
+    price_per_hour_usd: float = float("nan")
+    """US dollars for one GPU of this class for an hour: an on-demand list price / the instance's GPUs, or a
+    documented assumption (hardware.yaml says which, with its date); NaN: no price."""
 
 
 def _key(name: str) -> str:
@@ -45,15 +48,20 @@ def hardware_profiles() -> dict[str, HardwareProfile]:
     text = resources.files("sim.timing").joinpath("hardware.yaml").read_text(encoding="utf-8")
     profiles = {}
     for name, entry in yaml.safe_load(text).items():
-        missing = {"peak_flops", "memory_bandwidth"} - set(entry.get("sources", {}))
+        missing = {"peak_flops", "memory_bandwidth", "price_per_hour_usd"} - set(entry.get("sources", {}))
         if missing:
             raise RuntimeError(f"hardware.yaml: {name} cites no source for {', '.join(sorted(missing))}")
+        # NOTE: every profile states its price, null included, so that a new profile cannot be free by omission.
+        price = entry["price_per_hour_usd"]
+        if price is not None and not float(price) > 0:
+            raise RuntimeError(f"hardware.yaml: {name} price_per_hour_usd {price} must be > 0 or null")
         profiles[name] = HardwareProfile(
             name=name, description=" ".join(str(entry["description"]).split()),
             peak_flops=float(entry["peak_flops"]), memory_bandwidth=float(entry["memory_bandwidth"]),
             memory_bytes=float(entry["memory_bytes"]), interconnect_bandwidth=float(entry["interconnect_bandwidth"]),
             interconnect_latency=float(entry["interconnect_latency"]), host_bandwidth=float(entry["host_bandwidth"]),
-            host_latency=float(entry["host_latency"]), aliases=tuple(map(str, entry.get("aliases", ()))))
+            host_latency=float(entry["host_latency"]), aliases=tuple(map(str, entry.get("aliases", ()))),
+            price_per_hour_usd=float("nan") if price is None else float(price))
     return profiles
 
 

@@ -17,6 +17,7 @@ from sim.cli import main
 from sim.replay import replay
 from sim.engines.interface import EngineCounters, PrefixCacheStats
 from sim.results.records import RequestRecord, RunResult, Slo, WorkerCounters, total_counters
+from sim.results.cost import COST_COLUMNS
 from sim.results.report import SUMMARY_COLUMNS, TIER_COLUMNS, aggregate
 from sim.results.streaming_stats import StreamingStats
 from sim.results.summary import RequestCounts, imbalance_max_mean, jain_index, summarize
@@ -131,8 +132,10 @@ def test_an_empty_run_has_nan_rates_not_errors():
 
 
 def test_the_new_columns_are_appended_and_aggregated():
-    assert SUMMARY_COLUMNS[-len(TIER_COLUMNS):] == TIER_COLUMNS  # the host tier's, appended after these
-    assert SUMMARY_COLUMNS[-15 - len(TIER_COLUMNS):-3 - len(TIER_COLUMNS)] == NEW_COLUMNS
+    # the host tier's appended after these, then the cost columns after those
+    tail = len(TIER_COLUMNS) + len(COST_COLUMNS)
+    assert SUMMARY_COLUMNS[-tail:] == TIER_COLUMNS + COST_COLUMNS
+    assert SUMMARY_COLUMNS[-15 - tail:-3 - tail] == NEW_COLUMNS
     assert SUMMARY_COLUMNS[:8] == ("workers", "prefixes", "concurrency", "router", "engine", "repeat", "seed",
                                    "requests")
     key = {"workers": 2, "prefixes": 1, "concurrency": 1, "router": "random", "engine": "vllm"}
