@@ -264,6 +264,63 @@ def on_cpu_kv(scenario: Scenario, gib: float | None) -> Scenario:
         raise click.ClickException(str(err).removeprefix("Value error, ")) from None
 
 
+# --- prices (--gpu-price-usd) -----------------------------------------------------------------------------------
+GPU_PRICE_HELP = ("US dollars per GPU-hour for the cost columns: USD for every device, or NAME=USD,... per hardware "
+                  "profile (e.g. l4=0.7,h100=4.5); overrides the profiles' list prices (`kvsim hardware`) and the "
+                  "scenario's device.price_per_hour_usd. Default: those.")
+
+
+def parse_gpu_price(text: str) -> float | dict[str, float]:
+    """`--gpu-price-usd`: '2.5' (every device) or 'l4=0.8,h100=12' (per hardware profile); a ValueError naming the
+    bad part."""
+    def usd(value: str, what: str = "") -> float:
+        try:
+            price = float(value)
+        except ValueError:
+            raise ValueError(f"{what}{value!r} is not a number of US dollars per GPU-hour") from None
+        if not (math.isfinite(price) and price > 0):
+            raise ValueError(f"{what}{value!r} must be US dollars per GPU-hour > 0")
+        return price
+
+    if "=" not in text:
+        return usd(text.strip())
+    prices: dict[str, float] = {}
+    for part in (p.strip() for p in text.split(",")):
+        name, eq, value = part.partition("=")
+        if not eq or not name.strip():
+            raise ValueError(f"{part!r}: give USD, or NAME=USD,... with NAME a hardware profile (`kvsim hardware`)")
+        prices[name.strip()] = usd(value.strip(), f"{name.strip()}: ")
+    return prices
+
+
+def _gpu_price_option(ctx: click.Context, param: click.Parameter, value: str | None):
+    if value is None:
+        return None
+    try:
+        return parse_gpu_price(value)
+    except ValueError as err:
+        raise click.BadParameter(str(err)) from None
+
+
+def gpu_price_option(command: Callable) -> Callable:
+    """`--gpu-price-usd USD | NAME=USD,...` (parameter `gpu_price_usd`); apply it with `on_gpu_price` after
+    `on_hardware` (--gpu replaces the devices it prices)."""
+    return click.option("--gpu-price-usd", "gpu_price_usd", callback=_gpu_price_option, default=None,
+                        metavar="USD|NAME=USD,...", help=GPU_PRICE_HELP)(command)
+
+
+def on_gpu_price(scenario: Scenario, price: float | dict[str, float] | None) -> Scenario:
+    """`scenario` with `--gpu-price-usd` applied (unchanged without it), or a one-line error."""
+    from sim.scenario import with_gpu_price
+
+    if price is None:
+        return scenario
+    try:
+        return with_gpu_price(scenario, price)
+    except (ScenarioError, ValueError) as err:
+        raise click.ClickException(str(err).removeprefix("Value error, ")) from None
+
+
 # --- the cluster-shared KV store (--shared-kv-gib) ----------------------------------------------------------------
 SHARED_KV_HELP = ("Cluster-shared KV store in GiB, one capacity for the whole cluster (Mooncake Store, an LMCache "
                   "server, Dynamo G3; vLLM engine only): every worker writes its prompts' full blocks through to it "

@@ -14,7 +14,7 @@ from sim.cli.app import (
     CPU_KV_HELP, ENGINE_HELP, SHARED_FIRST_BLOCK, SLO_HELP, UsageExit, checked_out_dir, console, err_console,
     executor_options, fmt, hit_rates_legend, load_or_exit, main, on_cpu_kv, on_engine, one_engine, open_executor_or_exit, positional_or_option, progress_bar,
     on_shared_kv, shared_kv_columns, shared_kv_option, cpu_kv_connector_option, on_cpu_kv_connector,
-    on_peer_fetch, peer_fetch_option,
+    on_peer_fetch, peer_fetch_option, gpu_price_option, on_gpu_price,
     router_list, scenario_option, setup_text, slo_option, with_slo,
 )
 from sim.cli.render import Table, format_option
@@ -346,13 +346,14 @@ def trace_overrides(base: Scenario, *, block_size: int | None, kv_tokens: int | 
 @shared_kv_option
 @peer_fetch_option
 @executor_options
+@gpu_price_option
 @format_option("the row of summary.csv")
 @pd_options
 def replay(trace_file, trace_path, workers, kv_tokens, kv_blocks, kv_bytes, router, engine, scenario_path, trace_fmt,
            session_timing, infer_sessions, common_requests, block_size, trace_block_size, speed, time_scale, arrival_curve,
            limit, bin_s, out_dir, write_requests, jobs,
            reuse_breakdown, slo, cpu_kv_gib, cpu_kv_connector, shared_kv_gib, peer_fetch, executor_kind, dask_scheduler, prefill_workers=None,
-           decode_workers=None) -> None:
+           decode_workers=None, gpu_price_usd=None) -> None:
     """Replay a JSONL trace and report prefix reuse, TTFT and throughput.
 
     The trace, TRACE or --trace FILE, has a request per line. Mooncake: timestamp (ms), input_length, output_length,
@@ -408,7 +409,7 @@ def replay(trace_file, trace_path, workers, kv_tokens, kv_blocks, kv_bytes, rout
         raise UsageExit("--arrival-curve warps recorded times; an agentic-mooncake trace is sent by its dependencies "
                         "(warp a Mooncake or session trace)")
     base = on_shared_kv(on_cpu_kv(with_slo(trace_base(scenario_path, engine), slo), cpu_kv_gib), shared_kv_gib)
-    base = on_peer_fetch(on_cpu_kv_connector(base, cpu_kv_connector), peer_fetch)
+    base = on_gpu_price(on_peer_fetch(on_cpu_kv_connector(base, cpu_kv_connector), peer_fetch), gpu_price_usd)
     if sessions_of_trace and block_size is None:
         tb = trace_block_size or _session_block_tokens(trace, kind)
         if tb % base.engine.block_size:

@@ -13,8 +13,8 @@ from sim.studies.analytic import formula_hit_rate
 from sim.cli.app import (
     ARRIVAL_CURVE_FORM, arrival_curve_option, on_arrival_curve,
     CPU_KV_DETAIL, CPU_KV_HELP, ENGINE_HELP, SLO_HELP, capacity_text, checked_out_dir, console, engine_list,
-    executor_options, fmt, gib_list, hardware_options, hit_rates_legend, int_list, kv_origin, kv_rule_note,
-    load_or_exit, main, on_cpu_kv, on_engine, on_hardware, on_shared_kv, one_engine, positional_or_option,
+    executor_options, fmt, gib_list, gpu_price_option, hardware_options, hit_rates_legend, int_list, kv_origin, kv_rule_note,
+    load_or_exit, main, on_cpu_kv, on_engine, on_gpu_price, on_hardware, on_shared_kv, one_engine, positional_or_option,
     reference_measurements, shared_kv_columns, shared_kv_option, cpu_kv_connector_option, on_cpu_kv_connector,
     on_peer_fetch, peer_fetch_option,
     router_list, scenario_option, setup_text, slo_option, with_slo, workload_keys, workload_text,
@@ -54,6 +54,7 @@ from sim.routing.spec import format_value, router_label, router_overrides
 @executor_options
 @click.option("--slo", callback=slo_option, default=None, help=SLO_HELP)
 @hardware_options
+@gpu_price_option
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Write DIR/summary.csv (a row per run), DIR/hit_rate.png and DIR/ttft_cdf.png (and DIR/engines.png "
                    "with several engines), then DIR/manifest.json listing them; every finished run is journaled "
@@ -67,7 +68,7 @@ from sim.routing.spec import format_value, router_label, router_overrides
 def sweep(ctx, scenario_path, prefixes, workers, concurrency, routers, engines, cpu_kv_gib, cpu_kv_connector,
           shared_kv_gib, peer_fetch, repeats,
           seed, jobs, executor_kind, dask_scheduler, slo, model, gpu, kv_gib, out_dir, resume, prefill_workers=None,
-          decode_workers=None) -> None:
+          decode_workers=None, gpu_price_usd=None) -> None:
     """Run a grid of points and compare the hit rate with the formula and the measurements.
 
     The table shows, per (workers, N, concurrency, router), the mean over repeats of the request hit rate
@@ -83,8 +84,8 @@ def sweep(ctx, scenario_path, prefixes, workers, concurrency, routers, engines, 
     from sim.studies.sweep import sweep_points
 
     base, path = load_or_exit(scenario_path, gpu, shared_prefix="sweep")
-    base = on_shared_kv(on_pd(on_hardware(with_slo(base, slo), model, gpu, kv_gib), prefill_workers, decode_workers),
-                        shared_kv_gib)
+    base = on_shared_kv(on_pd(on_gpu_price(on_hardware(with_slo(base, slo), model, gpu, kv_gib), gpu_price_usd),
+                              prefill_workers, decode_workers), shared_kv_gib)
     base = on_cpu_kv_connector(base, cpu_kv_connector)
     if peer_fetch:
         if cpu_kv_gib and min(cpu_kv_gib) == 0:
@@ -224,6 +225,7 @@ def sweep(ctx, scenario_path, prefixes, workers, concurrency, routers, engines, 
                    "the scenario's request or session count), e.g. 86400 for a day.")
 @click.option("--slo", callback=slo_option, default=None, help=SLO_HELP)
 @hardware_options
+@gpu_price_option
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Write DIR/summary.csv (one row) and DIR/requests.csv (a row per request, warm-ups flagged); "
                    "with sessions also DIR/turns.csv (a row per turn).")
@@ -231,7 +233,7 @@ def sweep(ctx, scenario_path, prefixes, workers, concurrency, routers, engines, 
 @pd_options
 def run_command(scenario_file, scenario_path, prefixes, workers, concurrency, router, engine, cpu_kv_gib,
                 cpu_kv_connector, shared_kv_gib, peer_fetch, seed, arrival_curve, duration_s, slo, model, gpu, kv_gib, out_dir,
-                prefill_workers=None, decode_workers=None) -> None:
+                prefill_workers=None, decode_workers=None, gpu_price_usd=None) -> None:
     """Run one point of a scenario and print its summary.
 
     The scenario is SCENARIO or --scenario FILE (default: the built-in service-baseline); goodput counts the
@@ -247,7 +249,8 @@ def run_command(scenario_file, scenario_path, prefixes, workers, concurrency, ro
     out = checked_out_dir(out_dir)
     base, _ = load_or_exit(scenario_path, gpu)
     base = on_cpu_kv(on_hardware(with_slo(on_engine(base, engine), slo), model, gpu, kv_gib), cpu_kv_gib)
-    base = on_cpu_kv_connector(on_pd(base, prefill_workers, decode_workers), cpu_kv_connector)
+    base = on_cpu_kv_connector(on_pd(on_gpu_price(base, gpu_price_usd), prefill_workers, decode_workers),
+                               cpu_kv_connector)
     if base.cluster.disaggregation is not None and workers is not None and workers != base.cluster.workers:
         raise click.UsageError(f"--workers: a disaggregated cluster has prefill + decode workers "
                                f"({base.cluster.workers}); give the pools with --prefill-workers/--decode-workers")
