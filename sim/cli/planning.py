@@ -1,5 +1,6 @@
 """`kvsim plan capacity`: the cheapest worker count or KV size per worker that reaches a hit-rate or TTFT target; `kvsim
-plan router`: which router and settings meet constraints best (by `kvsim tune` per router)."""
+plan router`: which router and settings meet constraints best (by `kvsim tune` per router); `kvsim plan cost` (and
+`kvsim plan --objective min-cost ...`): the cheapest GPU, worker count, router and host KV meeting constraints."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from pathlib import Path
 import click
 
 from sim.cli.app import (
-    CPU_KV_HELP, ENGINE_HELP, SLO_HELP, UsageExit, checked_out_dir, console, executor_options, finite_float, hardware_options,
-    kv_origin, kv_rule_note, load_or_exit, main, on_cpu_kv, on_engine, on_hardware, one_engine, open_executor_or_exit,
-    progress_bar, router_list, scenario_option, setup_text, slo_option, with_slo,
+    CPU_KV_HELP, ENGINE_HELP, SLO_HELP, UsageExit, checked_out_dir, console, executor_options, finite_float, gib_list,
+    gpu_price_option, hardware_options, int_list, kv_origin, kv_rule_note, load_or_exit, main, on_cpu_kv, on_engine,
+    on_gpu_price, on_hardware, one_engine, open_executor_or_exit, progress_bar, router_list, scenario_option,
+    setup_text, slo_option, with_slo, workload_text,
 )
 from sim.cli.render import Table, format_option
 from sim.cli.study_runs import journaled_search, resume_command
@@ -21,31 +23,50 @@ from sim.cli.tuning import (
 )
 from sim.cli.verdicts import constraint_text, marked, objective_text, own_policy_note, safe_text, settled_text
 from sim.results.figures import plan_figure
+from sim.results.cost import COST_COLUMNS
 from sim.results.output_set import write_output_set
 from sim.results.report import csv_bytes, write_atomic
 from sim.results.study_figures import choose_router_figure
 from sim.scenario import Scenario, ScenarioError
+from sim.scenario import cpu_kv_gib as cpu_kv_gib_of
 from sim.studies.tune import Constraint, default_objective
 
 
 _SUBCOMMANDS = ("kvsim plan takes a subcommand: `kvsim plan capacity --vary workers|kv-gib|cpu-kv-gib ...` (was plan "
-                "--vary) or `kvsim plan router --router A,B,C ...` (was plan --choose-router A,B,C)")
+                "--vary), `kvsim plan router --router A,B,C ...` (was plan --choose-router A,B,C) or `kvsim plan cost "
+                "--constraint 'ttft_p99_ms<=500' ...` (also `kvsim plan --objective min-cost ...`)")
+
+
+def _min_cost_form(args: list[str]) -> list[str] | None:
+    """`plan --objective min-cost REST` as `plan cost REST` (the issue's form), or None when `args` is not that."""
+    for i, arg in enumerate(args):
+        if arg == "--objective" and i + 1 < len(args) and args[i + 1] == "min-cost":
+            return ["cost", *args[:i], *args[i + 2:]]
+        if arg == "--objective=min-cost":
+            return ["cost", *args[:i], *args[i + 1:]]
+    return None
 
 
 class _PlanGroup(click.Group):
-    """`kvsim plan`, a group of two subcommands; the options of the single command it was (`plan --vary ...`,
-    `plan --choose-router ...`) get a one-line error naming the subcommands instead of click's 'No such option'."""
+    """`kvsim plan`, a group of three subcommands; `plan --objective min-cost ...` is `plan cost ...`, and the
+    options of the single command it was (`plan --vary ...`, `plan --choose-router ...`) get a one-line error naming
+    the subcommands instead of click's 'No such option'."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         if args and args[0].startswith("-") and args[0] not in ctx.help_option_names:
-            raise UsageExit(_SUBCOMMANDS)
+            cost = _min_cost_form(args)
+            if cost is None:
+                raise UsageExit(_SUBCOMMANDS)
+            args = cost
         return super().parse_args(ctx, args)
 
 
-@main.group(cls=_PlanGroup, short_help="Plan for a target: the cheapest capacity, or the best router.")
+@main.group(cls=_PlanGroup, short_help="Plan for a target: the cheapest capacity, the best router, the cheapest fleet.")
 def plan() -> None:
     """Plan a deployment for a target: `capacity` finds, per router, the cheapest worker count, GPU KV or host (CPU)
-    KV per worker that meets it; `router` finds which router and settings meet targets and constraints best."""
+    KV per worker that meets it; `router` finds which router and settings meet targets and constraints best; `cost`
+    (or `kvsim plan --objective min-cost --constraint ...`) finds the cheapest GPU, worker count, router and host KV
+    that meet constraints, and says which constraint binds."""
 
 
 def _options(*decorators: Callable) -> Callable:
@@ -390,3 +411,166 @@ def show_choice(base: Scenario, choice, *, objective, budget: int, repeats: int,
         }
         write_output_set(out, files, runs=sum(len(r.trials) * r.repeats for r in choice.results), command=command)
         console.print(f"wrote {out / 'plan.csv'} and {out / 'plan.png'}")
+
+
+def _gpu_list(ctx: click.Context, param: click.Parameter, value: str | None) -> list[tuple[str, int]] | None:
+    """`--gpu l4,a100-80gb,h100x2`: hardware profiles x tensor-parallel degree, or a one-line error."""
+    from sim.timing.hardware import parse_gpu
+
+    if value is None:
+        return None
+    try:
+        return [parse_gpu(v) for v in value.split(",") if v.strip()] or None
+    except ValueError as err:
+        raise click.BadParameter(str(err)) from None
+
+
+@plan.command(name="cost", short_help="The cheapest GPU, worker count, router and host KV meeting constraints.")
+@_workload_options
+@click.option("--constraint", "constraints", multiple=True, callback=parse_constraints,
+              help=f"{CONSTRAINT_HELP} At least one; the answer says which binds.")
+@click.option("--gpu", "gpus", callback=_gpu_list, default=None,
+              help="Candidate GPUs, comma-separated NAME[xTP] (`kvsim hardware`; each worker on its own device, timed "
+                   "by the roofline model, KV per worker as vLLM would allocate it unless --kv-gib). Default: the "
+                   "scenario's devices.")
+@click.option("--workers", callback=int_list, default=None,
+              help="Candidate worker counts, comma-separated. Default: the scenario's.")
+@click.option("--router", "routers", callback=router_list, default=None,
+              help="Candidate routers, comma-separated: NAME or NAME:key=value,... (see `kvsim routers`). Default: the "
+                   "scenario's.")
+@click.option("--cpu-kv-gib", "cpu_kv_gibs", callback=gib_list, default=None,
+              help="Candidate host (CPU) KV tiers per worker in GiB, comma-separated (0: none; not priced: an "
+                   "instance's host memory comes with it). Default: the scenario's.")
+@click.option("--model", default=None, help="Serve this model (a shipped one or a config.json). Default: the scenario's.")
+@click.option("--kv-gib", "kv_gib", type=click.FloatRange(min=0, min_open=True), callback=finite_float, default=None,
+              help="GPU KV cache per worker in GiB on every candidate. Default: vLLM's rule on each GPU (with --gpu), "
+                   "else the scenario's.")
+@gpu_price_option
+@click.option("--engine", callback=one_engine, default=None, help=ENGINE_HELP)
+@click.option("--slo", callback=slo_option, default=None, help=SLO_HELP)
+@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Simulated runs per candidate (seeds seed .. seed + repeats - 1); constraints are judged on the "
+                   "means.")
+@click.option("--budget", type=click.IntRange(min=1), default=200, show_default=True,
+              help="At most this many simulations; the walk up the price list stops there.")
+@executor_options
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Write DIR/plan.csv (a row per candidate simulated, cheapest first) and DIR/manifest.json.")
+@format_option("the rows of plan.csv (a row per candidate simulated)")
+def plan_cost(scenario_path, prefixes, zipf, concurrency, constraints, gpus, workers, routers, cpu_kv_gibs, model,
+              kv_gib, gpu_price_usd, engine, slo, repeats, budget, jobs, executor_kind, dask_scheduler,
+              out_dir) -> None:
+    """Find the cheapest configuration that meets every --constraint: which GPU (--gpu), how many workers
+    (--workers), which router (--router) and how much host KV (--cpu-kv-gib), and say which constraint binds.
+
+    Cheapest is the fleet's price per hour (each device's GPUs x its price per GPU-hour: `kvsim hardware`, the
+    scenario's device.price_per_hour_usd or --gpu-price-usd). The candidates are tried from the cheapest up, each
+    simulated --repeats times on the same seeds, until the first meets every constraint on the means; the binding
+    constraint is the one that rules out the next-cheaper candidate (the one it violates most). Also:
+    `kvsim plan --objective min-cost --constraint 'ttft_p99_ms<=500' ...`.
+    """
+    from sim.studies.cost_plan import candidates as all_candidates, plan_cost as run_plan
+    from sim.studies.tune import UnknownColumn
+
+    if not constraints:
+        raise click.UsageError("give at least one --constraint, e.g. --constraint 'ttft_p99_ms<=500'")
+    out = checked_out_dir(out_dir)
+    base, _ = load_or_exit(scenario_path, gpus[0] if gpus else None, shared_prefix="plan")
+    base = with_slo(on_engine(base, engine), slo)
+    overrides: dict[str, object] = {}
+    if prefixes is not None:
+        overrides["workload.prefixes"] = prefixes
+    if zipf is not None:
+        overrides.update({"workload.popularity": "zipf" if zipf > 0 else "uniform", "workload.zipf_exponent": zipf})
+    if concurrency is not None:
+        overrides["workload.concurrency"] = concurrency
+    try:
+        base = base.with_overrides(**overrides) if overrides else base
+        if kv_gib is not None and not gpus and model is None:
+            from sim.scenario import with_kv_gib
+            base = with_kv_gib(base, kv_gib)
+        for gib in cpu_kv_gibs or ():
+            on_cpu_kv(base, gib)  # a one-line error now if the engine has no host tier
+        found = all_candidates(
+            base, gpus=gpus, workers=workers or [base.cluster.workers], routers=routers or [base.router.name],
+            cpu_kv_gibs=cpu_kv_gibs or [cpu_kv_gib_of(base)], model=model,
+            kv_gib=kv_gib if (gpus or model is not None) else None,
+            adjust=lambda s: on_gpu_price(s, gpu_price_usd))
+    except ScenarioError as err:
+        raise click.ClickException(str(err)) from None
+    with progress_bar("plan cost") as step, open_executor_or_exit(executor_kind, jobs, dask_scheduler) as executor:
+        try:
+            result = run_plan(found, constraints, repeats=repeats, budget_simulations=budget, jobs=jobs,
+                              executor=executor, progress=lambda msg: step(note=msg))
+        except (UnknownColumn, ValueError) as err:
+            raise click.UsageError(str(err)) from None
+        except ScenarioError as err:
+            raise click.ClickException(str(err)) from None
+    _show_cost_plan(base, result, repeats=repeats, out=out)
+
+
+COST_SHOWN = ("usd_per_million_tokens", "usd_per_million_slo_requests")
+
+
+def _show_cost_plan(base: Scenario, result, *, repeats: int, out: Path | None) -> None:
+    """The trials' table (cheapest first), the answer and what binds; with `out`, plan.csv and the manifest."""
+    from sim.studies.cost_plan import failure_text
+
+    named = list(dict.fromkeys(c.column for c in result.constraints))
+    shown = [c for c in COST_SHOWN if c not in named]
+    what = ", ".join(c.text() for c in result.constraints)
+    table = Table(title=f"{base.name}: the cheapest configuration with {what}; {workload_text(base)}")
+    for col in ("gpu", "workers", "router", "host KV GiB", "$/h", *named, *shown, "status"):
+        table.add_column(col, justify="left" if col in ("gpu", "router", "status") else "right", key=col == "gpu",
+                         prose=col == "status")
+    rows = []
+    for t in result.trials:
+        c = t.candidate
+        status = ("answer" if t is result.answer else "meets") if t.feasible else f"fails: {failure_text(t)}"
+
+        def shown_value(column: str) -> str:
+            mean, half = t.means.get(column, math.nan), t.ci95.get(column, math.nan)
+            if math.isnan(mean):
+                return "-"
+            return f"{mean:.4g}" + ("" if math.isnan(half) else f" ± {half:.2g}")
+
+        table.add_row(c.gpu, str(c.workers), c.router, f"{c.cpu_kv_gib:g}", f"{c.usd_per_hour:.2f}",
+                      *(shown_value(col) for col in named), *(shown_value(col) for col in shown), status)
+        role = "answer" if t is result.answer else "next-cheaper" if t is result.next_cheaper else ""
+        rows.append({"gpu": c.gpu, "workers": c.workers, "router": c.router, "cpu_kv_gib": c.cpu_kv_gib,
+                     "usd_per_hour": c.usd_per_hour, "feasible": str(t.feasible).lower(), "role": role,
+                     "violated": ";".join(v.text() for v in t.violated) or (c.problem and "memory"),
+                     **{col: t.means.get(col, math.nan) for col in named},
+                     **{f"{col}_ci95": t.ci95.get(col, math.nan) for col in named},
+                     **{col: t.means.get(col, math.nan) for col in COST_COLUMNS if col not in named}})
+    columns = ["gpu", "workers", "router", "cpu_kv_gib", "usd_per_hour", "feasible", "role", "violated",
+               *(x for col in named for x in (col, f"{col}_ci95")), *(c for c in COST_COLUMNS if c not in named)]
+    console.print(table)
+    console.print(f"tried from the cheapest fleet up ($/h: each device's GPUs x its price per GPU-hour, `kvsim "
+                  f"hardware`); {repeats} runs per candidate on the same seeds, constraints judged on the means "
+                  f"(± 95 % over runs)", highlight=False)
+    answer = result.answer
+    if answer is None:
+        why = (f"the budget ran out after {len(result.trials)} candidates" if result.budget_exhausted
+               else f"none of the {len(result.trials)} candidates meets them")
+        console.print(f"no configuration meets {what}: {why}", highlight=False)
+    else:
+        a = answer.candidate
+        console.print(f"answer: {a.label()}, ${a.usd_per_hour:.2f}/h "
+                      f"(usd_per_million_tokens {answer.means.get('usd_per_million_tokens', math.nan):.4g})",
+                      highlight=False)
+        below = result.next_cheaper
+        if below is None:
+            console.print("binds: nothing (the cheapest candidate meets every constraint; the range tried is the "
+                          "limit)", highlight=False)
+        else:
+            console.print(f"binds: {result.binding} (the next-cheaper candidate, {below.candidate.label()} at "
+                          f"${below.candidate.usd_per_hour:.2f}/h: {failure_text(below)})", highlight=False)
+        if result.untried:
+            console.print(f"{len(result.untried)} dearer candidates not simulated", highlight=False)
+    console.data(rows, columns)
+    if out is not None:
+        write_output_set(out, {"plan.csv": csv_bytes(rows, columns)},
+                         runs=sum(repeats for t in result.trials if t.candidate.scenario is not None),
+                         command="kvsim plan cost")
+        console.print(f"wrote {out / 'plan.csv'}")
