@@ -29,7 +29,8 @@ OBJECTIVE_DEFAULT_HELP = ("Default: maximize:throughput_rps (throughput), or max
                           "meeting the SLO) when an SLO is set (--slo or the scenario's slo).")
 OBJECTIVE_HELP = ("maximize:COLUMN or minimize:COLUMN (any numeric column of summary.csv, e.g. request_hit_rate, "
                   "ttft_p99_ms, throughput_rps), min-workers (fewest workers that meet the constraints; needs workers "
-                  "in --space) or pareto (both --pareto metrics). " + OBJECTIVE_DEFAULT_HELP)
+                  "in --space), min-cost (the lowest fleet price per hour, usd_per_hour, that meets them; ties go to "
+                  "the lower usd_per_million_tokens) or pareto (both --pareto metrics). " + OBJECTIVE_DEFAULT_HELP)
 CONSTRAINT_HELP = ("COLUMN<=NUMBER or COLUMN>=NUMBER, e.g. ttft_p99_ms<=200; repeatable. The search steers by the mean "
                    "over repeats; the answer says whether the whole 95 % interval meets it (met), fails it (not met) "
                    "or straddles it (undecided).")

@@ -288,8 +288,9 @@ def choose_router(base: Scenario, routers: Sequence[str], *, objective=None, con
     `store` is every search's run store (`tune`): a run's key starts with its router spec, the router's name first."""
     objective = (default_objective(base) if objective is None
                  else Objective.parse(objective) if isinstance(objective, str) else objective)
-    if objective.kind in ("min-workers", "pareto"):
-        raise ValueError(f"choosing a router needs maximize:COLUMN or minimize:COLUMN, got {objective.text()}")
+    if objective.kind in ("min-workers", "min-cost", "pareto"):
+        raise ValueError(f"choosing a router needs maximize:COLUMN or minimize:COLUMN, got {objective.text()} (for "
+                         f"cost: minimize:usd_per_million_tokens on one fleet, or kvsim plan cost across fleets)")
     results = []
     for router in routers:
         def tick(done: int, total: int, note: str, router: str = router) -> None:

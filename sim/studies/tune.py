@@ -26,7 +26,9 @@ The search, for a budget of S simulations and R repeats: T = S // R trials.
    (`sim.results.stats.separated`), computed from the trials, never stored.
 
 Objectives: `maximize:COLUMN`, `minimize:COLUMN`, `min-workers` (fewest workers meeting the constraints; `workers`
-must be in the space; ties go to the better of the other Pareto metric), or `pareto` (both Pareto metrics at once;
+must be in the space; ties go to the better of the other Pareto metric), `min-cost` (the lowest fleet price per hour,
+`usd_per_hour`, meeting the constraints; ties, e.g. a space of router knobs only, where the fleet does not change, go
+to the lower `usd_per_million_tokens` unless --pareto names another second metric), or `pareto` (both Pareto metrics at once;
 the answer is the front's best in the first). Default (`default_objective`): maximize throughput_rps, or
 goodput_rps when the scenario sets an SLO (without one every request meets it, and goodput is the throughput).
 
@@ -85,7 +87,8 @@ class UnknownColumn(ValueError):
 
 
 def lower_is_better(column: str) -> bool:
-    return column in LOWER_IS_BETTER or column.endswith("_ms") or column.endswith("_s")
+    return (column in LOWER_IS_BETTER or column.endswith("_ms") or column.endswith("_s")
+            or column.startswith("usd_") or column in ("cost_usd", "gpu_hours"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,20 +118,20 @@ class Metric:
 
 @dataclass(frozen=True, slots=True)
 class Objective:
-    """What the search optimises: one column (maximize/minimize), the worker count (min-workers), or the two
-    Pareto metrics (pareto)."""
+    """What the search optimises: one column (maximize/minimize), the worker count (min-workers), the fleet's price
+    per hour (min-cost: `usd_per_hour`), or the two Pareto metrics (pareto)."""
 
-    kind: Literal["maximize", "minimize", "min-workers", "pareto"]
+    kind: Literal["maximize", "minimize", "min-workers", "min-cost", "pareto"]
     column: str = ""
 
     @classmethod
     def parse(cls, text: str) -> Objective:
         text = text.strip()
-        if text in ("min-workers", "pareto"):
-            return cls(text, "workers" if text == "min-workers" else "")
+        if text in SHORT_OBJECTIVES:
+            return cls(text, SHORT_OBJECTIVES[text])  # type: ignore[arg-type]
         kind, colon, column = text.partition(":")
         if kind not in ("maximize", "minimize") or not colon or not column.strip():
-            raise ValueError(f"{text!r}: give maximize:COLUMN, minimize:COLUMN, min-workers or pareto "
+            raise ValueError(f"{text!r}: give maximize:COLUMN, minimize:COLUMN, min-workers, min-cost or pareto "
                              f"(COLUMN: a numeric column of summary.csv, e.g. request_hit_rate)")
         return cls(kind, column.strip())  # type: ignore[arg-type]
 
@@ -140,7 +143,11 @@ class Objective:
         return Metric(self.column, self.kind == "maximize")
 
     def text(self) -> str:
-        return self.kind if self.kind in ("min-workers", "pareto") else f"{self.kind}:{self.column}"
+        return self.kind if self.kind in SHORT_OBJECTIVES else f"{self.kind}:{self.column}"
+
+
+SHORT_OBJECTIVES = {"min-workers": "workers", "min-cost": "usd_per_hour", "pareto": ""}
+"""The objectives named by one word, with the column each minimises ("" for pareto: its two metrics)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -407,6 +414,10 @@ def default_pareto(objective: Objective, constraints: Sequence[Constraint] = ())
     if objective.kind == "min-workers":
         other = next((c.column for c in constraints if c.column != "workers"), "ttft_p99_ms")
         return first, Metric(other, not lower_is_better(other))
+    if objective.kind == "min-cost":
+        # NOTE: the fleet's price is often the same for many trials (router knobs do not change it): the tie goes
+        # to what a dollar buys.
+        return first, Metric("usd_per_million_tokens", False)
     if first.column == "ttft_p99_ms":
         return first, Metric("request_hit_rate", True)
     return first, Metric("ttft_p99_ms", False)
@@ -432,8 +443,8 @@ def _rank_key(trial: Trial, objective: Objective, pareto: tuple[Metric, Metric])
     metric = objective.metric or pareto[0]
     value = _objective_value(trial, objective, pareto)
     primary = math.inf if math.isnan(value) else (-value if metric.maximize else value)
-    if objective.kind == "min-workers":
-        second = pareto[1] if pareto[0].column == "workers" else pareto[0]
+    if objective.kind in ("min-workers", "min-cost"):
+        second = pareto[1] if pareto[0].column == metric.column else pareto[0]
     elif objective.kind == "pareto":
         second = pareto[1]
     else:
