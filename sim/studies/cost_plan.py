@@ -49,7 +49,8 @@ class CostCandidate:
     why) and its fleet's price per hour."""
 
     gpu: str
-    """The hardware x TP (`h100-sxmx2`), or "scenario" for the scenario's own devices."""
+    """The hardware and its TP degree when above 1 (`l4`, `h100-sxmx2`), or "scenario" for the scenario's own
+    devices."""
     workers: int
     router: str
     cpu_kv_gib: float
@@ -127,7 +128,8 @@ def candidates(base: Scenario, *, gpus: Sequence[tuple[str, int]] | None, worker
     out: list[tuple[tuple, CostCandidate]] = []
     order = 0
     for gpu in (gpus or [None]):
-        label = "scenario" if gpu is None else f"{gpu[0]}x{gpu[1]}"
+        # NOTE: named as --gpu names its devices (`l4`, `h100-sxmx2`).
+        label = "scenario" if gpu is None else gpu[0] + (f"x{gpu[1]}" if gpu[1] > 1 else "")
         try:
             on = base
             if gpu is not None or model is not None:
