@@ -376,14 +376,18 @@ def hardware() -> None:
 
     profiles = hardware_profiles().values()
     render.entry("hardware profiles (--gpu NAME[xTP])", "dense bf16 peaks; links per direction, the host link = PCIe "
-                 "to pinned CPU memory; sources in sim/timing/hardware.yaml")
+                 "to pinned CPU memory; $/GPU-h: an on-demand list price per GPU (cloud instance price / its GPUs) "
+                 "or, for consumer and laptop GPUs, an amortised-purchase-plus-power assumption, as of the date in "
+                 "its source and not re-checked since (--gpu-price-usd overrides); sources in "
+                 "sim/timing/hardware.yaml")
     table = Table()
-    for col in ("name", "TFLOP/s", "memory GB/s", "memory GB", "TP link GB/s", "host link GB/s"):
+    for col in ("name", "TFLOP/s", "memory GB/s", "memory GB", "TP link GB/s", "host link GB/s", "$/GPU-h"):
         table.add_column(col, justify="left" if col == "name" else "right", key=col == "name")
     for p in profiles:
         table.add_row(p.name, f"{p.peak_flops / 1e12:.1f}", f"{p.memory_bandwidth / 1e9:,.0f}",
                       f"{p.memory_bytes / 1e9:.0f}", f"{p.interconnect_bandwidth / 1e9:.0f}",
-                      f"{p.host_bandwidth / 1e9:.4g}")
+                      f"{p.host_bandwidth / 1e9:.4g}",
+                      "none" if p.price_per_hour_usd != p.price_per_hour_usd else f"{p.price_per_hour_usd:.4g}")
     console.print(table)
     console.print()
     for p in profiles:

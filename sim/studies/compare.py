@@ -46,9 +46,11 @@ METRICS = (
     "request_hit_rate", "full_hit_rate", "token_hit_rate", "prefix_reuse", "reuse_available", "reuse_captured",
     "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "throughput_rps", "max_worker_share", "view_false_hit_rate",
     "goodput_rps", "goodput_fraction", "imbalance_max_mean", "jain_index", "tpot_p99_ms", "e2e_p99_ms",
+    "cost_usd", "usd_per_million_tokens", "usd_per_million_slo_requests",
 )
 """Columns summarised over repeats, each where the rows have it (a trace's rows have `prefix_reuse`, the built-in
-workload's `full_hit_rate`; the SLO and balance columns from `goodput_rps` on come with newer `Summary.row()`s)."""
+workload's `full_hit_rate`; the SLO and balance columns from `goodput_rps` on, and the cost columns, come with newer
+`Summary.row()`s)."""
 
 POINT_KEYS = ("workers", "prefixes", "concurrency")
 """What makes a point (a panel, a table); prefixes and concurrency are None for a trace."""
