@@ -32,6 +32,10 @@ from sim.scenario import cpu_kv_gib as cpu_kv_gib_of
 from sim.studies.tune import Constraint, default_objective
 
 
+PLAN_COST_COLUMNS = ("usd_per_hour", "usd_per_million_tokens")
+"""The cost columns `plan router` and `plan capacity` append to plan.csv (means over runs; capacity: the answer's
+fleet price only, known without simulating)."""
+
 _SUBCOMMANDS = ("kvsim plan takes a subcommand: `kvsim plan capacity --vary workers|kv-gib|cpu-kv-gib ...` (was plan "
                 "--vary), `kvsim plan router --router A,B,C ...` (was plan --choose-router A,B,C) or `kvsim plan cost "
                 "--constraint 'ttft_p99_ms<=500' ...` (also `kvsim plan --objective min-cost ...`)")
@@ -225,7 +229,7 @@ def plan_capacity(ctx, scenario_path, prefixes, zipf, concurrency, vary, target_
     The analytic block model screens the range; simulation confirms by bisection with repeats (steady state), and
     the table reports the simulated mean at the answer with its 95 % interval beside the analytic answer.
     """
-    from sim.studies.plan import VARY_UNITS, PlanSpec, PlanTarget, make_grid
+    from sim.studies.plan import VARY_UNITS, PlanSpec, PlanTarget, configure, make_grid
     from sim.studies.plan import plan as run_plan
 
     base = _plan_base(scenario_path, prefixes, zipf, workers, concurrency, cpu_kv_gib, engine, model, gpu, kv_gib,
@@ -291,13 +295,16 @@ def plan_capacity(ctx, scenario_path, prefixes, zipf, concurrency, vary, target_
                "predicted_ci95": "" if at is None else (at.hit_rate_ci95 if primary_is_hit else at.ttft_p99_ci95)}
         if primary_is_hit and target_ttft_p99_ms is not None:
             row.update({"predicted_ttft_p99_ms": "" if at is None else at.ttft_p99, "target_ttft_p99_ms": target_ttft_p99_ms})
+        # NOTE: a fixed fleet's price is known without simulating: the answer's configuration priced.
+        row["usd_per_hour"] = "" if p.answer is None else configure(base, spec, p.router, p.answer).fleet_usd_per_hour()
         rows.append(row)
     console.print(table)
     console.print(f"steady state: {horizon} measured requests per run after a discarded transient, {repeats} runs per "
                   f"candidate; intervals are 95 % over runs")
     columns = ["router", "vary", "answer", "unit", "predicted", "target", "analytic_answer", "metric",
                "predicted_ci95"] + (["predicted_ttft_p99_ms", "target_ttft_p99_ms"]
-                                    if target_hit_rate is not None and target_ttft_p99_ms is not None else [])
+                                    if target_hit_rate is not None and target_ttft_p99_ms is not None else []) + [
+                   "usd_per_hour"]
     console.data(rows, columns)
     if note := kv_rule_note(base, kv):
         console.print(note, highlight=False)
@@ -364,7 +371,8 @@ def show_choice(base: Scenario, choice, *, objective, budget: int, repeats: int,
                      **{f"mean_{c}": t.means.get(c, math.nan) for c in named},
                      f"default_{column}": result.baseline.means.get(column, math.nan),
                      **verdict_columns(verdict, i),
-                     HIT_RATE: t.means.get(HIT_RATE, math.nan), f"{HIT_RATE}_ci95": t.ci95.get(HIT_RATE, math.nan)})
+                     HIT_RATE: t.means.get(HIT_RATE, math.nan), f"{HIT_RATE}_ci95": t.ci95.get(HIT_RATE, math.nan),
+                     **{c: t.means.get(c, math.nan) for c in PLAN_COST_COLUMNS}})
     console.print(table)
     console.print(f"each router tuned over its default search space (`kvsim routers`) with {budget // repeats} "
                   f"trials x {repeats} runs on the same seeds; means ± 95 % over runs", highlight=False)
@@ -397,7 +405,8 @@ def show_choice(base: Scenario, choice, *, objective, budget: int, repeats: int,
         console.print(note, highlight=False)
     columns = ["router", "vary", "answer", "unit", "predicted", "target", "analytic_answer", "metric",
                "predicted_ci95", "feasible", "trials", *(f"mean_{c}" for c in named), f"default_{column}",
-               "constraint_status", "verdict", "repeats_to_separate", HIT_RATE, f"{HIT_RATE}_ci95"]
+               "constraint_status", "verdict", "repeats_to_separate", HIT_RATE, f"{HIT_RATE}_ci95",
+               *PLAN_COST_COLUMNS]
     console.data(rows, columns)
     if out is not None:
         labelled = replace(choice, results=tuple(replace(r, router=marked(r.router)) for r in choice.results))
@@ -510,6 +519,7 @@ def plan_cost(scenario_path, prefixes, zipf, concurrency, constraints, gpus, wor
 
 
 COST_SHOWN = ("usd_per_million_tokens", "usd_per_million_slo_requests")
+"""The cost columns `plan cost`'s table shows beside the constrained ones."""
 
 
 def _show_cost_plan(base: Scenario, result, *, repeats: int, out: Path | None) -> None:
