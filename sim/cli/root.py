@@ -25,7 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "Send real servers (vLLM or SGLang, recognised per endpoint) exactly the stream kvsim simulates, and "
         "write a run CSV + sidecar."),
     "plan": ("sim.cli.planning",
-        "Plan for a target: the cheapest capacity, or the best router."),
+        "Plan for a target: the cheapest capacity, the best router, the cheapest fleet."),
     "replay": ("sim.cli.replaying",
         "Replay a JSONL trace and report prefix reuse, TTFT and throughput."),
     "routers": ("sim.cli.simulate",

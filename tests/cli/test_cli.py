@@ -203,8 +203,8 @@ def test_the_resume_line_of_a_subcommand_names_its_group(monkeypatch):
 def test_every_command_that_takes_a_scenario_spells_it_scenario_file():
     takes = {" ".join(path): command for path, command in _commands()
              if any(p.name == "scenario_path" for p in command.params)}
-    assert set(takes) == {"run", "sweep", "compare", "plan capacity", "plan router", "tune", "calibrate", "replay",
-                          "validate", "measure"}
+    assert set(takes) == {"run", "sweep", "compare", "plan capacity", "plan router", "plan cost", "tune", "calibrate",
+                          "replay", "validate", "measure"}
     for name, command in takes.items():
         [option] = [p for p in command.params if p.name == "scenario_path"]
         assert option.opts == ["--scenario"] and option.metavar == "FILE", name

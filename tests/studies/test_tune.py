@@ -317,7 +317,8 @@ def test_plan_says_when_no_router_meets_the_target():
 
 
 SUBCOMMANDS = ("Error: kvsim plan takes a subcommand: `kvsim plan capacity --vary workers|kv-gib|cpu-kv-gib ...` (was "
-               "plan --vary) or `kvsim plan router --router A,B,C ...` (was plan --choose-router A,B,C)")
+               "plan --vary), `kvsim plan router --router A,B,C ...` (was plan --choose-router A,B,C) or `kvsim plan "
+               "cost --constraint 'ttft_p99_ms<=500' ...` (also `kvsim plan --objective min-cost ...`)")
 
 
 @pytest.mark.parametrize("args, names", [
