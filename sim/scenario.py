@@ -163,6 +163,61 @@ class DisaggregationSpec(ConfigModel):
         return "prefill" if worker < self.prefill.workers else "decode"
 
 
+# ---------------------------------------------------------------------------------------------- autoscaling
+class AutoscalerSpec(ConfigModel):
+    """Which autoscaler (`policies.autoscalers.AUTOSCALERS`) and its options, as `router:` names a router."""
+
+    name: str = Field(description="Autoscaler name (see `kvsim autoscalers` or docs/concepts/autoscalers.md).")
+    options: dict[str, Any] = Field(default_factory=dict, description="The autoscaler's options (e.g. {target: 4, metric: in_flight}).")
+
+
+class ProvisioningSpec(ConfigModel):
+    """How long a new worker takes from the autoscaler's decision to serving (`sim.cluster.fleet`): its weights load
+    (`weights_bytes / load_bandwidth_bytes_per_s`) then its engine starts (`engine_startup_s`); `delay_s` replaces
+    both. The defaults are assumptions (docs/concepts/autoscaling.md), not measurements: give your own."""
+
+    weights_bytes: int | None = Field(None, ge=0, description="Bytes of weights a new worker loads (default: the model's, from model.architecture at 2 bytes a parameter; 0 without an architecture).")
+    load_bandwidth_bytes_per_s: float = Field(2e9, gt=0, description="Bytes per second the weights load at (default 2e9: a node-local NVMe or page-cached model directory read by safetensors; an assumption).")
+    engine_startup_s: float = Field(30.0, ge=0, description="Seconds from weights loaded to ready: process start, KV cache profiling and allocation, CUDA graph capture (default 30; an assumption for vLLM with CUDA graphs).")
+    delay_s: float | None = Field(None, ge=0, description="A fixed provisioning delay in seconds, replacing the two terms above.")
+
+
+class AutoscalingSpec(ConfigModel):
+    """An elastic fleet (docs/concepts/autoscaling.md): `max_workers` slots, `initial_workers` ready at time 0, and an
+    autoscaler asked every `interval_s` how many workers it wants (clamped to [min_workers, max_workers])."""
+
+    autoscaler: AutoscalerSpec = Field(description="The scaling rule: {name, options}.")
+    min_workers: int = Field(1, ge=1, description="The fewest workers (ready + starting) the fleet keeps (HPA minReplicas, default 1).")
+    max_workers: int = Field(ge=1, description="The most workers the fleet runs at once: its slots (devices), draining ones included.")
+    initial_workers: int | None = Field(None, ge=1, description="Workers ready at time 0 (default: min_workers).")
+    provisioning: ProvisioningSpec = Field(default_factory=ProvisioningSpec, description="A new worker's start-up delay.")
+    cold_window_s: float = Field(300.0, gt=0, description="The timeline's cold columns count requests served by a worker within this many seconds of its becoming ready.")
+    timeline_bin_s: float | None = Field(None, gt=0, description="Seconds per timeline row (default: the autoscaler's interval).")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AutoscalingSpec:
+        if self.min_workers > self.max_workers:
+            raise ValueError(f"min_workers ({self.min_workers}) must be <= max_workers ({self.max_workers})")
+        if not self.min_workers <= self.workers_at_start <= self.max_workers:
+            raise ValueError(f"initial_workers ({self.initial_workers}) must be in [min_workers, max_workers] "
+                             f"= [{self.min_workers}, {self.max_workers}]")
+        return self
+
+    @property
+    def workers_at_start(self) -> int:
+        return self.min_workers if self.initial_workers is None else self.initial_workers
+
+    def provisioning_s(self, model: ModelSpec) -> float:
+        """A new worker's provisioning delay for `model` (`ProvisioningSpec`)."""
+        spec = self.provisioning
+        if spec.delay_s is not None:
+            return spec.delay_s
+        weights = spec.weights_bytes
+        if weights is None:
+            weights = weights_bytes(model.architecture) if model.architecture is not None else 0
+        return weights / spec.load_bandwidth_bytes_per_s + spec.engine_startup_s
+
+
 class ClusterSpec(ConfigModel):
     workers: int = Field(ge=1, description="Number of workers.")
     deployments: list[DeploymentSpec] = Field(default_factory=list, description="Device layouts by worker count.")
@@ -175,9 +230,30 @@ class ClusterSpec(ConfigModel):
     response_overhead_s: float = Field(0.0, ge=0, description="Delay from the engine emitting a token to the client seeing it (detokenise, stream).")
     reuse_breakdown: bool = Field(True, description="Book every request's reuse available and captured (summary columns reuse_available, reuse_captured): keeps every block hash ever sent, so a replay of millions of requests may turn it off.")
     disaggregation: DisaggregationSpec | None = Field(None, description="Prefill/decode pools (null: every worker prefills and decodes its own requests); workers must equal prefill.workers + decode.workers.")
+    autoscaling: AutoscalingSpec | None = Field(None, description="An elastic fleet driven by an autoscaler (null: a fixed fleet of `workers`); workers, if given, must equal autoscaling.max_workers.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _slots(cls, data: Any) -> Any:
+        # NOTE: an autoscaled cluster is built with max_workers slots; `workers` may be left out (it is that).
+        scaling = data.get("autoscaling") if isinstance(data, dict) else None
+        if isinstance(scaling, dict) and "workers" not in data and isinstance(scaling.get("max_workers"), int):
+            data = {**data, "workers": scaling["max_workers"]}
+        return data
 
     @model_validator(mode="after")
     def _pools_add_up(self) -> ClusterSpec:
+        scaling = self.autoscaling
+        if scaling is not None:
+            if self.workers != scaling.max_workers:
+                raise ValueError(f"cluster.workers ({self.workers}) must equal cluster.autoscaling.max_workers "
+                                 f"({scaling.max_workers}): an autoscaled cluster has max_workers slots")
+            if self.disaggregation is not None:
+                raise ValueError("cluster.autoscaling: not modelled with P/D pools (cluster.disaggregation); allowed: "
+                                 "an aggregated cluster")
+            if any(d.workers > 1 for d in self.devices()):
+                raise ValueError("cluster.autoscaling: every worker needs a device of its own (a deployment for "
+                                 f"{self.workers} workers shares devices); allowed: one worker per device")
         pd = self.disaggregation
         if pd is not None and pd.prefill.workers + pd.decode.workers != self.workers:
             raise ValueError(f"cluster.workers ({self.workers}) must equal disaggregation.prefill.workers + "
@@ -418,6 +494,9 @@ class Scenario(ConfigModel):
                 self.peer_fetch or any(pd.engine.get("peer_fetch") for pd in (self.cluster.disaggregation.prefill,
                                                                               self.cluster.disaggregation.decode))):
             raise ValueError("engine.peer_fetch: not modelled with P/D pools (cluster.disaggregation); allowed: false")
+        if self.cluster.autoscaling is not None and self.peer_fetch:
+            raise ValueError("engine.peer_fetch: not modelled with an autoscaled fleet (cluster.autoscaling: a peer's "
+                             "host tier would outlive its worker); allowed: false")
         return self
 
     @model_validator(mode="after")

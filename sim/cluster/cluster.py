@@ -7,6 +7,7 @@ from collections.abc import Callable
 import simpy
 
 from sim.cluster.device import Device
+from sim.cluster.fleet import Fleet
 from sim.cluster.network_link import NetworkLinkQueue
 from sim.cluster.reuse import ReuseLedger
 from sim.cluster.tier_links import TierLinks
@@ -15,6 +16,8 @@ from sim.cluster.workers_view import WorkersView
 from sim.engines.interface import ServedRequest
 from sim.engines.registry import bind_peer_fetch, build_engine
 from sim.results.records import RequestRecord, WorkerCounters
+from sim.cluster.scaling import Autoscaler
+from sim.engines.interface import CacheEvent
 from sim.routing.interface import Router
 from sim.scenario import Scenario, ScenarioError
 from sim.timing.build import build_time_model
@@ -29,9 +32,16 @@ class Cluster(WorkersView):
     (`engine.kind`), built from the engine registry; the cluster knows it only through the engine interface. At
     dispatch the cluster also books the request's reuse available and captured (`ReuseLedger`) and, for a router
     with non-exact state, what it believed of the chosen worker against what the worker held (the view error).
+
+    With `cluster.autoscaling` (and the `autoscaler` the composition root built for it) the workers are the slots
+    of an elastic fleet (`sim.cluster.fleet.Fleet`, `fleet`): only its ready workers are routed to, and a slot's
+    worker is replaced by a fresh one (`retire`) when its instance stops.
     """
 
-    def __init__(self, env: simpy.Environment, scenario: Scenario, router: Router, *, fast_forward: bool = True) -> None:
+    def __init__(self, env: simpy.Environment, scenario: Scenario, router: Router, *, fast_forward: bool = True,
+                 autoscaler: Autoscaler | None = None) -> None:
+        if (autoscaler is None) != (scenario.cluster.autoscaling is None):
+            raise ValueError("Cluster: an autoscaler goes with cluster.autoscaling, and only with it")
         self.env = env
         self.router = router
         self._seed = scenario.seed
@@ -43,6 +53,7 @@ class Cluster(WorkersView):
         self._response_delay_s = scenario.cluster.response_overhead_s
         self.devices: list[Device] = []
         self.workers: list[Worker] = []
+        self._new_workers: list[Callable[[int], Worker]] = []  # per slot: a fresh worker (an autoscaled slot's next)
         nics = []  # each worker's device NIC, for G2 peer fetch
         tiers = TierLinks(scenario, scenario.engine)
         for dev in scenario.cluster.devices():
@@ -58,13 +69,16 @@ class Cluster(WorkersView):
                 nic = NetworkLinkQueue(bandwidth_bytes_per_s=bandwidth, latency_s=latency, overhead_s=overhead)
             for _ in range(dev.workers):
                 nics.append(nic)
-                engine = build_engine(scenario.engine, kv_bytes_per_token=scenario.model.kv_bytes_per_token,
-                                      host_link=link, shared_tier=shared_tier)
-                worker = Worker(
-                    env, len(self.workers), engine, device, time_model,
-                    on_first_token=self._first_token, on_finished=self._finished, fast_forward=fast_forward,
-                )
-                self.workers.append(worker)
+
+                def new_worker(index: int, device=device, time_model=time_model, link=link,
+                               shared_tier=shared_tier) -> Worker:
+                    engine = build_engine(scenario.engine, kv_bytes_per_token=scenario.model.kv_bytes_per_token,
+                                          host_link=link, shared_tier=shared_tier)
+                    return Worker(env, index, engine, device, time_model, on_first_token=self._first_token,
+                                  on_finished=self._finished, fast_forward=fast_forward)
+
+                self._new_workers.append(new_worker)
+                self.workers.append(new_worker(len(self.workers)))
         if scenario.peer_fetch:
             bind_peer_fetch([w.engine for w in self.workers], nics)
         WorkersView.__init__(self, env, self.workers, block_size=self._block_size,
@@ -75,6 +89,12 @@ class Cluster(WorkersView):
             router.bind(self)
         except ValueError as err:  # options that only the cluster's shape can check (block sizes, worker counts)
             raise ScenarioError(f"router.options ({router.name}): {err}") from None
+        self.fleet: Fleet | None = None
+        self._retired: dict[int, WorkerCounters] = {}
+        if autoscaler is not None:
+            spec = scenario.cluster.autoscaling
+            self.fleet = Fleet(env, self, spec, autoscaler, provisioning_s=spec.provisioning_s(scenario.model),
+                               slo=scenario.slo.to_slo(), retire=self.retire)
 
     # ------------------------------------------------------------------ requests
     def send(self, request: Request, on_done: Callable[[RequestRecord], object] | None = None) -> simpy.Event | None:
@@ -98,6 +118,8 @@ class Cluster(WorkersView):
     def dispatch(self, request: Request, worker: int, on_done: Callable[[RequestRecord], object]) -> None:
         """Send `request` to `worker` now: it reaches the engine after the router hop and the per-request overhead."""
         env = self.env
+        if self.fleet is not None:
+            self.fleet.dispatched(request, worker)
         self.dispatched(worker, 1)
         ledger = self._ledger
         available, captured = (-1, -1) if ledger is None else ledger.dispatch(
@@ -125,7 +147,12 @@ class Cluster(WorkersView):
 
     # NOTE: the client and the router see a token `response_overhead_s` after the engine emits it.
     def _first_token(self, state: ServedRequest) -> None:
-        self._after(self._response_delay_s, lambda: self.router.on_first_token(state.request, state.worker))
+        self._after(self._response_delay_s, lambda: self._first_token_out(state))
+
+    def _first_token_out(self, state: ServedRequest) -> None:
+        self.router.on_first_token(state.request, state.worker)
+        if self.fleet is not None:
+            self.fleet.first_token(state)
 
     def _finished(self, state: ServedRequest) -> None:
         self._after(self._response_delay_s, lambda: self._complete(state))
@@ -134,11 +161,34 @@ class Cluster(WorkersView):
         self._in_flight[state.worker] -= 1
         self.router.on_complete(state.request, state.worker)
         sent_s, on_done, routing = self._pending.pop(state.request.request_id)
-        on_done(RequestRecord.from_state(state, sent_s, response_delay_s=self._response_delay_s, routing=routing))
+        record = RequestRecord.from_state(state, sent_s, response_delay_s=self._response_delay_s, routing=routing)
+        on_done(record)
+        if self.fleet is not None:
+            self.fleet.completed(record)
 
     # ------------------------------------------------------------------ counters
     def counters(self) -> tuple[WorkerCounters, ...]:
-        for w in self.workers:
-            w.sync()
-        return tuple(WorkerCounters.of(w.index, w.device.name, w.engine.counters(), steps=w.num_steps)
-                     for w in self.workers)
+        """Each worker's counters; an autoscaled slot's are those of every engine it has run (`retire`)."""
+        return tuple(self._counters_of(w) for w in self.workers)
+
+    def _counters_of(self, w: Worker) -> WorkerCounters:
+        w.sync()
+        counters = WorkerCounters.of(w.index, w.device.name, w.engine.counters(), steps=w.num_steps)
+        retired = self._retired.get(w.index)
+        return counters if retired is None else retired.plus(counters)
+
+    # ------------------------------------------------------------------ an autoscaled slot
+    def retire(self, slot: int) -> None:
+        """The instance in `slot` stopped: keep its engine's counters, drop the engine (and its cache) for a fresh
+        one, and tell the slot's KV event subscribers that its cache is gone (a `cleared` event, vLLM
+        `AllBlocksCleared`)."""
+        self._retired[slot] = self._counters_of(self.workers[slot])
+        worker = self.workers[slot] = self._new_workers[slot](slot)
+        listeners = self.cache_listeners(slot)
+        for listener in listeners:
+            listener([CacheEvent("cleared")], self.env.now)
+        for listener in listeners:
+            worker.engine.cache.subscribe(listener)
+        subscribe_tiers = getattr(worker.engine, "subscribe_tiers", None)
+        for listener in self.tier_listeners(slot):
+            subscribe_tiers(listener)

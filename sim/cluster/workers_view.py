@@ -36,6 +36,8 @@ class WorkersView:
         self._in_flight = [0] * len(self.workers)
         self._scrapers: dict[float, MetricsScraper] = {}
         self._num_prefix_states = 0
+        self._cache_listeners: dict[int, list[CacheListener]] = {}
+        self._tier_listeners: dict[int, list[CacheListener]] = {}
 
     @property
     def num_workers(self) -> int:
@@ -99,6 +101,15 @@ class WorkersView:
 
     def subscribe_cache(self, worker: int, listener: CacheListener) -> None:
         self.workers[worker].engine.cache.subscribe(listener)
+        self._cache_listeners.setdefault(worker, []).append(listener)
+
+    def cache_listeners(self, worker: int) -> list[CacheListener]:
+        """Who subscribed to `worker`'s KV events (an autoscaled slot's next engine gets them too)."""
+        return self._cache_listeners.get(worker, [])
+
+    def tier_listeners(self, worker: int) -> list[CacheListener]:
+        """Who subscribed to `worker`'s KV tier events."""
+        return self._tier_listeners.get(worker, [])
 
     def subscribe_tier_events(self, worker: int, listener: CacheListener) -> None:
         """Receive `worker`'s KV tier events (`CacheEvent.medium` set) from now on; nothing for an engine without
@@ -106,6 +117,7 @@ class WorkersView:
         subscribe = getattr(self.workers[worker].engine, "subscribe_tiers", None)
         if subscribe is not None:
             subscribe(listener)
+            self._tier_listeners.setdefault(worker, []).append(listener)
 
     def prefix_state(self, spec: PrefixStateSpec) -> PrefixState:
         self._num_prefix_states += 1

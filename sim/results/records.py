@@ -308,6 +308,11 @@ class WorkerCounters:
         return WorkerCounters(worker=self.worker, device=self.device, engine=_combine(self.engine, earlier.engine, -1),
                               steps=self.steps - earlier.steps)
 
+    def plus(self, other: WorkerCounters) -> WorkerCounters:
+        """These counters and `other`'s summed (an autoscaled slot: its stopped engines' counters and the live one's)."""
+        return WorkerCounters(worker=self.worker, device=self.device, engine=_combine(self.engine, other.engine, 1),
+                              steps=self.steps + other.steps)
+
 
 @dataclass(frozen=True, slots=True)
 class RunResult:
