@@ -27,6 +27,7 @@ from sim.results.summary import slo_columns
 from sim.runner import build_cluster, build_router
 from sim.scenario import Scenario
 from sim.results.streaming_stats import StreamingStats
+from sim.results.timeline import FleetRecord
 from sim.workloads.sessions import Session
 from sim.workloads.traces import TraceRequest
 
@@ -56,6 +57,8 @@ class ReplayResult:
     device_time: tuple[DeviceTime, ...] = ()
     """The time each device was provisioned over the replay, with its price (`sim.results.cost`): what the
     summary's GPU-hours and cost are derived from (empty: not filled)."""
+    fleet: FleetRecord | None = None
+    """An autoscaled cluster's fleet: its instances, decisions and timeline (None: a fixed fleet)."""
 
     def pd_row(self) -> dict[str, float | int]:
         """A disaggregated replay's P/D columns (`PD_COLUMNS`, as `kvsim run`'s summary has them), each pool's
@@ -88,6 +91,8 @@ class ReplayResult:
             "cpu_evicted_blocks": engine.cpu_evicted_blocks,
             # NOTE: only for a disaggregated cluster, so that an aggregated replay keeps its columns.
             **self.pd_row(),
+            # NOTE: only for an autoscaled fleet, likewise.
+            **(self.fleet.row() if self.fleet is not None else {}),
             **self.cost_row(),
         }
 
@@ -152,9 +157,11 @@ def device_groups(scenario: Scenario, jobs: int) -> list[frozenset[int]]:
     """How a replay of `scenario` splits over at most `jobs` processes: the workers each process simulates (whole
     devices, balanced by worker count). One group when it cannot split: one job, one device, a router that reads
     the cluster (its choices depend on what every worker does), a cluster-shared KV store (every worker reads what
-    the others stored), G2 peer fetch (every worker reads the others' host tiers) or no `fork` on this platform."""
+    the others stored), G2 peer fetch (every worker reads the others' host tiers), an autoscaled fleet (who is
+    routable depends on the whole load) or no `fork` on this platform."""
     workers = scenario.cluster.workers
-    if (jobs <= 1 or scenario.shared_kv_bytes or scenario.peer_fetch or not getattr(build_router(scenario), "ignores_cluster_state", False)
+    if (jobs <= 1 or scenario.shared_kv_bytes or scenario.peer_fetch or scenario.cluster.autoscaling is not None
+            or not getattr(build_router(scenario), "ignores_cluster_state", False)
             or "fork" not in multiprocessing.get_all_start_methods()):
         return [frozenset(range(workers))]
     devices, first = [], 0
@@ -195,7 +202,8 @@ def _result(scenario: Scenario, env, cluster, stats: StreamingStats, rejected: i
     """The replay's result once its environment has run out; a disaggregated cluster's pools and busy time too."""
     pd = scenario.cluster.disaggregation
     if pd is None:
-        return ReplayResult(stats, cluster.counters(), env.now, rejected, records=tuple(records))
+        fleet = None if cluster.fleet is None else cluster.fleet.result(env.now)
+        return ReplayResult(stats, cluster.counters(), env.now, rejected, records=tuple(records), fleet=fleet)
     P = pd.prefill.workers
     busy = [d.busy_s for d in cluster.devices]  # NOTE: a pool worker has a device of its own, prefill pool first
     return ReplayResult(stats, cluster.counters(), env.now, rejected, records=tuple(records),
@@ -219,8 +227,9 @@ def replay_sessions(scenario: Scenario, sessions: Iterable[Session], *, bin_s: f
             return False
         return True
 
-    env.process(drive_sessions(env, cluster, sessions, on_record, on_session_end=stats.end_session, admit=admit))
-    env.run()
+    done = env.process(drive_sessions(env, cluster, sessions, on_record, on_session_end=stats.end_session,
+                                      admit=admit))
+    _run(env, cluster, done)
     return with_device_time(scenario, _result(scenario, env, cluster, stats, rejected, records, tally))
 
 
@@ -251,10 +260,17 @@ def _replay(scenario: Scenario, trace: Trace, *, bin_s: float, fast_forward: boo
                 cluster.send(request, on_record)  # route and dispatch (a disaggregated cluster: through its pools)
             else:
                 cluster.dispatch(request, worker, on_record)
+        if getattr(cluster, "fleet", None) is not None:
+            yield cluster.fleet.all_completed()
 
-    env.process(arrivals())
-    env.run()
+    _run(env, cluster, env.process(arrivals()))
     return _result(scenario, env, cluster, stats, rejected, records, tally)
+
+
+def _run(env: simpy.Environment, cluster, done: simpy.Event) -> None:
+    """Run the replay to its end: until nothing is left or, with an autoscaler (which ticks for ever), until `done`
+    (the driver, which waits for every request to complete)."""
+    env.run(until=done if getattr(cluster, "fleet", None) is not None else None)
 
 
 def _replay_split(scenario: Scenario, open_trace: Callable[[], Trace], groups: list[frozenset[int]], *,

@@ -13,6 +13,7 @@ from policies import PD_ROUTERS, ROUTERS
 from sim.config import Problem, ProblemsError, suggestion
 from sim.cluster.arrivals import closed_loop, one_at_a_time, poisson, sessions, timed
 from sim.cluster.cluster import Cluster
+from sim.cluster.scaling import Autoscaler, AutoscalerFactory
 from sim.cluster.disaggregated import DisaggregatedCluster
 from sim.results.records import RequestRecord, RunResult
 from sim.routing.interface import Router
@@ -103,11 +104,46 @@ def build_pd_router(scenario: Scenario):
         raise ScenarioError(f"router.options ({spec.name}): {err}") from None
 
 
+def autoscaler_registry() -> dict[str, AutoscalerFactory]:
+    """The registered autoscalers (`policies.autoscalers.AUTOSCALERS`)."""
+    # NOTE: until policies.autoscalers lands (issue 26's autoscalers), no autoscaler is registered.
+    try:
+        from policies import AUTOSCALERS
+    except ImportError:
+        return {}
+    return AUTOSCALERS
+
+
+def autoscaler_class(name: str) -> AutoscalerFactory:
+    """The registered autoscaler `name`; a ScenarioError names the allowed ones."""
+    registry = autoscaler_registry()
+    factory = registry.get(name)
+    if factory is None:
+        raise ScenarioError(f"cluster.autoscaling.autoscaler.name: unknown autoscaler {name!r}; "
+                            f"{suggestion(name, sorted(registry))}")
+    return factory
+
+
+def build_autoscaler(scenario: Scenario) -> Autoscaler | None:
+    """The scenario's autoscaler (`cluster.autoscaling.autoscaler`), built with the fleet's bounds; None for a fixed
+    fleet. Bad options are a ScenarioError naming them."""
+    spec = scenario.cluster.autoscaling
+    if spec is None:
+        return None
+    factory = autoscaler_class(spec.autoscaler.name)
+    try:
+        return factory(min_workers=spec.min_workers, max_workers=spec.max_workers,
+                       options=dict(spec.autoscaler.options))
+    except ValueError as err:
+        raise ScenarioError(f"cluster.autoscaling.autoscaler.options ({spec.autoscaler.name}): {err}") from None
+
+
 def build_cluster(env: simpy.Environment, scenario: Scenario, router, *, fast_forward: bool = True):
-    """The scenario's cluster: aggregated (`Cluster`) or, with `cluster.disaggregation`, `DisaggregatedCluster`."""
+    """The scenario's cluster: aggregated (`Cluster`, elastic with `cluster.autoscaling`) or, with
+    `cluster.disaggregation`, `DisaggregatedCluster`."""
     if scenario.cluster.disaggregation is not None:
         return DisaggregatedCluster(env, scenario, router, fast_forward=fast_forward)
-    return Cluster(env, scenario, router, fast_forward=fast_forward)
+    return Cluster(env, scenario, router, fast_forward=fast_forward, autoscaler=build_autoscaler(scenario))
 
 
 def run(scenario: Scenario, stream: RequestStream | None = None, *, fast_forward: bool = True) -> RunResult:
@@ -151,8 +187,10 @@ def run(scenario: Scenario, stream: RequestStream | None = None, *, fast_forward
                                       records))
         marks["end_s"] = env.now
 
-    env.process(experiment())
-    env.run()
+    done = env.process(experiment())
+    fleet = getattr(cluster, "fleet", None)
+    # NOTE: an autoscaler ticks for ever: an autoscaled run ends with its experiment.
+    env.run(until=done if fleet is not None else None)
     if "end_s" not in marks:
         raise RuntimeError(f"scenario {scenario.name!r}: the simulation stopped before every request completed")
     end = cluster.counters()
@@ -169,6 +207,7 @@ def run(scenario: Scenario, stream: RequestStream | None = None, *, fast_forward
         peer_fetch=scenario.peer_fetch,
         # NOTE: a fixed fleet is paid for over the whole measured phase, busy or idle.
         device_time=scenario.fleet_device_time(marks["end_s"] - marks["start_s"]),
+        fleet=None if fleet is None else fleet.result(env.now),
     )
 
 

@@ -17,6 +17,7 @@ from sim.cli.app import (
     on_peer_fetch, peer_fetch_option, gpu_price_option, on_gpu_price,
     router_list, scenario_option, setup_text, slo_option, with_slo,
 )
+from sim.cli.autoscaling import autoscaled, autoscaling_options, on_autoscaling, show_fleet, write_fleet_files
 from sim.cli.render import Table, format_option
 from sim.cli.app import on_pd, pd_options
 from sim.cli.turn_table import show_turns, turn_files
@@ -274,7 +275,8 @@ def trace_overrides(base: Scenario, *, block_size: int | None, kv_tokens: int | 
 @click.argument("trace_file", required=False, type=click.Path(dir_okay=False), metavar="[TRACE]")
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False), default=None, metavar="FILE",
               help="The JSONL trace to replay (or give it as TRACE): Mooncake, Qwen-Bailian or kvsim sessions.")
-@click.option("--workers", type=click.IntRange(min=1), required=True, help="Number of workers.")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Number of workers (required without an autoscaler); with --autoscaler, the workers ready at time 0.")
 @click.option("--kv-tokens", type=click.IntRange(min=1), default=None,
               help="Usable KV capacity per worker in tokens (blocks = tokens / block size, plus vLLM's null block).")
 @click.option("--kv-blocks", type=click.IntRange(min=2), default=None,
@@ -349,11 +351,13 @@ def trace_overrides(base: Scenario, *, block_size: int | None, kv_tokens: int | 
 @gpu_price_option
 @format_option("the row of summary.csv")
 @pd_options
+@autoscaling_options
 def replay(trace_file, trace_path, workers, kv_tokens, kv_blocks, kv_bytes, router, engine, scenario_path, trace_fmt,
            session_timing, infer_sessions, common_requests, block_size, trace_block_size, speed, time_scale, arrival_curve,
            limit, bin_s, out_dir, write_requests, jobs,
            reuse_breakdown, slo, cpu_kv_gib, cpu_kv_connector, shared_kv_gib, peer_fetch, executor_kind, dask_scheduler, prefill_workers=None,
-           decode_workers=None, gpu_price_usd=None) -> None:
+           decode_workers=None, gpu_price_usd=None, autoscaler=None, min_workers=None, max_workers=None,
+           timeline_bin_s=None) -> None:
     """Replay a JSONL trace and report prefix reuse, TTFT and throughput.
 
     The trace, TRACE or --trace FILE, has a request per line. Mooncake: timestamp (ms), input_length, output_length,
@@ -378,6 +382,8 @@ def replay(trace_file, trace_path, workers, kv_tokens, kv_blocks, kv_bytes, rout
     breakdown keeps every distinct block hash of the trace.
     With a router that ignores the cluster's state (round-robin, random, prefix-hash without a load factor), the
     workers are split over --jobs processes, with the same results.
+    With --autoscaler (e.g. `--autoscaler hpa --min-workers 1 --max-workers 12`) the fleet is elastic: new workers
+    start cold after a provisioning delay, surplus ones drain; one process (docs/concepts/autoscaling.md).
     """
     from sim.workloads.session_traces import trace_format
     from sim.workloads.traces import TraceError
@@ -418,7 +424,11 @@ def replay(trace_file, trace_path, workers, kv_tokens, kv_blocks, kv_bytes, rout
                           "divide it): give --block-size for another", highlight=False)
     overrides, B = trace_overrides(base, block_size=block_size, kv_tokens=kv_tokens, kv_blocks=kv_blocks,
                                    kv_bytes=kv_bytes, reuse_breakdown=reuse_breakdown)
-    overrides["cluster.workers"] = workers
+    elastic = autoscaled(base, autoscaler)
+    if not elastic:
+        if workers is None:
+            raise UsageExit("give --workers N (or an autoscaler: --autoscaler NAME --max-workers N)")
+        overrides["cluster.workers"] = workers
     if prefill_workers is not None or decode_workers is not None:
         base = on_pd(base, prefill_workers, decode_workers)
         if workers != base.cluster.workers:
@@ -431,6 +441,10 @@ def replay(trace_file, trace_path, workers, kv_tokens, kv_blocks, kv_bytes, rout
     session_trace = None
     try:
         scenario = base.with_overrides(**overrides)
+        if elastic:
+            scenario = on_autoscaling(scenario, autoscaler, min_workers=min_workers, max_workers=max_workers,
+                                      initial_workers=workers, timeline_bin_s=timeline_bin_s)
+        workers = scenario.cluster.workers
         if sessions_of_trace:
             session_trace, result, wall_s = _replay_session_trace(
                 scenario, trace, kind, session_timing or "closed-loop", trace_block_size, speed, limit, bin_s,
@@ -494,6 +508,8 @@ def replay(trace_file, trace_path, workers, kv_tokens, kv_blocks, kv_bytes, rout
                       f"(replayed as first turns), {session_trace.unlinked:,} whose prompt does not extend their "
                       f"parent's (not linked); {'closed loop' if result.jobs == 1 and (session_timing or 'closed-loop') == 'closed-loop' else 'recorded times'}",
                       highlight=False)
+    if result.fleet is not None:
+        show_fleet(result.fleet)
     console.print(f"{st.requests} requests in {wall_s:.2f} s wall = {st.requests / wall_s:.0f} requests/s")
     console.data([row], list(row))
     if out_dir:
@@ -510,4 +526,7 @@ def replay(trace_file, trace_path, workers, kv_tokens, kv_blocks, kv_bytes, rout
             write_atomic(out / "requests.csv", _requests_csv(result.records, session_trace,
                                                                 shared_tier=scenario.shared_kv_bytes > 0))
         written = [str(out / name) for name in ("summary.csv", "workers.csv", "replay.png", *turns)]
+        if result.fleet is not None:
+            written += write_fleet_files(out, result.fleet, title=f"{Path(trace).name}: autoscaled "
+                                         f"{scenario.cluster.autoscaling.autoscaler.name}, {scenario.router.name}")
         console.print(f"wrote {', '.join(written[:-1])} and {written[-1]}")

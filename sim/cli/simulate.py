@@ -20,6 +20,7 @@ from sim.cli.app import (
     router_list, scenario_option, setup_text, slo_option, with_slo, workload_keys, workload_text,
 )
 from sim.cli import render
+from sim.cli.autoscaling import autoscaled, autoscaling_options, on_autoscaling, show_fleet, write_fleet_files
 from sim.cli.render import Table, format_option
 from sim.cli.app import on_pd, pd_options
 from sim.cli.turn_table import show_turns, turn_files
@@ -231,16 +232,19 @@ def sweep(ctx, scenario_path, prefixes, workers, concurrency, routers, engines, 
                    "with sessions also DIR/turns.csv (a row per turn).")
 @format_option("the row of summary.csv")
 @pd_options
+@autoscaling_options
 def run_command(scenario_file, scenario_path, prefixes, workers, concurrency, router, engine, cpu_kv_gib,
                 cpu_kv_connector, shared_kv_gib, peer_fetch, seed, arrival_curve, duration_s, slo, model, gpu, kv_gib, out_dir,
-                prefill_workers=None, decode_workers=None, gpu_price_usd=None) -> None:
+                prefill_workers=None, decode_workers=None, gpu_price_usd=None, autoscaler=None, min_workers=None,
+                max_workers=None, timeline_bin_s=None) -> None:
     """Run one point of a scenario and print its summary.
 
     The scenario is SCENARIO or --scenario FILE (default: the built-in service-baseline); goodput counts the
     requests that meet --slo or the scenario's slo block. --arrival-curve makes the load vary over time (a day:
     --arrival-curve diurnal:mean_rps=4,amplitude=0.8 --duration-s 86400). A sessions workload (chat, agent: scenarios/chat.yaml,
     scenarios/agent.yaml) also prints a row per turn (hit rates, TTFT, re-prefilled tokens, gap survival) and
-    writes DIR/turns.csv.
+    writes DIR/turns.csv. With --autoscaler the fleet is elastic (--workers: those ready at time 0) and --out
+    also writes DIR/timeline.csv, DIR/instances.csv and DIR/timeline.png (docs/concepts/autoscaling.md).
     """
     from sim.runner import run
     from sim.results.summary import summarize
@@ -256,7 +260,9 @@ def run_command(scenario_file, scenario_path, prefixes, workers, concurrency, ro
                                f"({base.cluster.workers}); give the pools with --prefill-workers/--decode-workers")
     base = on_peer_fetch(on_shared_kv(base, shared_kv_gib), peer_fetch)
     base = on_arrival_curve(base, arrival_curve, duration_s, concurrency=concurrency)
-    overrides: dict = {k: v for k, v in {"cluster.workers": workers, "seed": seed}.items() if v is not None}
+    elastic = autoscaled(base, autoscaler)
+    overrides: dict = {k: v for k, v in {"cluster.workers": None if elastic else workers, "seed": seed}.items()
+                       if v is not None}
     if base.has_sessions:
         if prefixes is not None:
             raise click.UsageError("--prefixes: a sessions workload has no shared prefixes N; its system prompts "
@@ -272,6 +278,9 @@ def run_command(scenario_file, scenario_path, prefixes, workers, concurrency, ro
         overrides.update(router_overrides(router[0], base.router.name, base.router.options))
     try:
         scenario = base.with_overrides(**overrides) if overrides else base
+        if elastic:
+            scenario = on_autoscaling(scenario, autoscaler, min_workers=min_workers, max_workers=max_workers,
+                                      initial_workers=workers, timeline_bin_s=timeline_bin_s)
         result = run(scenario)
     except ScenarioError as err:
         raise click.ClickException(str(err)) from None
@@ -318,6 +327,8 @@ def run_command(scenario_file, scenario_path, prefixes, workers, concurrency, ro
                                 if tier else ()))
     console.print(workers_table)
     show_turns(summary.session_figures, host_tier=tier)
+    if result.fleet is not None:
+        show_fleet(result.fleet)
     console.data([row], columns)
     if out_dir:
         out = Path(out_dir)
@@ -328,6 +339,9 @@ def run_command(scenario_file, scenario_path, prefixes, workers, concurrency, ro
         for name, data in turns.items():
             write_atomic(out / name, data)
         written = [str(out / name) for name in ("summary.csv", "requests.csv", *turns)]
+        if result.fleet is not None:
+            written += write_fleet_files(out, result.fleet, title=f"{scenario.name}: autoscaled "
+                                         f"{scenario.cluster.autoscaling.autoscaler.name}, {scenario.router.name}")
         console.print(f"wrote {', '.join(written[:-1])} and {written[-1]} ({len(records)} requests)")
 
 

@@ -27,20 +27,35 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import simpy
 
 from sim.cluster.scaling import Autoscaler, FleetSnapshot, WorkerPhase, WorkerSnapshot
+from sim.engines.interface import EngineLoad
+from sim.routing.interface import Router
 from sim.results.records import RequestRecord, Slo
-from sim.results.timeline import InstanceSpan, ScaleDecision, Timeline
+from sim.results.timeline import FleetRecord, InstanceSpan, ScaleDecision, Timeline
 
 if TYPE_CHECKING:
-    from sim.cluster.cluster import Cluster
     from sim.engines.interface import ServedRequest
     from sim.scenario import AutoscalingSpec
+
+
+class _Loaded(Protocol):
+    def load(self) -> EngineLoad: ...
+
+
+class FleetHost(Protocol):
+    """What the fleet reads of its cluster (`sim.cluster.cluster.Cluster`): the slots' workers, the in-flight counts
+    and the router."""
+
+    workers: Sequence[_Loaded]
+    router: Router
+
+    def in_flight(self, worker: int) -> int: ...
 
 
 @dataclass(slots=True)
@@ -123,7 +138,7 @@ class Fleet:
     never empty (min_workers >= 1, and a scale-in removes starting workers before ready ones).
     """
 
-    def __init__(self, env: simpy.Environment, cluster: Cluster, spec: AutoscalingSpec, autoscaler: Autoscaler, *,
+    def __init__(self, env: simpy.Environment, cluster: FleetHost, spec: AutoscalingSpec, autoscaler: Autoscaler, *,
                  provisioning_s: float, slo: Slo, retire: Callable[[int], None]) -> None:
         if autoscaler.interval_s <= 0:
             raise ValueError(f"autoscaler {autoscaler.name!r}: interval_s must be > 0, got {autoscaler.interval_s}")
@@ -142,6 +157,8 @@ class Fleet:
         self._window = _Window()
         self._next_instance = 0
         self._sent_s: dict[int, float] = {}
+        self._in_flight = 0
+        self._all_completed: simpy.Event | None = None
         for slot in range(spec.workers_at_start):
             inst = self._launch(slot)
             inst.ready_s = 0.0  # NOTE: the initial workers were provisioned before time 0
@@ -160,6 +177,7 @@ class Fleet:
         self._window.arrivals += 1
         self._window.arrival_prompt_tokens += request.prompt_tokens
         self._sent_s[request.request_id] = self.env.now
+        self._in_flight += 1
 
     def first_token(self, state: ServedRequest) -> None:
         """`state`'s first token reached the client now (its admission's hit is booked here, with its TTFT)."""
@@ -168,8 +186,18 @@ class Fleet:
         window.cached_prompt_tokens += state.num_cached_tokens or 0
         window.admitted_prompt_tokens += state.request.prompt_tokens
 
+    def all_completed(self) -> simpy.Event:
+        """An event that fires when no request is in flight (now, if none is)."""
+        event = self._all_completed = self.env.event()
+        if self._in_flight == 0:
+            event.succeed()
+        return event
+
     def completed(self, record: RequestRecord) -> None:
         self._sent_s.pop(record.request_id, None)
+        self._in_flight -= 1
+        if self._in_flight == 0 and self._all_completed is not None and not self._all_completed.triggered:
+            self._all_completed.succeed()
         self._window.completed += 1
         self._window.completed_output_tokens += record.output_tokens
         inst = self.live[record.worker]  # NOTE: a worker stops only once its last request completed
@@ -270,24 +298,3 @@ class Fleet:
                                                   key=lambda s: s.instance)),
                            decisions=tuple(self.decisions), timeline=self.timeline, end_s=end_s,
                            provisioning_s=self.provisioning_s, cold_window_s=self.spec.cold_window_s)
-
-
-@dataclass(frozen=True, slots=True)
-class FleetRecord:
-    """What an autoscaled run or replay leaves of its fleet: every instance's phases and requests, each tick's
-    decision, the timeline's bins, and the time the run ended (live instances' spans end there)."""
-
-    instances: tuple[InstanceSpan, ...]
-    """Every instance, by instance id."""
-    decisions: tuple[ScaleDecision, ...]
-    timeline: Timeline
-    end_s: float
-    provisioning_s: float
-    cold_window_s: float
-
-    def device_seconds(self, start_s: float = 0.0, end_s: float | None = None) -> float:
-        """Device-seconds provisioned over [start_s, end_s] (default: to the end): each instance from its launch to
-        its stop (starting, ready and draining are all paid for)."""
-        end_s = self.end_s if end_s is None else end_s
-        return sum(max(0.0, min(i.stopped_s if i.stopped_s is not None else self.end_s, end_s)
-                       - max(i.started_s, start_s)) for i in self.instances)

@@ -451,3 +451,54 @@ def draw_replay(stats, *, title: str):
 
 
 replay_figure = as_png(draw_replay)
+
+
+def draw_timeline(rows: Sequence[dict[str, object]], *, launches_s: Sequence[float], drains_s: Sequence[float],
+                  title: str):
+    """An autoscaled run over time (`timeline.csv`'s rows), one question per panel, sharing the time axis: the
+    workers (ready, starting, draining), the load (arrivals and completions per second), the hit rate (all requests,
+    and those served by workers ready for less than the cold window) and the TTFT p90. Launches are marked by
+    dotted green lines and drains by dotted red ones on every panel, so that the cold-cache dip after a scale-out
+    lines up with its cause."""
+    plt = _pyplot()
+    fig, axes, rect = _grid(plt, 4, 1, panel_w=9.0, panel_h=1.9, legend_w=1.9, sharex=True)
+    t = [float(r["start_s"]) for r in rows] + [float(rows[-1]["end_s"])]
+
+    def steps(key: str) -> list[float]:
+        values = [float(r[key]) if r[key] != "" else math.nan for r in rows]
+        return values + values[-1:]
+
+    def rate(key: str) -> list[float]:
+        values = [float(r[key]) / max(float(r["end_s"]) - float(r["start_s"]), 1e-12) for r in rows]
+        return values + values[-1:]
+
+    workers, load, hits, ttft = (a[0] for a in axes)
+    ready, starting, draining = steps("workers_ready"), steps("workers_starting"), steps("workers_draining")
+    workers.stackplot(t, ready, starting, draining, step="post", labels=("ready", "starting", "draining"),
+                      colors=("#4c72b0", "#dd8452", "#c44e52"), alpha=0.85)
+    workers.set_ylabel("workers")
+    load.step(t, steps("arrivals_rps"), where="post", label="arrivals (by send time)")
+    load.step(t, rate("completions"), where="post", label="completions", linestyle="--")
+    load.set_ylabel("requests / s")
+    hits.step(t, steps("request_hit_rate"), where="post", label="all requests")
+    hits.step(t, steps("cold_request_hit_rate"), where="post", label="served by a new worker\n(cold window)",
+              color="#c44e52")
+    hits.set_ylabel("request hit rate")
+    hits.set_ylim(-0.02, 1.02)
+    ttft.step(t, steps("ttft_p90_ms"), where="post", label="TTFT p90")
+    ttft.set_ylabel("TTFT p90 (ms)")
+    ttft.set_yscale("log")
+    ttft.set_xlabel("simulated time (s)")
+    for ax in (workers, load, hits, ttft):
+        for x in launches_s:
+            ax.axvline(x, color="#55a868", linestyle=":", linewidth=1)
+        for x in drains_s:
+            ax.axvline(x, color="#c44e52", linestyle=":", linewidth=1)
+        ax.grid(True, alpha=0.3)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    suptitle(fig, title + "\ndotted: workers launched (green), drained (red)")
+    fig.tight_layout(rect=rect)
+    return fig
+
+
+timeline_figure = as_png(draw_timeline)

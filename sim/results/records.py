@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from functools import reduce
+from typing import Protocol
 
 from sim.engines.interface import EngineCounters, PrefixCacheStats, ServedRequest
 from sim.results.cost import DeviceTime
@@ -314,6 +315,14 @@ class WorkerCounters:
                               steps=self.steps + other.steps)
 
 
+class FleetFigures(Protocol):
+    """What a result holds of an autoscaled fleet (`sim.results.timeline.FleetRecord`, which sits above records)."""
+
+    def row(self, start_s: float = 0.0, end_s: float | None = None) -> dict[str, float | int]:
+        """The summary's fleet columns over [start_s, end_s]."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class RunResult:
     """Everything `run(scenario)` produces; nothing is written anywhere."""
@@ -337,6 +346,9 @@ class RunResult:
     device_time: tuple[DeviceTime, ...] = ()
     """The time each device was provisioned over the measured phase, with its price (`sim.results.cost`): what the
     summary's GPU-hours and cost are derived from (empty: not filled)."""
+    fleet: FleetFigures | None = None
+    """An autoscaled run's fleet (a `sim.results.timeline.FleetRecord`: its instances, decisions and timeline);
+    None: a fixed fleet."""
 
     @property
     def measured(self) -> tuple[RequestRecord, ...]:

@@ -18,6 +18,7 @@ from pathlib import Path
 from sim.results.cost import COST_COLUMNS
 from sim.results.records import RequestRecord
 from sim.results.stats import over_runs
+from sim.results.timeline import FLEET_COLUMNS
 
 TIER_COLUMNS = (
     "cpu_kv_gib", "gpu_hit_rate", "cpu_hit_rate", "cpu_token_hit_rate", "ttft_gpu_hit_p50_ms", "ttft_gpu_hit_p99_ms",
@@ -89,11 +90,12 @@ REQUEST_TIER_COLUMNS = ("shared_cached_tokens", "tier_load_s")
 def summary_columns(rows: Sequence[dict[str, object]]) -> tuple[str, ...]:
     """The columns of a summary of `rows`: `SUMMARY_COLUMNS`, then `SESSION_COLUMNS` when a row has sessions, then
     `PD_COLUMNS` when a row is of a disaggregated run, then `SHARED_TIER_COLUMNS` when a row has a shared store, then
-    `PEER_FETCH_COLUMNS` when a row has G2 peer fetch."""
+    `PEER_FETCH_COLUMNS` when a row has G2 peer fetch, then `FLEET_COLUMNS` when a row is of an autoscaled fleet."""
     return (SUMMARY_COLUMNS + (SESSION_COLUMNS if any("sessions" in row for row in rows) else ())
             + (PD_COLUMNS if any("transfer_p50_ms" in row for row in rows) else ())
             + (SHARED_TIER_COLUMNS if any("shared_kv_gib" in row for row in rows) else ())
-            + (PEER_FETCH_COLUMNS if any("peer_fetched_blocks" in row for row in rows) else ()))
+            + (PEER_FETCH_COLUMNS if any("peer_fetched_blocks" in row for row in rows) else ())
+            + (FLEET_COLUMNS if any("fleet_device_s" in row for row in rows) else ()))
 
 
 def request_rows(records: Sequence[RequestRecord], *, shared_tier: bool = False

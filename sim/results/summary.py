@@ -484,6 +484,8 @@ class Summary(RequestRates):
     device_time: tuple[DeviceTime, ...] = ()
     """The devices' provisioned time over the measured phase, with their prices (`RunResult.device_time`): the
     cost columns' counters (`sim.results.cost.cost_columns`; NaN when empty)."""
+    fleet_row: dict[str, float | int] | None = None
+    """An autoscaled run's `FLEET_COLUMNS` over the measured phase (None: a fixed fleet)."""
 
     @property
     def token_hit_rate(self) -> float:
@@ -555,6 +557,8 @@ class Summary(RequestRates):
             **(self.shared_tier_row() if self.shared_tier else {}),
             # NOTE: only with G2 peer fetch, likewise.
             **(peer_fetch_row(engine) if self.peer_fetch else {}),
+            # NOTE: only for an autoscaled fleet, likewise.
+            **(self.fleet_row or {}),
         }
 
     def cost_row(self) -> dict[str, float]:
@@ -645,4 +649,5 @@ def summarize(result: RunResult) -> Summary:
             utilisation=result.pool_utilisation),
         output_tokens=sum(r.output_tokens for r in measured),
         device_time=result.device_time,
+        fleet_row=None if result.fleet is None else result.fleet.row(result.measured_start_s, result.measured_end_s),
     )

@@ -107,6 +107,46 @@ class Timeline:
             b.cold_cached_tokens += r.cached_tokens
 
 
+@dataclass(frozen=True, slots=True)
+class FleetRecord:
+    """What an autoscaled run or replay leaves of its fleet: every instance's phases and requests, each tick's
+    decision, the timeline's bins, and the time the run ended (live instances' spans end there)."""
+
+    instances: tuple[InstanceSpan, ...]
+    """Every instance, by instance id."""
+    decisions: tuple[ScaleDecision, ...]
+    timeline: Timeline
+    end_s: float
+    provisioning_s: float
+    cold_window_s: float
+
+    def device_seconds(self, start_s: float = 0.0, end_s: float | None = None) -> float:
+        """Device-seconds provisioned over [start_s, end_s] (default: to the end): each instance from its launch to
+        its stop (starting, ready and draining are all paid for)."""
+        end_s = self.end_s if end_s is None else end_s
+        return sum(max(0.0, min(i.stopped_s if i.stopped_s is not None else self.end_s, end_s)
+                       - max(i.started_s, start_s)) for i in self.instances)
+
+    def row(self, start_s: float = 0.0, end_s: float | None = None) -> dict[str, float | int]:
+        """The summary's fleet columns (`FLEET_COLUMNS`) over [start_s, end_s]: device-seconds provisioned, the mean
+        workers provisioned (device-seconds / span), workers launched and drained in it."""
+        end_s = self.end_s if end_s is None else end_s
+        device_s = self.device_seconds(start_s, end_s)
+        return {"fleet_device_s": device_s,
+                "fleet_workers_mean": device_s / (end_s - start_s) if end_s > start_s else math.nan,
+                "fleet_launched": sum(1 for i in self.instances if start_s <= i.started_s <= end_s and i.started_s > 0),
+                "fleet_drained": sum(1 for i in self.instances
+                                     if i.drained_s is not None and start_s <= i.drained_s <= end_s)}
+
+    def rows(self) -> list[dict[str, float | int | str]]:
+        """`timeline.csv` (`timeline_rows`)."""
+        return timeline_rows(self.timeline, self.instances, self.decisions, self.end_s)
+
+
+FLEET_COLUMNS = ("fleet_device_s", "fleet_workers_mean", "fleet_launched", "fleet_drained")
+"""An autoscaled run's summary columns (only then: a fixed fleet's summary keeps its columns)."""
+
+
 def _ratio(part: int, whole: int) -> float:
     return part / whole if whole else math.nan
 
