@@ -191,7 +191,7 @@ class AutoscalingSpec(ConfigModel):
     max_workers: int = Field(ge=1, description="The most workers the fleet runs at once: its slots (devices), draining ones included.")
     initial_workers: int | None = Field(None, ge=1, description="Workers ready at time 0 (default: min_workers).")
     provisioning: ProvisioningSpec = Field(default_factory=ProvisioningSpec, description="A new worker's start-up delay.")
-    cold_window_s: float = Field(300.0, gt=0, description="The timeline's cold columns count requests served by a worker within this many seconds of its becoming ready.")
+    cold_window_s: float = Field(60.0, gt=0, description="The timeline's cold columns count the requests sent to a worker within this many seconds of its becoming ready (default 60; the workers ready at time 0 start cold too).")
     timeline_bin_s: float | None = Field(None, gt=0, description="Seconds per timeline row (default: the autoscaler's interval).")
 
     @model_validator(mode="after")

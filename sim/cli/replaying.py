@@ -441,9 +441,8 @@ def replay(trace_file, trace_path, workers, kv_tokens, kv_blocks, kv_bytes, rout
     session_trace = None
     try:
         scenario = base.with_overrides(**overrides)
-        if elastic:
-            scenario = on_autoscaling(scenario, autoscaler, min_workers=min_workers, max_workers=max_workers,
-                                      initial_workers=workers, timeline_bin_s=timeline_bin_s)
+        scenario = on_autoscaling(scenario, autoscaler, min_workers=min_workers, max_workers=max_workers,
+                                  initial_workers=workers if elastic else None, timeline_bin_s=timeline_bin_s)
         workers = scenario.cluster.workers
         if sessions_of_trace:
             session_trace, result, wall_s = _replay_session_trace(

@@ -278,9 +278,8 @@ def run_command(scenario_file, scenario_path, prefixes, workers, concurrency, ro
         overrides.update(router_overrides(router[0], base.router.name, base.router.options))
     try:
         scenario = base.with_overrides(**overrides) if overrides else base
-        if elastic:
-            scenario = on_autoscaling(scenario, autoscaler, min_workers=min_workers, max_workers=max_workers,
-                                      initial_workers=workers, timeline_bin_s=timeline_bin_s)
+        scenario = on_autoscaling(scenario, autoscaler, min_workers=min_workers, max_workers=max_workers,
+                                  initial_workers=workers if elastic else None, timeline_bin_s=timeline_bin_s)
         result = run(scenario)
     except ScenarioError as err:
         raise click.ClickException(str(err)) from None
