@@ -39,7 +39,7 @@ def test_an_autoscaled_replay_writes_its_timeline(tmp_path):
                  "--kv-blocks", "2000", "--router", "round-robin", "--timeline-bin-s", "30", "--out", str(tmp_path))
     assert res.exit_code == 0, res.output
     row = next(csv.DictReader((tmp_path / "summary.csv").open()))
-    assert list(row)[-len(FLEET_COLUMNS):] == list(FLEET_COLUMNS)
+    assert set(FLEET_COLUMNS) <= set(row)
     assert (row["workers"], row["jobs"], row["fleet_launched"], row["fleet_drained"]) == ("3", "1", "1", "1")
     instances = list(csv.DictReader((tmp_path / "instances.csv").open()))
     assert tuple(instances[0]) == INSTANCE_COLUMNS
