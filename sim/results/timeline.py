@@ -36,13 +36,13 @@ class InstanceSpan:
     prompt_tokens: int
     cached_tokens: int
 
-    def phase_at(self, t_s: float) -> str:
-        """`starting`, `ready`, `draining` or `stopped` at `t_s` (a phase holds from its start, inclusive)."""
-        if t_s < self.started_s or (self.stopped_s is not None and t_s >= self.stopped_s):
+    def phase_before(self, t_s: float) -> str:
+        """`starting`, `ready`, `draining` or `stopped` just before `t_s` (a change at `t_s` is not seen yet)."""
+        if t_s <= self.started_s or (self.stopped_s is not None and t_s > self.stopped_s):
             return "stopped"
-        if self.drained_s is not None and t_s >= self.drained_s:
+        if self.drained_s is not None and t_s > self.drained_s:
             return "draining"
-        return "ready" if self.ready_s is not None and t_s >= self.ready_s else "starting"
+        return "ready" if self.ready_s is not None and t_s > self.ready_s else "starting"
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,8 +161,9 @@ TIMELINE_COLUMNS = (
 
 def timeline_rows(timeline: Timeline, instances: Sequence[InstanceSpan], decisions: Sequence[ScaleDecision],
                   end_s: float) -> list[dict[str, float | int | str]]:
-    """`timeline.csv`: one row per interval from 0 to `end_s` (the last may be shorter). The workers are the
-    fleet's at the row's end; `workers_launched` / `workers_drained` count the scale events in the row;
+    """`timeline.csv`: one row per interval [start_s, end_s) from 0 to `end_s` (the last may be shorter). The workers
+    are the fleet just before the row's end (a change at that instant is the next row's, as its scale events are);
+    `workers_launched` / `workers_drained` count the scale events in the row;
     `desired_workers` is the last tick's answer in the row (empty without a tick)."""
     bin_s = timeline.bin_s
     num_bins = max(1, math.ceil(end_s / bin_s - 1e-9), max(timeline.bins, default=-1) + 1)
@@ -171,7 +172,7 @@ def timeline_rows(timeline: Timeline, instances: Sequence[InstanceSpan], decisio
         lo, hi = k * bin_s, (k + 1) * bin_s
         if k == num_bins - 1 and lo < end_s < hi:
             hi = end_s  # the last row ends with the run
-        phases = [i.phase_at(hi) for i in instances]
+        phases = [i.phase_before(hi) for i in instances]
         b = timeline.bins.get(k, TimelineBin())
         ticks = [d for d in decisions if lo < d.now_s <= hi]
         span_s = hi - lo

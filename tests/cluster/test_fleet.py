@@ -56,8 +56,8 @@ def test_timeline_rows_show_the_new_worker_cold():
     columns = ("start_s", "workers_ready", "workers_starting", "workers_launched", "desired_workers", "arrivals_rps",
                "request_hit_rate", "cold_requests", "cold_request_hit_rate")
     assert [tuple(str(r[c]) for c in columns) for r in rows] == [
-        ("0.0", "1", "1", "0", "2", "0.2", "0.5", "2", "0.5"),  # at 10 s (the row's end) worker 1 is starting
-        ("10.0", "2", "0", "1", "2", "0.2", "0.5", "2", "0.5"),  # launched at 10 s; its first request missed
+        ("0.0", "1", "0", "0", "2", "0.2", "0.5", "2", "0.5"),  # the tick at 10 s answered 2
+        ("10.0", "2", "0", "1", "2", "0.2", "0.5", "2", "0.5"),  # launched at 10 s, ready at 15 s; its first miss
         ("20.0", "2", "0", "0", "", "0.1", "1.0", "0", "nan"),  # no tick inside (20, 30) before the run stopped
     ]
     assert [(r["slot"], r["instance"], r["ready_s"], r["requests"], r["request_hit_rate"])
