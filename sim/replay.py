@@ -24,7 +24,7 @@ from sim.results.cost import DeviceTime, cost_columns
 from sim.results.records import RequestRecord, WorkerCounters, prefix_cache_hit_rate, total_counters
 from sim.results.streaming_pd import PdTally
 from sim.results.summary import slo_columns
-from sim.runner import build_cluster, build_router
+from sim.runner import build_cluster, build_router, fleet_device_time
 from sim.scenario import Scenario
 from sim.results.streaming_stats import StreamingStats
 from sim.results.timeline import FleetRecord
@@ -202,8 +202,11 @@ def _result(scenario: Scenario, env, cluster, stats: StreamingStats, rejected: i
     """The replay's result once its environment has run out; a disaggregated cluster's pools and busy time too."""
     pd = scenario.cluster.disaggregation
     if pd is None:
-        fleet = None if cluster.fleet is None else cluster.fleet.result(env.now)
-        return ReplayResult(stats, cluster.counters(), env.now, rejected, records=tuple(records), fleet=fleet)
+        if cluster.fleet is None:
+            return ReplayResult(stats, cluster.counters(), env.now, rejected, records=tuple(records))
+        fleet = cluster.fleet.result(env.now)
+        return ReplayResult(stats, cluster.counters(), env.now, rejected, records=tuple(records), fleet=fleet,
+                            device_time=fleet_device_time(scenario, fleet, 0.0, env.now))
     P = pd.prefill.workers
     busy = [d.busy_s for d in cluster.devices]  # NOTE: a pool worker has a device of its own, prefill pool first
     return ReplayResult(stats, cluster.counters(), env.now, rejected, records=tuple(records),

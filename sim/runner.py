@@ -14,6 +14,8 @@ from sim.config import Problem, ProblemsError, suggestion
 from sim.cluster.arrivals import closed_loop, one_at_a_time, poisson, sessions, timed
 from sim.cluster.cluster import Cluster
 from sim.cluster.scaling import Autoscaler, AutoscalerFactory
+from sim.results.cost import DeviceTime
+from sim.results.timeline import FleetRecord
 from sim.cluster.disaggregated import DisaggregatedCluster
 from sim.results.records import RequestRecord, RunResult
 from sim.routing.interface import Router
@@ -138,6 +140,22 @@ def build_autoscaler(scenario: Scenario) -> Autoscaler | None:
         raise ScenarioError(f"cluster.autoscaling.autoscaler.options ({spec.autoscaler.name}): {err}") from None
 
 
+def fleet_device_time(scenario: Scenario, fleet: FleetRecord, start_s: float, end_s: float
+                      ) -> tuple[DeviceTime, ...]:
+    """An autoscaled fleet's `DeviceTime`: one entry per instance that held its slot's device in [start_s, end_s],
+    for the seconds it did (starting, ready and draining), on that slot's device."""
+    devices = scenario.cluster.devices()
+    out = []
+    for span in fleet.instances:
+        seconds = span.provisioned_s(start_s, end_s)
+        if seconds > 0:
+            dev = devices[span.slot]
+            hardware, gpus, price = scenario.device_price(dev)
+            out.append(DeviceTime(device=dev.name, hardware=hardware, gpus=gpus, price_per_hour_usd=price,
+                                  seconds=seconds))
+    return tuple(out)
+
+
 def build_cluster(env: simpy.Environment, scenario: Scenario, router, *, fast_forward: bool = True):
     """The scenario's cluster: aggregated (`Cluster`, elastic with `cluster.autoscaling`) or, with
     `cluster.disaggregation`, `DisaggregatedCluster`."""
@@ -205,9 +223,7 @@ def run(scenario: Scenario, stream: RequestStream | None = None, *, fast_forward
         **pool_figures(scenario, cluster, marks),
         shared_tier=scenario.shared_kv_bytes > 0,
         peer_fetch=scenario.peer_fetch,
-        # NOTE: a fixed fleet is paid for over the whole measured phase, busy or idle.
-        device_time=scenario.fleet_device_time(marks["end_s"] - marks["start_s"]),
-        fleet=None if fleet is None else fleet.result(env.now),
+        **_fleet_fields(scenario, None if fleet is None else fleet.result(env.now), marks),
     )
 
 
@@ -228,6 +244,14 @@ def curve_arrivals(scenario: Scenario) -> list[float] | None:
                             f"none left to measure after discard_first {w.discard_first}; lengthen duration_s or "
                             "raise the rate")
     return times
+
+
+def _fleet_fields(scenario: Scenario, fleet: FleetRecord | None, marks: dict[str, object]) -> dict[str, object]:
+    """The run's device time over the measured phase and, autoscaled, its fleet."""
+    if fleet is None:
+        # NOTE: a fixed fleet is paid for over the whole measured phase, busy or idle.
+        return {"device_time": scenario.fleet_device_time(marks["end_s"] - marks["start_s"])}
+    return {"fleet": fleet, "device_time": fleet_device_time(scenario, fleet, marks["start_s"], marks["end_s"])}
 
 
 def pool_figures(scenario: Scenario, cluster, marks: dict[str, object]) -> dict[str, object]:

@@ -36,6 +36,12 @@ class InstanceSpan:
     prompt_tokens: int
     cached_tokens: int
 
+    def provisioned_s(self, start_s: float, end_s: float) -> float:
+        """Seconds of [start_s, end_s] this instance held its device (from launch to stop: starting, ready and
+        draining are all paid for; a live one to `end_s`)."""
+        stop_s = end_s if self.stopped_s is None else min(self.stopped_s, end_s)
+        return max(0.0, stop_s - max(self.started_s, start_s))
+
     def phase_before(self, t_s: float) -> str:
         """`starting`, `ready`, `draining` or `stopped` just before `t_s` (a change at `t_s` is not seen yet)."""
         if t_s <= self.started_s or (self.stopped_s is not None and t_s > self.stopped_s):
@@ -124,8 +130,7 @@ class FleetRecord:
         """Device-seconds provisioned over [start_s, end_s] (default: to the end): each instance from its launch to
         its stop (starting, ready and draining are all paid for)."""
         end_s = self.end_s if end_s is None else end_s
-        return sum(max(0.0, min(i.stopped_s if i.stopped_s is not None else self.end_s, end_s)
-                       - max(i.started_s, start_s)) for i in self.instances)
+        return math.fsum(i.provisioned_s(start_s, end_s) for i in self.instances)
 
     def row(self, start_s: float = 0.0, end_s: float | None = None) -> dict[str, float | int]:
         """The summary's fleet columns (`FLEET_COLUMNS`) over [start_s, end_s]: device-seconds provisioned, the mean
