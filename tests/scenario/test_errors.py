@@ -105,7 +105,7 @@ ONE_LINE_CASES = [
      ":6:3: engine.chunked_prefil_size: unknown key; did you mean chunked_prefill_size?"),
     ("no near field", [], "  colour: blue\n",
      ":19:3: cluster.colour: unknown key; allowed: workers, deployments, default_device, router_hop_s, "
-     "request_overhead_s, response_overhead_s, reuse_breakdown, disaggregation"),
+     "request_overhead_s, response_overhead_s, reuse_breakdown, disaggregation, autoscaling"),
     ("unknown engine", [("  kind: vllm", "  kind: vlm")], "", ":5:3: engine.kind: unknown engine 'vlm'; did you mean vllm?"),
     ("a list item", [], "  deployments:\n    - workers: 2\n      devices:\n        - {name: a, workers: 1}\n"
                         "        - {name: b, workers: 1, speed: 0}\n",
