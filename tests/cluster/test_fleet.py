@@ -186,3 +186,34 @@ def test_bounds_are_checked():
         fleet_scenario(min_workers=3, max_workers=2)
     with pytest.raises(ScenarioError, match=r"initial_workers \(4\) must be in \[min_workers, max_workers\]"):
         fleet_scenario(max_workers=2, initial_workers=4)
+
+
+@settings(max_examples=30, deadline=None)
+@given(answers=st.lists(st.integers(min_value=0, max_value=5), min_size=1, max_size=6),
+       sends=st.lists(st.tuples(st.floats(min_value=0.0, max_value=60.0), st.integers(min_value=1, max_value=100)),
+                      min_size=1, max_size=20),
+       delay_s=st.sampled_from([0.0, 4.0, 12.0]))
+def test_requests_go_only_to_ready_workers_and_all_complete(answers, sends, delay_s):
+    # Random answers every 10 s and random requests (send time, output tokens): every request completes; each was
+    # sent to an instance ready at its send time and not yet drained; a slot's instances never overlap; a drained
+    # instance stops when its last request completes (or at once), and only then.
+    sc = fleet_scenario(min_workers=1, max_workers=4, delay_s=delay_s)
+    driver = FleetDriver(sc, ScriptedAutoscaler(10.0, {10.0 * (i + 1): n for i, n in enumerate(answers)}))
+    for rid, (at_s, output_tokens) in enumerate(sends):
+        driver.send(at_s, prefixed(rid, output_tokens=output_tokens))
+    driver.run(until=400)
+    assert len(driver.records) == len(sends)
+    spans = driver.fleet.result(400.0).instances
+    for r in driver.records.values():
+        (span,) = [s for s in spans if s.slot == r.worker and s.started_s <= r.sent_s
+                   and (s.stopped_s is None or r.finished_s <= s.stopped_s)]
+        assert span.ready_s is not None and span.ready_s <= r.sent_s
+        assert span.drained_s is None or r.sent_s <= span.drained_s  # a send and a tick at one instant: send first
+    for slot in range(4):
+        mine = sorted((s for s in spans if s.slot == slot), key=lambda s: s.started_s)
+        assert all(a.stopped_s is not None and a.stopped_s <= b.started_s for a, b in zip(mine, mine[1:]))
+    for s in spans:
+        if s.drained_s is not None:
+            last = max((r.finished_s for r in driver.records.values() if r.worker == s.slot
+                        and s.started_s <= r.sent_s and (r.finished_s <= s.stopped_s)), default=s.drained_s)
+            assert s.stopped_s == max(last, s.drained_s)
