@@ -126,6 +126,31 @@ def autoscaler_class(name: str) -> AutoscalerFactory:
     return factory
 
 
+def autoscaler_problems(data: Any) -> list[Problem]:
+    """What is wrong with a scenario file's `cluster.autoscaling.autoscaler` that only the autoscaler registry can see
+    (a check for `load_scenario`, as `router_problems`): an unknown name, or each option its autoscaler does not
+    take. Nothing when the section is absent or malformed (the scenario's own validation says so)."""
+    cluster = data.get("cluster") if isinstance(data, dict) else None
+    scaling = cluster.get("autoscaling") if isinstance(cluster, dict) else None
+    spec = scaling.get("autoscaler") if isinstance(scaling, dict) else None
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+        return []
+    loc = ("cluster", "autoscaling", "autoscaler")
+    registry = autoscaler_registry()
+    factory = registry.get(spec["name"])
+    if factory is None:
+        return [Problem((*loc, "name"), f"unknown autoscaler {spec['name']!r}; {suggestion(spec['name'], sorted(registry))}")]
+    options = spec.get("options") or {}
+    parse = getattr(factory, "parse_options", None)
+    if parse is None or not isinstance(options, dict):
+        return []
+    try:
+        parse(dict(options))
+    except ProblemsError as err:
+        return [Problem((*loc, "options", *p.loc), p.message) for p in err.problems]
+    return []
+
+
 def build_autoscaler(scenario: Scenario) -> Autoscaler | None:
     """The scenario's autoscaler (`cluster.autoscaling.autoscaler`), built with the fleet's bounds; None for a fixed
     fleet. Bad options are a ScenarioError naming them."""

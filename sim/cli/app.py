@@ -545,15 +545,15 @@ def positional_or_option(positional, option, argument: str, option_name: str):
 
 def load_or_exit(path: str | None, gpu: tuple[str, int] | None = None, *,
                  shared_prefix: str | None = None) -> tuple[Scenario, Path]:
-    """The scenario file at `path` (the built-in one for None), its router's name and options checked too, or the
-    error naming the file and every problem with its line. With `gpu` (--gpu) its devices are not checked against
-    the model's weights: --gpu replaces them, and `on_hardware` checks the new ones. With `shared_prefix` (a
-    command's name), a sessions workload is refused in one line: the command varies or measures what only a
-    shared-prefix workload has (its prefixes N, its request stream, the formula min(1, C/N))."""
-    from sim.runner import router_problems
+    """The scenario file at `path` (the built-in one for None), its router's and autoscaler's names and options
+    checked too, or the error naming the file and every problem with its line. With `gpu` (--gpu) its devices are
+    not checked against the model's weights: --gpu replaces them, and `on_hardware` checks the new ones. With
+    `shared_prefix` (a command's name), a sessions workload is refused in one line: the command varies or measures
+    what only a shared-prefix workload has (its prefixes N, its request stream, the formula min(1, C/N))."""
+    from sim.runner import autoscaler_problems, router_problems
 
     try:
-        scenario, file = load_scenario(path, checks=(router_problems,), check_devices=gpu is None)
+        scenario, file = load_scenario(path, checks=(router_problems, autoscaler_problems), check_devices=gpu is None)
     except ScenarioError as err:
         raise click.ClickException(str(err)) from None
     if shared_prefix is not None and scenario.has_sessions:

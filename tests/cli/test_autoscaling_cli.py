@@ -97,3 +97,15 @@ def test_bad_input_is_one_line(args, message):
     assert res.exit_code != 0
     assert message in res.output, res.output
     assert "Traceback" not in res.output and len(res.output.strip().splitlines()) <= 3
+
+
+def test_a_scenario_files_unknown_autoscaler_is_named_with_its_line(tmp_path):
+    text = (SCENARIOS / "service-baseline.yaml").read_text()
+    assert "\ncluster:\n" in text
+    path = tmp_path / "s.yaml"
+    path.write_text(text.replace("\ncluster:\n", "\ncluster:\n  autoscaling:\n    autoscaler: {name: nosuch}\n"
+                                                 "    max_workers: 4\n", 1))
+    res = CliRunner().invoke(main, ["run", str(path)])
+    assert res.exit_code != 0
+    assert "cluster.autoscaling.autoscaler.name: unknown autoscaler 'nosuch'" in res.output, res.output
+    assert "s.yaml:" in res.output and "Traceback" not in res.output
