@@ -9,7 +9,7 @@ from typing import Any
 
 import simpy
 
-from policies import PD_ROUTERS, ROUTERS
+from policies import AUTOSCALERS, PD_ROUTERS, ROUTERS
 from sim.config import Problem, ProblemsError, suggestion
 from sim.cluster.arrivals import closed_loop, one_at_a_time, poisson, sessions, timed
 from sim.cluster.cluster import Cluster
@@ -106,23 +106,12 @@ def build_pd_router(scenario: Scenario):
         raise ScenarioError(f"router.options ({spec.name}): {err}") from None
 
 
-def autoscaler_registry() -> dict[str, AutoscalerFactory]:
-    """The registered autoscalers (`policies.autoscalers.AUTOSCALERS`)."""
-    # NOTE: until policies.autoscalers lands (issue 26's autoscalers), no autoscaler is registered.
-    try:
-        from policies import AUTOSCALERS
-    except ImportError:
-        return {}
-    return AUTOSCALERS
-
-
 def autoscaler_class(name: str) -> AutoscalerFactory:
-    """The registered autoscaler `name`; a ScenarioError names the allowed ones."""
-    registry = autoscaler_registry()
-    factory = registry.get(name)
+    """The registered autoscaler `name` (`policies.AUTOSCALERS`); a ScenarioError names the allowed ones."""
+    factory = AUTOSCALERS.get(name)
     if factory is None:
         raise ScenarioError(f"cluster.autoscaling.autoscaler.name: unknown autoscaler {name!r}; "
-                            f"{suggestion(name, sorted(registry))}")
+                            f"{suggestion(name, sorted(AUTOSCALERS))}")
     return factory
 
 
@@ -136,10 +125,10 @@ def autoscaler_problems(data: Any) -> list[Problem]:
     if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
         return []
     loc = ("cluster", "autoscaling", "autoscaler")
-    registry = autoscaler_registry()
-    factory = registry.get(spec["name"])
+    factory = AUTOSCALERS.get(spec["name"])
     if factory is None:
-        return [Problem((*loc, "name"), f"unknown autoscaler {spec['name']!r}; {suggestion(spec['name'], sorted(registry))}")]
+        return [Problem((*loc, "name"), f"unknown autoscaler {spec['name']!r}; "
+                                        f"{suggestion(spec['name'], sorted(AUTOSCALERS))}")]
     options = spec.get("options") or {}
     parse = getattr(factory, "parse_options", None)
     if parse is None or not isinstance(options, dict):

@@ -9,10 +9,12 @@ from pathlib import Path
 
 import click
 
+from policies.autoscalers import split_autoscaler_spec
 from sim.cli.app import UsageExit, console, fmt
 from sim.cli.render import Table
 from sim.results.report import csv_bytes, write_atomic
 from sim.scenario import Scenario, ScenarioError
+from sim.studies.worker_profile import with_worker_rps
 
 AUTOSCALER_HELP = ("Autoscale the fleet: NAME or NAME:key=value,... (hpa, planner, schedule: "
                    "docs/concepts/autoscalers.md), e.g. hpa:metric=in_flight,target=4. With it --max-workers is the "
@@ -57,8 +59,6 @@ def on_autoscaling(scenario: Scenario, autoscaler: str | None, *, min_workers: i
         return scenario
     data = current.model_dump() if current is not None else {}
     if autoscaler is not None:
-        from policies.autoscalers import split_autoscaler_spec
-
         try:
             name, options = split_autoscaler_spec(autoscaler)
         except ValueError as err:
@@ -71,6 +71,11 @@ def on_autoscaling(scenario: Scenario, autoscaler: str | None, *, min_workers: i
     if "max_workers" not in data:
         raise UsageExit("--autoscaler: give --max-workers N (the most workers the fleet may run)")
     try:
+        # NOTE: the planner's worker_rps, when not given, is measured on one worker of the scenario (its workload and
+        # SLO), as Dynamo's pre-deployment profiling measures an engine (sim.studies.worker_profile).
+        fixed = scenario if current is None else scenario.with_overrides(**{"cluster.autoscaling": None})
+        spec = data["autoscaler"]
+        spec["options"] = with_worker_rps(spec["name"], dict(spec.get("options") or {}), fixed)
         scaled = scenario.with_overrides(**{"cluster.autoscaling": data, "cluster.workers": data["max_workers"]})
         build_autoscaler(scaled)
     except (ScenarioError, ValueError) as err:

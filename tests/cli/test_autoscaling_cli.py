@@ -1,12 +1,11 @@
 """`--autoscaler` on run and replay: an autoscaled replay writes its timeline, instances and figure and appends the
 fleet columns, an autoscaled run that never scales serves exactly as the fixed fleet, a replay with an autoscaler
-never splits, and bad input is one line. The autoscalers (policies.autoscalers) and the routers' membership
-(Router.set_workers) are other pieces of issue 26: the tests that need them skip until they are there."""
+never splits, and bad input is one line. The routers' membership (Router.set_workers) is another piece of issue 26:
+the tests that need it skip until it is there."""
 
 from __future__ import annotations
 
 import csv
-import importlib.util
 
 import pytest
 from click.testing import CliRunner
@@ -19,11 +18,8 @@ from sim.results.timeline import FLEET_COLUMNS, INSTANCE_COLUMNS, TIMELINE_COLUM
 from sim.scenario import load_scenario
 from tests.support.paths import SCENARIOS, TRACES
 
-HAVE_AUTOSCALERS = importlib.util.find_spec("policies.autoscalers") is not None
 HAVE_MEMBERSHIP = hasattr(RouterBase, "set_workers")
-needs_autoscalers = pytest.mark.skipif(not HAVE_AUTOSCALERS, reason="policies.autoscalers not merged yet")
-needs_fleet = pytest.mark.skipif(not (HAVE_AUTOSCALERS and HAVE_MEMBERSHIP),
-                                 reason="policies.autoscalers or Router.set_workers not merged yet")
+needs_fleet = pytest.mark.skipif(not HAVE_MEMBERSHIP, reason="the routers' Router.set_workers not merged yet")
 TRACE = str(TRACES / "conversation_head400.jsonl")
 
 
@@ -83,14 +79,13 @@ def test_an_autoscaled_replay_never_splits():
     (("run", "--min-workers", "2"), "--min-workers: only with an autoscaler; give --autoscaler NAME"),
     (("replay", TRACE), "give --workers N (or an autoscaler: --autoscaler NAME --max-workers N)"),
     pytest.param(("replay", TRACE, "--autoscaler", "hpa"),
-                 "--autoscaler: give --max-workers N", marks=needs_autoscalers),
+                 "--autoscaler: give --max-workers N"),
     pytest.param(("replay", TRACE, "--autoscaler", "hpaa", "--max-workers", "4"),
-                 "cluster.autoscaling.autoscaler.name: unknown autoscaler 'hpaa'; did you mean hpa?",
-                 marks=needs_autoscalers),
+                 "cluster.autoscaling.autoscaler.name: unknown autoscaler 'hpaa'; did you mean hpa?"),
     pytest.param(("replay", TRACE, "--autoscaler", "hpa", "--min-workers", "5", "--max-workers", "4"),
-                 "min_workers (5) must be <= max_workers (4)", marks=needs_autoscalers),
+                 "min_workers (5) must be <= max_workers (4)"),
     pytest.param(("run", "--autoscaler", "hpa", "--max-workers", "4", "--prefill-workers", "1", "--decode-workers",
-                  "1"), "cluster.autoscaling: not modelled with P/D pools", marks=needs_autoscalers),
+                  "1"), "cluster.autoscaling: not modelled with P/D pools"),
 ])
 def test_bad_input_is_one_line(args, message):
     res = CliRunner().invoke(main, list(args))
