@@ -67,6 +67,19 @@ def test_an_autoscaled_run_that_never_scales_is_the_fixed_fleet(tmp_path):
     assert not set(FLEET_COLUMNS) & set(fixed_row)
 
 
+@needs_fleet
+def test_a_session_trace_replays_closed_loop_on_an_autoscaled_fleet(tmp_path):
+    # Qwen-Bailian sessions (closed loop): the schedule asks for 3 workers from 5 s; two start then and serve.
+    res = invoke("replay", str(TRACES / "bailian_synthetic.jsonl"), "--autoscaler", "schedule:at=0/1,5/3,interval_s=5",
+                 "--max-workers", "3", "--router", "kv-aware", "--out", str(tmp_path))
+    assert res.exit_code == 0, res.output
+    instances = list(csv.DictReader((tmp_path / "instances.csv").open()))
+    assert [(i["slot"], i["started_s"], i["ready_s"]) for i in instances] == [("0", "0", "0"), ("1", "5", "35"),
+                                                                             ("2", "5", "35")]
+    row = next(csv.DictReader((tmp_path / "summary.csv").open()))
+    assert int(row["requests"]) == sum(int(i["requests"]) for i in instances)
+
+
 def test_an_autoscaled_replay_never_splits():
     s, _ = load_scenario(SCENARIOS / "trace-replay.yaml")
     s = s.with_overrides(**{"cluster.workers": 8, "router.name": "random", "router.options": {}})
