@@ -9,12 +9,10 @@ from pathlib import Path
 
 import click
 
-from policies.autoscalers import split_autoscaler_spec
 from sim.cli.app import UsageExit, console, fmt
 from sim.cli.render import Table
 from sim.results.report import csv_bytes, write_atomic
 from sim.scenario import Scenario, ScenarioError
-from sim.studies.worker_profile import with_worker_rps
 
 AUTOSCALER_HELP = ("Autoscale the fleet: NAME or NAME:key=value,... (hpa, planner, schedule: "
                    "docs/concepts/autoscalers.md), e.g. hpa:metric=in_flight,target=4. With it --max-workers is the "
@@ -47,7 +45,9 @@ def on_autoscaling(scenario: Scenario, autoscaler: str | None, *, min_workers: i
                    initial_workers: int | None, timeline_bin_s: float | None) -> Scenario:
     """`scenario` with the autoscaling options applied (unchanged without them), its autoscaler checked against the
     registry; a one-line error otherwise."""
+    from policies.autoscalers import split_autoscaler_spec
     from sim.runner import build_autoscaler
+    from sim.studies.worker_profile import with_worker_rps
 
     current = scenario.cluster.autoscaling
     given = {"--min-workers": min_workers, "--max-workers": max_workers, "--timeline-bin-s": timeline_bin_s}
