@@ -13,11 +13,11 @@ from policies import AUTOSCALERS, PD_ROUTERS, ROUTERS
 from sim.config import Problem, ProblemsError, suggestion
 from sim.cluster.arrivals import closed_loop, one_at_a_time, poisson, sessions, timed
 from sim.cluster.cluster import Cluster
+from sim.cluster.disaggregated import DisaggregatedCluster
 from sim.cluster.scaling import Autoscaler, AutoscalerFactory
 from sim.results.cost import DeviceTime
-from sim.results.timeline import FleetRecord
-from sim.cluster.disaggregated import DisaggregatedCluster
 from sim.results.records import RequestRecord, RunResult
+from sim.results.timeline import FleetRecord
 from sim.routing.interface import Router
 from sim.routing.replicas import ReplicatedRouter
 from sim.routing.spec import RouterSpec
