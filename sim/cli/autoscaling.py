@@ -118,9 +118,7 @@ def fleet_files(fleet, *, title: str) -> dict[str, bytes]:
     return {
         "timeline.csv": csv_bytes(rows, list(TIMELINE_COLUMNS)),
         "instances.csv": csv_bytes(instance_rows(fleet.instances), list(INSTANCE_COLUMNS)),
-        "timeline.png": timeline_figure(
-            rows, launches_s=[i.started_s for i in fleet.instances if i.started_s > 0],
-            drains_s=[i.drained_s for i in fleet.instances if i.drained_s is not None], title=title),
+        "timeline.png": timeline_figure(rows, instances=fleet.instances, end_s=fleet.end_s, title=title),
     }
 
 

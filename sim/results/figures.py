@@ -453,13 +453,12 @@ def draw_replay(stats, *, title: str):
 replay_figure = as_png(draw_replay)
 
 
-def draw_timeline(rows: Sequence[dict[str, object]], *, launches_s: Sequence[float], drains_s: Sequence[float],
-                  title: str):
+def draw_timeline(rows: Sequence[dict[str, object]], *, instances: Sequence, end_s: float, title: str):
     """An autoscaled run over time (`timeline.csv`'s rows), one question per panel, sharing the time axis: the
-    workers (ready, starting, draining), the load (arrivals and completions per second), the hit rate (all requests,
-    and those served by workers ready for less than the cold window) and the TTFT p90. Launches are marked by
-    dotted green lines and drains by dotted red ones on every panel, so that the cold-cache dip after a scale-out
-    lines up with its cause."""
+    workers (ready, starting, draining: exact, from the `instances`' spans, not sampled per row), the load (arrivals
+    and completions per second), the hit rate (all requests, and those served by workers ready for less than the
+    cold window) and the TTFT p90. Launches are marked by dotted green lines and drains by dotted red ones on every
+    panel, so that the cold-cache dip after a scale-out lines up with its cause."""
     plt = _pyplot()
     fig, axes, rect = _grid(plt, 4, 1, panel_w=9.0, panel_h=1.9, legend_w=1.9, sharex=True)
     t = [float(r["start_s"]) for r in rows] + [float(rows[-1]["end_s"])]
@@ -473,8 +472,13 @@ def draw_timeline(rows: Sequence[dict[str, object]], *, launches_s: Sequence[flo
         return values + values[-1:]
 
     workers, load, hits, ttft = (a[0] for a in axes)
-    ready, starting, draining = steps("workers_ready"), steps("workers_starting"), steps("workers_draining")
-    workers.stackplot(t, ready, starting, draining, step="post", labels=("ready", "starting", "draining"),
+    changes = sorted({0.0, end_s, *(x for i in instances
+                                    for x in (i.started_s, i.ready_s, i.drained_s, i.stopped_s)
+                                    if x is not None and x <= end_s)})
+    # NOTE: the phase just after each change holds until the next one.
+    phases = [[i.phase_before(x + 1e-9) for i in instances] for x in changes]
+    workers.stackplot(changes, *([p.count(name) for p in phases] for name in ("ready", "starting", "draining")),
+                      step="post", labels=("ready", "starting", "draining"),
                       colors=("#4c72b0", "#dd8452", "#c44e52"), alpha=0.85)
     workers.set_ylabel("workers")
     load.step(t, steps("arrivals_rps"), where="post", label="arrivals (by send time)")
@@ -487,13 +491,16 @@ def draw_timeline(rows: Sequence[dict[str, object]], *, launches_s: Sequence[flo
     hits.set_ylim(-0.02, 1.02)
     ttft.step(t, steps("ttft_p90_ms"), where="post", label="TTFT p90")
     ttft.set_ylabel("TTFT p90 (ms)")
-    ttft.set_yscale("log")
+    finite = [v for v in steps("ttft_p90_ms") if v == v]
+    if finite and max(finite) > 10 * min(finite):
+        ttft.set_yscale("log")
     ttft.set_xlabel("simulated time (s)")
     for ax in (workers, load, hits, ttft):
-        for x in launches_s:
-            ax.axvline(x, color="#55a868", linestyle=":", linewidth=1)
-        for x in drains_s:
-            ax.axvline(x, color="#c44e52", linestyle=":", linewidth=1)
+        for i in instances:
+            if i.started_s > 0:
+                ax.axvline(i.started_s, color="#55a868", linestyle=":", linewidth=1)
+            if i.drained_s is not None:
+                ax.axvline(i.drained_s, color="#c44e52", linestyle=":", linewidth=1)
         ax.grid(True, alpha=0.3)
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     suptitle(fig, title + "\ndotted: workers launched (green), drained (red)")
