@@ -1,7 +1,6 @@
 """`--autoscaler` on run and replay: an autoscaled replay writes its timeline, instances and figure and appends the
 fleet columns, an autoscaled run that never scales serves exactly as the fixed fleet, a replay with an autoscaler
-never splits, and bad input is one line. The routers' membership (Router.set_workers) is another piece of issue 26:
-the tests that need it skip until it is there."""
+never splits, and bad input is one line."""
 
 from __future__ import annotations
 
@@ -10,7 +9,6 @@ import csv
 import pytest
 from click.testing import CliRunner
 
-from policies.base import RouterBase
 from sim.cli import main
 from sim.replay import device_groups
 from sim.results.report import SUMMARY_COLUMNS
@@ -18,8 +16,6 @@ from sim.results.timeline import FLEET_COLUMNS, INSTANCE_COLUMNS, TIMELINE_COLUM
 from sim.scenario import load_scenario
 from tests.support.paths import SCENARIOS, TRACES
 
-HAVE_MEMBERSHIP = hasattr(RouterBase, "set_workers")
-needs_fleet = pytest.mark.skipif(not HAVE_MEMBERSHIP, reason="the routers' Router.set_workers not merged yet")
 TRACE = str(TRACES / "conversation_head400.jsonl")
 
 
@@ -27,7 +23,6 @@ def invoke(*args):
     return CliRunner().invoke(main, list(args), catch_exceptions=False)
 
 
-@needs_fleet
 def test_an_autoscaled_replay_writes_its_timeline(tmp_path):
     # A schedule: 1 worker, 2 from 30 s (ready 30 s after the tick at 30 s: the trace-replay model has no
     # architecture, so the delay is the engine start-up's 30 s), back to 1 at 90 s.
@@ -51,7 +46,6 @@ def test_an_autoscaled_replay_writes_its_timeline(tmp_path):
     assert (tmp_path / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-@needs_fleet
 def test_an_autoscaled_run_that_never_scales_is_the_fixed_fleet(tmp_path):
     # Two workers ready at 0, bounds [2, 2]: the autoscaler can change nothing, so every request is routed and
     # served as on the fixed fleet of two (kv-aware routing reads the caches: any difference would show).
@@ -67,7 +61,6 @@ def test_an_autoscaled_run_that_never_scales_is_the_fixed_fleet(tmp_path):
     assert not set(FLEET_COLUMNS) & set(fixed_row)
 
 
-@needs_fleet
 def test_a_session_trace_replays_closed_loop_on_an_autoscaled_fleet(tmp_path):
     # Qwen-Bailian sessions (closed loop): the schedule asks for 3 workers from 5 s; two start then and serve.
     res = invoke("replay", str(TRACES / "bailian_synthetic.jsonl"), "--autoscaler", "schedule:at=0/1,5/3,interval_s=5",
