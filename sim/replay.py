@@ -24,7 +24,7 @@ from sim.results.cost import DeviceTime, cost_columns
 from sim.results.records import RequestRecord, WorkerCounters, prefix_cache_hit_rate, total_counters
 from sim.results.streaming_pd import PdTally
 from sim.results.summary import slo_columns
-from sim.runner import build_cluster, build_router, fleet_device_time
+from sim.runner import build_cluster, build_router, elastic_device_time
 from sim.scenario import Scenario
 from sim.results.streaming_stats import StreamingStats
 from sim.results.timeline import FleetRecord
@@ -206,7 +206,7 @@ def _result(scenario: Scenario, env, cluster, stats: StreamingStats, rejected: i
             return ReplayResult(stats, cluster.counters(), env.now, rejected, records=tuple(records))
         fleet = cluster.fleet.result(env.now)
         return ReplayResult(stats, cluster.counters(), env.now, rejected, records=tuple(records), fleet=fleet,
-                            device_time=fleet_device_time(scenario, fleet, 0.0, env.now))
+                            device_time=elastic_device_time(scenario, fleet, 0.0, env.now))
     P = pd.prefill.workers
     busy = [d.busy_s for d in cluster.devices]  # NOTE: a pool worker has a device of its own, prefill pool first
     return ReplayResult(stats, cluster.counters(), env.now, rejected, records=tuple(records),

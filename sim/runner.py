@@ -154,7 +154,7 @@ def build_autoscaler(scenario: Scenario) -> Autoscaler | None:
         raise ScenarioError(f"cluster.autoscaling.autoscaler.options ({spec.autoscaler.name}): {err}") from None
 
 
-def fleet_device_time(scenario: Scenario, fleet: FleetRecord, start_s: float, end_s: float
+def elastic_device_time(scenario: Scenario, fleet: FleetRecord, start_s: float, end_s: float
                       ) -> tuple[DeviceTime, ...]:
     """An autoscaled fleet's `DeviceTime`: one entry per instance that held its slot's device in [start_s, end_s],
     for the seconds it did (starting, ready and draining), on that slot's device."""
@@ -265,7 +265,7 @@ def _fleet_fields(scenario: Scenario, fleet: FleetRecord | None, marks: dict[str
     if fleet is None:
         # NOTE: a fixed fleet is paid for over the whole measured phase, busy or idle.
         return {"device_time": scenario.fleet_device_time(marks["end_s"] - marks["start_s"])}
-    return {"fleet": fleet, "device_time": fleet_device_time(scenario, fleet, marks["start_s"], marks["end_s"])}
+    return {"fleet": fleet, "device_time": elastic_device_time(scenario, fleet, marks["start_s"], marks["end_s"])}
 
 
 def pool_figures(scenario: Scenario, cluster, marks: dict[str, object]) -> dict[str, object]:

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from sim.cluster.fleet import _Instance, fleet_deletion_order
 from sim.results.timeline import instance_rows, timeline_rows
-from sim.runner import fleet_device_time
+from sim.runner import elastic_device_time
 from sim.scenario import ScenarioError
 from tests.support.fleet_cluster import FleetDriver, ScriptedAutoscaler, fleet_scenario, prefixed
 
@@ -110,12 +110,12 @@ def test_scale_in_cancels_starting_workers_first():
     # Paid for: 2 x 40 s ready, 20 s and 10 s starting; one DeviceTime per instance on its slot's device (a linear
     # time model names no hardware: one GPU, no price).
     assert driver.fleet.result(40.0).device_seconds() == 110.0
-    times = fleet_device_time(sc, driver.fleet.result(40.0), 0.0, 40.0)
+    times = elastic_device_time(sc, driver.fleet.result(40.0), 0.0, 40.0)
     assert [(t.device, t.hardware, t.gpus, t.seconds) for t in times] == [
         ("gpu-0", None, 1, 40.0), ("gpu-1", None, 1, 40.0), ("gpu-2", None, 1, 20.0), ("gpu-3", None, 1, 10.0)]
     assert all(math.isnan(t.price_per_hour_usd) for t in times)
     # Over a measured phase [15, 25]: each instance's overlap with it.
-    assert [t.seconds for t in fleet_device_time(sc, driver.fleet.result(40.0), 15.0, 25.0)] == [10.0, 10.0, 10.0, 5.0]
+    assert [t.seconds for t in elastic_device_time(sc, driver.fleet.result(40.0), 15.0, 25.0)] == [10.0, 10.0, 10.0, 5.0]
 
 
 def test_answers_are_clamped_to_the_bounds_and_the_slots():
