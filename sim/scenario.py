@@ -253,8 +253,8 @@ class ClusterSpec(ConfigModel):
                                  "an aggregated cluster")
             if any(d.workers > 1 for d in self.devices()):
                 raise ValueError("cluster.autoscaling: every worker needs a device of its own (a deployment for "
-                                 f"{self.workers} workers shares devices); allowed: one worker per device (a deployment without "
-                                 "shared devices, the default device, or --gpu)")
+                                 f"{self.workers} workers shares devices); allowed: one worker per device (a "
+                                 "deployment without shared devices, the default device, or --gpu)")
         pd = self.disaggregation
         if pd is not None and pd.prefill.workers + pd.decode.workers != self.workers:
             raise ValueError(f"cluster.workers ({self.workers}) must equal disaggregation.prefill.workers + "

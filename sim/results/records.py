@@ -310,7 +310,7 @@ class WorkerCounters:
                               steps=self.steps - earlier.steps)
 
     def plus(self, other: WorkerCounters) -> WorkerCounters:
-        """These counters and `other`'s summed (an autoscaled slot: its stopped engines' counters and the live one's)."""
+        """These counters and `other`'s summed (an autoscaled slot: its stopped engines' and its live one's)."""
         return WorkerCounters(worker=self.worker, device=self.device, engine=_combine(self.engine, other.engine, 1),
                               steps=self.steps + other.steps)
 

@@ -64,7 +64,8 @@ def test_timeline_rows_show_the_new_worker_cold():
         ("20.0", "2", "0", "0", "", "0.1", "1.0", "0", "nan"),  # no tick inside (20, 30) before the run stopped
     ]
     assert [(r["slot"], r["instance"], r["ready_s"], r["requests"], r["request_hit_rate"])
-            for r in instance_rows(driver.fleet.result(30.0).instances)] == [(0, 0, 0.0, 2, 0.5), (1, 1, 15.0, 3, 2 / 3)]
+            for r in instance_rows(driver.fleet.result(30.0).instances)] == [
+        (0, 0, 0.0, 2, 0.5), (1, 1, 15.0, 3, 2 / 3)]
 
 
 def test_drain_finishes_running_requests_then_drops_the_cache():
@@ -115,7 +116,8 @@ def test_scale_in_cancels_starting_workers_first():
         ("gpu-0", None, 1, 40.0), ("gpu-1", None, 1, 40.0), ("gpu-2", None, 1, 20.0), ("gpu-3", None, 1, 10.0)]
     assert all(math.isnan(t.price_per_hour_usd) for t in times)
     # Over a measured phase [15, 25]: each instance's overlap with it.
-    assert [t.seconds for t in elastic_device_time(sc, driver.fleet.result(40.0), 15.0, 25.0)] == [10.0, 10.0, 10.0, 5.0]
+    in_phase = elastic_device_time(sc, driver.fleet.result(40.0), 15.0, 25.0)
+    assert [t.seconds for t in in_phase] == [10.0, 10.0, 10.0, 5.0]
 
 
 def test_answers_are_clamped_to_the_bounds_and_the_slots():
