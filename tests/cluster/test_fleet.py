@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from sim.cluster.fleet import _Instance, fleet_deletion_order
 from sim.results.timeline import instance_rows, timeline_rows
+from sim.routing.interface import PrefixStateSpec
 from sim.runner import elastic_device_time
 from sim.scenario import ScenarioError
 from tests.support.fleet_cluster import FleetDriver, ScriptedAutoscaler, fleet_scenario, prefixed
@@ -72,14 +73,19 @@ def test_drain_finishes_running_requests_then_drops_the_cache():
     # Two workers; at 10 s the autoscaler asks for 1. Both became ready at 0 s, so the higher instance (worker 1)
     # drains. A long request (200 output tokens) sent to worker 1 at 9 s is still decoding at 10 s: worker 1 takes
     # no new request (the one at 11 s goes to worker 0), finishes it, and stops at the moment it completes; its
-    # cache is then gone (a peek finds nothing) and its KV event subscriber got `cleared`.
+    # cache is then gone (a peek finds nothing), its KV event subscriber got `cleared`, and an index fed by those
+    # events (a router's `events` prefix state) no longer believes it holds the prefix.
     sc = fleet_scenario(min_workers=1, max_workers=2, initial_workers=2)
     driver = FleetDriver(sc, ScriptedAutoscaler(10.0, {10.0: 1}))
     events = []
     driver.cluster.subscribe_cache(1, lambda batch, at_s: events.extend((e.kind, at_s) for e in batch))
+    index = driver.cluster.prefix_state(PrefixStateSpec(mode="events"))
     driver.send(9.0, prefixed(1, output_tokens=200))
     driver.send(11.0, prefixed(2))
+    driver.run(until=9.5)
+    assert index.match_tokens(prefixed(3)) == [0, 32]  # worker 1 holds the 8 shared blocks (32 tokens)
     driver.run(until=20)
+    assert index.match_tokens(prefixed(3)) == [32, 0]  # worker 0 got them with request 2; worker 1's are gone
 
     long, later = driver.records[1], driver.records[2]
     assert long.worker == 1 and long.finished_s > 10.0
