@@ -1,16 +1,16 @@
 """vLLM v1's block pool: physical KV blocks, their reference counts, the prefix-cache map and the free queue.
 
 Mirrors `vllm/v1/core/block_pool.py` (`BlockPool`, `FreeKVCacheBlockQueue`, `BlockHashToBlockMap`).
-Block ids are plain ints; per-block state lives in two lists indexed by block id.
+Block ids are plain ints; per-block state lives in lists indexed by block id.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import deque
 from collections.abc import Iterable, Sequence
 from functools import partial
-from itertools import takewhile
-from operator import is_not
+from itertools import compress, islice, takewhile
+from operator import is_, is_not, itemgetter, not_, sub
 
 from sim.engines.interface import CacheEvent
 from sim.workloads.request import BlockHash
@@ -18,6 +18,12 @@ from sim.workloads.request import BlockHash
 NULL_BLOCK_ID = 0
 _is_cached = partial(is_not, None)
 """True for a block id, False for the None of a hash not cached (a C-level predicate for takewhile)."""
+_is_none = partial(is_, None)
+_BATCH_MIN_BLOCKS = 8
+"""Allocations and frees of at least this many blocks run as passes over the whole batch that run in C; a decode
+step's one block keeps the plain loop, whose set-up is cheaper. At least 2."""
+_COMPACT_SLACK = 64
+"""The free queue is compacted once its stale entries outnumber its free blocks by more than this."""
 
 
 class BlockPool:
@@ -37,6 +43,13 @@ class BlockPool:
     A block whose ref count reaches 0 goes to the **tail** of the queue if it has a hash; without a hash it goes
     to the **head** when `unhashed_to_head` (vLLM >= 0.24, PR #42656) and to the tail otherwise (<= 0.23).
 
+    The free queue is a deque with lazy removal: a block leaving it from the middle (a hit on an evictable cached
+    block, `touch`) stays in the deque as a stale entry, counted in `_stale[block]`, and the pop that reaches it
+    skips it. A block's stale entries always precede its live one: only a cached block is touched out of the queue,
+    it keeps its hash while held, so it comes back at the tail. The deque is compacted when stale entries outnumber
+    the free blocks, so its length stays within twice the pool's. (An OrderedDict does the same in O(1) too, but its
+    pops cost several times a deque's, and allocation is the hottest loop of a replay.)
+
     Events: the pool owns the queue of cache events not yet published, in emission order, as vLLM's `BlockPool`
     owns its `kv_event_queue`. Recording is off (and costs nothing) until `enable_events` (a subscriber,
     `sim.engines.event_feed`; vLLM's `enable_kv_cache_events`). The pool queues a `removed` event per evicted block,
@@ -50,6 +63,9 @@ class BlockPool:
         "_ref_cnt",
         "_hash",
         "_free",
+        "_num_free",
+        "_stale",
+        "_num_stale",
         "_cached",
         "_duplicates",
         "num_evicted_blocks",
@@ -65,8 +81,12 @@ class BlockPool:
         self.unhashed_to_head = unhashed_to_head
         self._ref_cnt = [0] * num_blocks
         self._hash: list[BlockHash | None] = [None] * num_blocks
-        # NOTE: an OrderedDict is a doubly linked list with O(1) remove, popleft, append and prepend.
-        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_blocks))
+        self._free: deque[int] = deque(range(1, num_blocks))
+        """The free queue, head first, with stale entries (see the class notes)."""
+        self._num_free = num_blocks - 1
+        self._stale = [0] * num_blocks
+        """Stale entries of each block in `_free` (ahead of its live one, if any)."""
+        self._num_stale = 0
         self._cached: dict[BlockHash, int] = {}
         self._duplicates: dict[BlockHash, list[int]] = {}
         self.num_evicted_blocks = 0
@@ -85,13 +105,13 @@ class BlockPool:
     @property
     def num_free_blocks(self) -> int:
         """Free-queue length: never-used, unhashed and evictable cached blocks alike (vLLM's `get_num_free_blocks`)."""
-        return len(self._free)
+        return self._num_free
 
     def usage(self, num_blocks_taken: int = 0) -> float:
         """vLLM's `get_usage` (`kv_cache_usage_perc`): the fraction of usable blocks out of the free queue, so
         evictable cached blocks count as free; with `num_blocks_taken`, as it will be once that many more blocks
         have left the queue (evicting a cached block is still one fewer free)."""
-        return 1.0 - (len(self._free) - num_blocks_taken) / (self.num_blocks - 1)
+        return 1.0 - (self._num_free - num_blocks_taken) / (self.num_blocks - 1)
 
     @property
     def num_cached_blocks(self) -> int:
@@ -117,7 +137,14 @@ class BlockPool:
 
     def free_queue(self) -> list[int]:
         """Block ids in allocation order (head first)."""
-        return list(self._free)
+        stale = self._stale.copy()
+        out = []
+        for b in self._free:
+            if stale[b]:
+                stale[b] -= 1
+            else:
+                out.append(b)
+        return out
 
     def lookup(self, block_hashes: Iterable[BlockHash]) -> list[int | None]:
         """The block cached under each hash, or None. A peek: changes nothing."""
@@ -141,24 +168,71 @@ class BlockPool:
     # ------------------------------------------------------------------ mutations
     def touch(self, block_ids: Sequence[int]) -> None:
         """Take a reference on hit blocks; a block at ref 0 leaves the free queue (and so cannot be evicted)."""
-        ref, free = self._ref_cnt, self._free
+        ref, stale = self._ref_cnt, self._stale
+        left = 0
         for b in block_ids:
             if ref[b] == 0:
-                del free[b]
+                stale[b] += 1
+                left += 1
             ref[b] += 1
+        if left:
+            self._num_free -= left
+            self._num_stale += left
+            if self._num_stale > self._num_free + _COMPACT_SLACK:
+                self._compact()
+
+    def _compact(self) -> None:
+        """Drop the stale entries from the free queue (amortised: runs once stale entries outnumber free blocks)."""
+        self._free = deque(self.free_queue())
+        self._stale = [0] * self.num_blocks
+        self._num_stale = 0
+
+    def _pop_free(self, num_blocks: int) -> list[int]:
+        """Take `num_blocks` live blocks off the head of the free queue, skipping stale entries."""
+        self._num_free -= num_blocks
+        popleft = self._free.popleft
+        if num_blocks == 1 and not self._num_stale:
+            return [popleft()]
+        out = list(islice(iter(popleft, None), num_blocks))
+        if not self._num_stale:
+            return out
+        stale = self._stale
+        if num_blocks > 1:
+            if not any(itemgetter(*out)(stale)):
+                return out
+        elif not stale[out[0]]:
+            return out
+        # NOTE: some popped entries are stale: keep the live ones in order and pop on until there are enough.
+        live = []
+        skipped = 0
+        for b in out:
+            if stale[b]:
+                stale[b] -= 1
+                skipped += 1
+            else:
+                live.append(b)
+        while len(live) < num_blocks:
+            b = popleft()
+            if stale[b]:
+                stale[b] -= 1
+                skipped += 1
+            else:
+                live.append(b)
+        self._num_stale -= skipped
+        return live
 
     def get_new_blocks(self, num_blocks: int, cache_hashes: Sequence[BlockHash] = ()) -> list[int]:
         """Pop `num_blocks` from the head of the free queue, evicting any cached hash they still carry; the first
         `len(cache_hashes)` of them are then registered under those hashes (`cache_blocks`, in the same pass)."""
-        if num_blocks > len(self._free):
-            raise RuntimeError(f"cannot allocate {num_blocks} blocks: only {len(self._free)} free")
-        free, ref, hashes, cached, dups = self._free, self._ref_cnt, self._hash, self._cached, self._duplicates
-        popleft = free.popitem
-        out = []
+        if num_blocks > self._num_free:
+            raise RuntimeError(f"cannot allocate {num_blocks} blocks: only {self._num_free} free")
+        if num_blocks >= _BATCH_MIN_BLOCKS and not self._duplicates:
+            return self._get_new_blocks_batch(num_blocks, cache_hashes)
+        ref, hashes, cached, dups = self._ref_cnt, self._hash, self._cached, self._duplicates
+        out = self._pop_free(num_blocks)
         removed: list[BlockHash] = []
         n_cache = len(cache_hashes)
-        for i in range(num_blocks):
-            b = popleft(last=False)[0]
+        for i, b in enumerate(out):
             h = hashes[b]
             if h is not None:
                 # NOTE: the common case inline (the block is its hash's only copy); duplicates take the long way.
@@ -171,7 +245,6 @@ class BlockPool:
                 hashes[b] = None
                 removed.append(h)
             ref[b] = 1
-            out.append(b)
             if i < n_cache:
                 # NOTE: registering before the next pop is equivalent to vLLM's pop-all-then-cache: should a later
                 # popped block still carry this hash, its eviction promotes this block, the state vLLM ends in.
@@ -189,9 +262,69 @@ class BlockPool:
                 self._events.extend([CacheEvent("removed", (h,), None, B) for h in removed])
         return out
 
+    def _get_new_blocks_batch(self, num_blocks: int, cache_hashes: Sequence[BlockHash]) -> list[int]:
+        """`get_new_blocks` for a pool without duplicates, as passes over the whole batch that run in C: pop every
+        block, evict the hashes they carry (in pop order), then register the new hashes, as vLLM's
+        `get_new_blocks` then `cache_full_blocks` do. Same state and events as the block-by-block loop: without
+        duplicates at the start, a new hash that a later popped block still carries is evicted first either way,
+        and the new block then holds it alone."""
+        ref, hashes, cached = self._ref_cnt, self._hash, self._cached
+        out = self._pop_free(num_blocks)
+        old = itemgetter(*out)(hashes)
+        removed: list[BlockHash] = []
+        if old.count(None) != num_blocks:
+            # NOTE: without duplicates, every hash a popped block carries is cached under that block alone.
+            removed = list(filter(_is_cached, old))
+            if list(map(cached.pop, removed, [None] * len(removed))) != list(compress(out, map(_is_cached, old))):
+                raise RuntimeError("a popped block carries a hash it is not registered under")
+        new = cache_hashes[:num_blocks] if len(cache_hashes) > num_blocks else cache_hashes
+        n_cache = len(new)
+        # NOTE: every popped block is taken once and loses any old hash; the first n_cache take the new ones.
+        for b in out:
+            ref[b] = 1
+        if removed:
+            for b in out[n_cache:]:
+                hashes[b] = None
+        if n_cache:
+            for b, h in zip(out, new):
+                hashes[b] = h
+            size = len(cached)
+            if cached.keys().isdisjoint(new):
+                cached.update(zip(new, out))
+            if len(cached) != size + n_cache:
+                # NOTE: a new hash already cached (or repeated in the batch): the first registered keeps lookups.
+                taken = set(out)
+                for h in new:
+                    if cached.get(h) in taken:
+                        del cached[h]
+                dups = self._duplicates
+                for b, h in zip(out, new):
+                    if h in cached:
+                        dups.setdefault(h, []).append(b)
+                    else:
+                        cached[h] = b
+        if removed:
+            self.num_evicted_blocks += len(removed)
+            if self.records_events:
+                B = self.block_size
+                self._events.extend([CacheEvent("removed", (h,), None, B) for h in removed])
+        return out
+
     def cache_blocks(self, block_ids: Sequence[int], block_hashes: Sequence[BlockHash]) -> None:
         """`cache_block` for pairs of blocks and hashes, in order."""
         hashes, cached = self._hash, self._cached
+        if (len(block_ids) >= _BATCH_MIN_BLOCKS and len(block_hashes) == len(block_ids)
+                and itemgetter(*block_ids)(hashes).count(None) == len(block_ids)):
+            # NOTE: the loop below in C when none of the hashes is cached yet (and none repeats).
+            size = len(cached)
+            if cached.keys().isdisjoint(block_hashes):
+                cached.update(zip(block_hashes, block_ids))
+                if len(cached) == size + len(block_ids):
+                    for b, h in zip(block_ids, block_hashes):
+                        hashes[b] = h
+                    return
+                for h in block_hashes:
+                    cached.pop(h, None)
         for b, h in zip(block_ids, block_hashes):
             if hashes[b] is not None:
                 raise RuntimeError(f"block {b} already carries hash {hashes[b]!r}")
@@ -214,22 +347,45 @@ class BlockPool:
     def free(self, block_ids: Iterable[int]) -> None:
         """Drop one reference from each block, in the order given (callers pass a request's blocks tail first)."""
         ref, hashes, free = self._ref_cnt, self._hash, self._free
-        unhashed_to_head = self.unhashed_to_head
-        to_head: list[int] = []
-        for b in block_ids:
-            left = ref[b] - 1
-            ref[b] = left
-            if left == 0:
-                if unhashed_to_head and hashes[b] is None:
-                    to_head.append(b)
-                else:
-                    free[b] = None
-            elif left < 0:
-                raise RuntimeError(f"block {b} freed more often than it was taken")
+        if not isinstance(block_ids, list):
+            block_ids = list(block_ids)
+        if len(block_ids) >= _BATCH_MIN_BLOCKS:
+            # NOTE: the loop below as passes that run in C (a request's blocks are distinct).
+            refs = itemgetter(*block_ids)(ref)
+            if refs.count(1) == len(refs):
+                # NOTE: the common case: the request was the blocks' only holder.
+                for b in block_ids:
+                    ref[b] = 0
+                released = block_ids
+            else:
+                left = list(map(sub, refs, [1] * len(refs)))
+                if min(left) < 0:
+                    raise RuntimeError(f"block {block_ids[left.index(min(left))]} freed more often than it was taken")
+                for b, n in zip(block_ids, left):
+                    ref[b] = n
+                released = list(compress(block_ids, map(not_, left)))
+        else:
+            released = []
+            for b in block_ids:
+                n = ref[b] - 1
+                ref[b] = n
+                if n == 0:
+                    released.append(b)
+                elif n < 0:
+                    raise RuntimeError(f"block {b} freed more often than it was taken")
+        if not released:
+            return
+        self._num_free += len(released)
+        if not self.unhashed_to_head:
+            free.extend(released)
+            return
+        released_hashes = itemgetter(*released)(hashes) if len(released) > 1 else (hashes[released[0]],)
+        if None not in released_hashes:
+            free.extend(released)
+            return
+        free.extend(compress(released, map(_is_cached, released_hashes)))
         # NOTE: prepended as a group that keeps its given order, so the request's last unhashed block is reused first.
-        for b in reversed(to_head):
-            free[b] = None
-            free.move_to_end(b, last=False)
+        free.extendleft(reversed(list(compress(released, map(_is_none, released_hashes)))))
 
     # ------------------------------------------------------------------ events
     def enable_events(self) -> None:
@@ -277,10 +433,16 @@ class BlockPool:
     def check_invariants(self) -> None:
         """Raise if the pool's state is impossible (used by tests and property tests)."""
         ref, hashes = self._ref_cnt, self._hash
-        if ref[NULL_BLOCK_ID] != 0 or NULL_BLOCK_ID in self._free or hashes[NULL_BLOCK_ID] is not None:
+        queue = self.free_queue()
+        if len(queue) != len(set(queue)) or len(queue) != self._num_free:
+            raise AssertionError(f"free queue {queue} repeats a block or has not {self._num_free} blocks")
+        if sum(self._stale) != self._num_stale or len(self._free) != self._num_free + self._num_stale:
+            raise AssertionError("stale entries miscounted")
+        in_queue = set(queue)
+        if ref[NULL_BLOCK_ID] != 0 or NULL_BLOCK_ID in in_queue or hashes[NULL_BLOCK_ID] is not None:
             raise AssertionError("the null block was handed out, freed or cached")
         for b in range(1, self.num_blocks):
-            in_free = b in self._free
+            in_free = b in in_queue
             if in_free != (ref[b] == 0):
                 raise AssertionError(f"block {b}: ref_cnt={ref[b]} but in_free_queue={in_free}")
         registered: dict[int, BlockHash] = {b: h for h, b in self._cached.items()}

@@ -8,10 +8,13 @@ free queue (block for block) and the cached set must agree.
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sim.engines.vllm import block_pool
 from sim.engines.vllm.kv_cache_manager import KVCacheManager
 from sim.engines.vllm.request_state import RequestState
 from sim.workloads.request import Request
@@ -95,6 +98,21 @@ ops = st.lists(
 @given(ops=ops, num_blocks=st.integers(4, 24), unhashed_to_head=st.booleans())
 @pytest.mark.slow
 def test_manager_matches_naive_model(ops, num_blocks, unhashed_to_head):
+    check_manager_against_naive_model(ops, num_blocks, unhashed_to_head)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops=ops, num_blocks=st.integers(4, 24), unhashed_to_head=st.booleans())
+@pytest.mark.slow
+def test_batch_passes_match_naive_model(ops, num_blocks, unhashed_to_head):
+    """The pool's batch passes (allocations and frees of many blocks) taken from two blocks up, and its free queue
+    compacted at every touch that leaves more stale entries than free blocks: same state as the naive model after
+    every operation, as the block-by-block loops."""
+    with mock.patch.object(block_pool, "_BATCH_MIN_BLOCKS", 2), mock.patch.object(block_pool, "_COMPACT_SLACK", 0):
+        check_manager_against_naive_model(ops, num_blocks, unhashed_to_head)
+
+
+def check_manager_against_naive_model(ops, num_blocks, unhashed_to_head):
     kv = KVCacheManager(num_blocks=num_blocks, block_size=B, max_model_len=10_000, unhashed_to_head=unhashed_to_head)
     naive = NaiveCache(num_blocks, unhashed_to_head=unhashed_to_head)
     running: list[RequestState] = []
