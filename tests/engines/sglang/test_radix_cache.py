@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sim.engines.sglang import radix_cache
+from sim.engines.sglang.evict_policy import EVICTION_POLICIES
 from sim.engines.sglang.radix_cache import RadixCache
 from sim.engines.sglang.tokens import Tokens, prompt_tokens
 from sim.workloads.request import Request
@@ -190,3 +194,39 @@ def test_tree_matches_a_naive_trie_of_its_paths(ops, page_size):
     assert c.protected_size() == 0
     c.evict(10**6)
     assert c.total_size() == 0
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["insert", "match", "evict", "lock", "unlock"]), SEQ, st.integers(1, 40)),
+                max_size=40),
+       st.sampled_from(sorted(EVICTION_POLICIES)), st.sampled_from([1, 2]))
+@pytest.mark.slow
+def test_eviction_by_scanning_the_leaves_equals_sglangs_heap(ops, policy, page_size):
+    """An evict finds its first leaves by scanning for the minimum (priority, id) and builds SGLang's heap only past
+    `_EVICT_SCANS`: the same leaves leave in the same order whether it scans for all of them, none or the default."""
+    scans = (0, 10**6, radix_cache._EVICT_SCANS)
+    trees = [RadixCache(page_size=page_size, eviction_policy=policy) for _ in scans]
+    locked: list[list] = [[] for _ in scans]
+    for tree in trees:
+        tree.enable_events()
+    for kind, seq, n in ops:
+        key = Tokens(seq)
+        freed = []
+        for tree, held, k in zip(trees, locked, scans):
+            if kind == "insert":
+                tree.insert(key, priority=n % 3)
+            elif kind == "match":
+                tree.match_prefix(key)
+            elif kind == "lock":
+                held.append(tree.match_prefix(key)[1])
+                tree.inc_lock_ref(held[-1])
+            elif kind == "unlock" and held:
+                tree.dec_lock_ref(held.pop(n % len(held)))
+            elif kind == "evict":
+                with mock.patch.object(radix_cache, "_EVICT_SCANS", k):
+                    freed.append(tree.evict(n))
+            tree.check_invariants()
+        assert len(set(freed)) <= 1
+        events = [tree.take_events() for tree in trees]
+        assert events[1] == events[0] and events[2] == events[0]
+        assert len({(t.evictable_size(), t.protected_size(), t.num_evicted_tokens) for t in trees}) == 1
