@@ -32,6 +32,7 @@ from sim.engines.sglang.tokens import Tokens
 
 
 _EVICT_SCANS = 4
+_last_access_time = attrgetter("last_access_time")
 """Leaves an evict finds by scanning for the minimum before it builds SGLang's heap (see `RadixCache.evict`)."""
 
 
@@ -172,13 +173,12 @@ class RadixCache:
         # changes during an evict). Most evicts free a leaf or two out of hundreds: the first _EVICT_SCANS are
         # found by scanning the set for its minimum, and only a longer evict builds the heap, from the set as it is.
         leaves = self.evictable_leaves
-        order = self._eviction_order
         num_evicted = 0
         for _ in range(_EVICT_SCANS):
             if num_evicted >= num_tokens or not leaves:
                 self.num_evicted_tokens += num_evicted
                 return num_evicted
-            x = min(leaves, key=order)
+            x = self._lowest_leaf(leaves)
             num_evicted += len(x.key)
             self._delete_leaf(x)
             if self.records_events:
@@ -197,6 +197,18 @@ class RadixCache:
                 self._record_remove(x)
         self.num_evicted_tokens += num_evicted
         return num_evicted
+
+    def _lowest_leaf(self, leaves: set[TreeNode]) -> TreeNode:
+        """The leaf of lowest (priority, id): SGLang's heap top."""
+        if self._priority is lru:
+            # NOTE: the common case in C: one leaf holds the oldest access time (a walk stamps one path, with at
+            # most one leaf on it), so no id is needed to break a tie.
+            nodes = list(leaves)
+            times = list(map(_last_access_time, nodes))
+            oldest = min(times)
+            if times.count(oldest) == 1:
+                return nodes[times.index(oldest)]
+        return min(leaves, key=self._eviction_order)
 
     def inc_lock_ref(self, node: TreeNode) -> int:
         """Add a holder on `node` and its ancestors; returns the change in evictable tokens (<= 0)."""

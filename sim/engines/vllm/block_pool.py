@@ -22,8 +22,11 @@ _is_none = partial(is_, None)
 _BATCH_MIN_BLOCKS = 8
 """Allocations and frees of at least this many blocks run as passes over the whole batch that run in C; a decode
 step's one block keeps the plain loop, whose set-up is cheaper. At least 2."""
+_COMPACT_POOL_MULTIPLE = 4
 _COMPACT_SLACK = 64
-"""The free queue is compacted once its stale entries outnumber its free blocks by more than this."""
+"""The free queue is compacted once its stale entries outnumber its free blocks by more than
+`_COMPACT_POOL_MULTIPLE` x the pool's blocks + `_COMPACT_SLACK`: its length stays within a few times the pool's, and
+a compaction (a pass over the deque in Python) comes at most once per that many touches."""
 
 
 class BlockPool:
@@ -47,8 +50,8 @@ class BlockPool:
     block, `touch`) stays in the deque as a stale entry, counted in `_stale[block]`, and the pop that reaches it
     skips it. A block's stale entries always precede its live one: only a cached block is touched out of the queue,
     it keeps its hash while held, so it comes back at the tail. The deque is compacted when stale entries outnumber
-    the free blocks, so its length stays within twice the pool's. (An OrderedDict does the same in O(1) too, but its
-    pops cost several times a deque's, and allocation is the hottest loop of a replay.)
+    the free blocks by a few times the pool's size (`_COMPACT_POOL_MULTIPLE`). (An OrderedDict does the same in
+    O(1) too, but its pops cost several times a deque's, and allocation is the hottest loop of a replay.)
 
     Events: the pool owns the queue of cache events not yet published, in emission order, as vLLM's `BlockPool`
     owns its `kv_event_queue`. Recording is off (and costs nothing) until `enable_events` (a subscriber,
@@ -178,7 +181,7 @@ class BlockPool:
         if left:
             self._num_free -= left
             self._num_stale += left
-            if self._num_stale > self._num_free + _COMPACT_SLACK:
+            if self._num_stale > self._num_free + _COMPACT_POOL_MULTIPLE * self.num_blocks + _COMPACT_SLACK:
                 self._compact()
 
     def _compact(self) -> None:
