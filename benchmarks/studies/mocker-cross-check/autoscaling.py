@@ -610,7 +610,7 @@ def plot(rows: list[dict], path: Path) -> None:
     keys = [k for k, p in pairs.items() if {"mocker", "kvsim"} <= p.keys()]
     if not keys:
         return
-    fig, axes = plt.subplots(len(keys), 3, figsize=(15, 3.2 * len(keys)), squeeze=False, sharex=True)
+    fig, axes = plt.subplots(len(keys), 3, figsize=(15, 3.2 * len(keys) + 0.45), squeeze=False, sharex=True)
     colors = {"mocker": "tab:orange", "kvsim": "tab:blue"}
     for i, key in enumerate(keys):
         ax_w, ax_r, ax_t = axes[i]
@@ -637,8 +637,9 @@ def plot(rows: list[dict], path: Path) -> None:
     for ax in axes[-1]:
         ax.set_xlabel("simulated time (s)")
     handles, labels = axes[0][0].get_legend_handles_labels()
+    height_in = 3.2 * len(keys) + 0.45
     fig.legend(handles, labels, loc="upper center", ncol=4, bbox_to_anchor=(0.5, 1.0))
-    fig.tight_layout(rect=(0, 0, 1, 0.96))
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.45 / height_in))   # 0.45 in above the panels for the legend
     fig.savefig(path, dpi=90)
     plt.close(fig)
 
