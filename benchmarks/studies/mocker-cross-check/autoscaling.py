@@ -766,6 +766,34 @@ def probe_main(argv: list[str]) -> int:
 
 
 # ---------------------------------------------------------------------------------------------------- main
+DETAIL_KEYS = ("ticks", "instances", "timeline", "in_flight_per_ready")
+"""A row's per-tick, per-instance and per-minute series: kept for the first run of a point, dropped for repeats."""
+
+
+def stored(row: dict) -> dict:
+    """The row as autoscaling.jsonl keeps it: the series of the first run only (repeats keep their summary), each
+    series as a header and rows of values."""
+    if row.get("run", 0) > 0:
+        return {k: v for k, v in row.items() if k not in DETAIL_KEYS}
+    out = dict(row)
+    for key in ("ticks", "instances", "timeline"):
+        if out.get(key):
+            fields = list(out[key][0])
+            out[key] = {"fields": fields, "rows": [[item.get(f) for f in fields] for item in out[key]]}
+    return out
+
+
+def rounded(value: Any, digits: int = 4) -> Any:
+    """`value` with every float rounded to `digits` decimals (the results file keeps what the comparison reads)."""
+    if isinstance(value, float):
+        return round(value, digits)
+    if isinstance(value, dict):
+        return {k: rounded(v, digits) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [rounded(v, digits) for v in value]
+    return value
+
+
 def portable(path: Path) -> str:
     """`path` relative to the repository when inside it, else its name (results never name machine paths)."""
     try:
@@ -829,16 +857,14 @@ def main(argv: list[str] | None = None) -> int:
                     row = run_mocker(a, router, rule, spec) if side == "mocker" else run_kvsim(a, router, rule, spec)
                     row = {**common, "run": run, **row}
                     rows.append(row)
-                    print(json.dumps({k: v for k, v in row.items()
-                                      if k not in ("ticks", "instances", "timeline", "in_flight_per_ready")}),
-                          flush=True)
+                    print(json.dumps({k: v for k, v in row.items() if k not in DETAIL_KEYS}), flush=True)
     print_comparison(rows)
     if a.figure is not None:
         plot(rows, a.figure)
     if not a.no_append:
         with RESULTS.open("a") as f:
             for row in rows:
-                f.write(json.dumps(row) + "\n")
+                f.write(json.dumps(rounded(stored(row))) + "\n")
     return 0
 
 
