@@ -14,6 +14,7 @@ NOTEBOOKS = REPO / "notebooks"
 # What each notebook must print once executed: a line of each of its analyses.
 EXPECTED = {
     "capacity_planning.ipynb": ("GiB per worker", "block model", "GiB host KV per worker", "of host KV per worker"),
+    "autoscaling_study.ipynb": ("GPU-hours", "of the fixed fleet's goodput", "first minute"),
     "router_study.ipynb": ("bound min(1, W·C/N)", "live", "mocker kv_router", "processing_s=0.01", "gap survival",
                            "P/D and tiers, best token hit"),
 }
