@@ -83,28 +83,34 @@ def day(runs: Path, out: Path, router: str = "kvsim") -> None:
     plt.close(fig)
 
 
-def cold(cold_rows: list[dict[str, str]], out: Path) -> None:
-    """How fast does a new worker's cache warm? A panel per router: token hit rate of requests on workers that just
-    became ready (solid) against the warm workers' at the same moments (dashed), by time since ready, HPA and
-    Planner."""
+def cold(ordinal: list[dict[str, str]], bins: list[dict[str, str]], out: Path) -> None:
+    """How fast does a new worker's cache warm? A panel per router: the request hit rate of a new worker's 1st, 2nd,
+    ... 20th request, pooled over every autoscaled run with that router, against the warm workers' hit rate at the
+    same moments (their first minute, dashed)."""
     fig, axes = plt.subplots(1, len(ROUTERS), figsize=(11, 3.2), sharey=True)
     for ax, router in zip(axes, ROUTERS):
-        for fleet in ("hpa", "planner"):
-            rows = [r for r in cold_rows if r["router"] == router and r["fleet"] == fleet]
-            if not rows:
-                continue
-            t = [_num(r["since_ready_s"]) / 60 + 0.25 for r in rows]
-            ax.plot(t, [_num(r["cold_token_hit_rate"]) for r in rows], color=COLOURS[fleet], marker="o", ms=3,
-                    label=f"{LABELS[fleet]}: new workers")
-            ax.plot(t, [_num(r["warm_token_hit_rate"]) for r in rows], color=COLOURS[fleet], ls="--", lw=1,
-                    label=f"{LABELS[fleet]}: warm workers")
-        ax.set_title(router, fontsize=10)
-        ax.set_xlabel("minutes since the worker became ready")
+        rows = [r for r in ordinal if r["router"] == router]
+        ks = sorted({int(r["kth_request"]) for r in rows})
+        hits, counts = [], []
+        for k in ks:
+            at = [r for r in rows if int(r["kth_request"]) == k and _num(r["instances"]) > 0]
+            n = sum(_num(r["instances"]) for r in at)
+            counts.append(n)
+            hits.append(sum(_num(r["request_hit_rate"]) * _num(r["instances"]) for r in at) / n if n else math.nan)
+        ax.plot(ks, hits, color="#1f77b4", marker="o", ms=3, label="new worker's k-th request")
+        warm = [r for r in bins if r["router"] == router and _num(r["since_ready_s"]) < 60 and _num(r["warm_requests"])]
+        n = sum(_num(r["warm_requests"]) for r in warm)
+        if n:
+            level = sum(_num(r["warm_request_hit_rate"]) * _num(r["warm_requests"]) for r in warm) / n
+            ax.axhline(level, color="black", ls="--", lw=1, label="warm workers, same minutes")
+        ax.set_title(f"{router} ({int(counts[0]) if counts else 0} new workers)", fontsize=10)
+        ax.set_xlabel("k-th request of a new worker")
         ax.set_ylim(0, 1)
-    axes[0].set_ylabel("token hit rate (30 s bins)")
-    handles, labels = axes[-1].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8, frameon=False)
-    fig.suptitle("Cold caches after a scale-out: new workers' token hit rate against the warm workers'", fontsize=10)
+        ax.set_xticks([1, 5, 10, 15, 20])
+    axes[0].set_ylabel("request hit rate")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=8, frameon=False)
+    fig.suptitle("Cold caches after a scale-out: a new worker's first requests, every autoscaled run pooled", fontsize=10)
     fig.tight_layout(rect=(0, 0.08, 1, 1))
     fig.savefig(out, dpi=110)
     plt.close(fig)
@@ -114,4 +120,4 @@ def draw(study: Path, figures: Path) -> None:
     results = _read(study / "results.csv")
     cost_and_goodput([r for r in results if r["fleet"] in FLEETS], figures / "autoscaling-cost.png")
     day(study / "runs", figures / "autoscaling-day.png")
-    cold(_read(study / "cold.csv"), figures / "autoscaling-cold.png")
+    cold(_read(study / "cold_requests.csv"), _read(study / "cold.csv"), figures / "autoscaling-cold.png")
