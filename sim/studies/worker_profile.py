@@ -59,6 +59,8 @@ class WorkerProfile:
 
 
 _CACHE: dict[tuple, WorkerProfile] = {}
+_PROFILE_SESSIONS = 50
+"""Sessions per profiled rate when the scenario gives their number only through a curve's span."""
 
 
 def profile_worker(scenario: Scenario, *, attainment: float = 0.95, requests: int = 200, seeds: int = 2,
@@ -79,7 +81,14 @@ def profile_worker(scenario: Scenario, *, attainment: float = 0.95, requests: in
         raise ProblemsError([Problem(("cluster", "disaggregation"), "a worker profile is of an aggregated worker")])
     sessions = scenario.has_sessions
     knob = "workload.session_rate_per_s" if sessions else "workload.arrival_rate_rps"
-    one = scenario.with_overrides(**{"cluster.workers": 1})
+    # NOTE: a worker is profiled at constant rates on a fixed fleet of one, as Dynamo's pre-deployment profiling
+    # measures one engine: the scenario's own load curve and autoscaler are not part of the profile.
+    fixed = {}
+    if getattr(scenario.workload, "arrival_curve", None) is not None:
+        fixed = {"workload.arrival_curve": None, "workload.duration_s": None}
+        if scenario.has_sessions and scenario.workload.sessions is None:  # the curve's span gave their number
+            fixed["workload.sessions"] = _PROFILE_SESSIONS
+    one = scenario.with_overrides(**{"cluster.autoscaling": None, **fixed, "cluster.workers": 1})
     if not sessions:
         one = one.with_overrides(**{"workload.min_requests": requests, "workload.requests_per_prefix": 0,
                                     "workload.discard_first": requests // 4})

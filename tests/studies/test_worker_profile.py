@@ -59,3 +59,18 @@ def test_with_worker_rps_fills_only_a_planner_without_one(monkeypatch):
         "predictor": "kalman", "worker_rps": 3.25}
     assert worker_profile.with_worker_rps("planner", {"worker_rps": 1.0}, scenario) == {"worker_rps": 1.0}
     assert worker_profile.with_worker_rps("hpa", {"target": 4}, scenario) == {"target": 4}
+
+
+def test_a_scenario_with_a_load_curve_and_an_autoscaler_profiles_as_its_fixed_constant_rate_self():
+    # The planner profiles a worker before an autoscaled diurnal run: the curve and the fleet are not the profile's.
+    base = tiny(slo={"ttft_ms": 2000}, **{"cluster.deployments": []})  # one worker per device, as autoscaling needs
+    curved = base.with_overrides(**{
+        "workload.arrival_curve": {"kind": "diurnal", "mean_rps": 2.0, "amplitude": 0.5, "period_s": 600.0},
+        "workload.duration_s": 600.0,
+        "cluster.workers": 3,
+        "cluster.autoscaling": {"autoscaler": {"name": "schedule", "options": {"at": "0/1"}}, "min_workers": 1,
+                                "max_workers": 3},
+    })
+    assert curved.workload.arrival_curve is not None and curved.cluster.autoscaling is not None
+    plain = profile_worker(base, requests=60, seeds=1)
+    assert profile_worker(curved, requests=60, seeds=1).points == plain.points
