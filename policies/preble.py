@@ -269,17 +269,19 @@ class PrebleRouter(RouterBase):
         tpots = [self.tpot(g) for g in range(self.num_workers)]
         # NOTE: node_cost inlined (this runs per request over every node in the window); the same operations in
         # the same order, so the same floats: prefill_cost(node) + ref[g] * out * tpot, summed in window order.
+        # The window's tables have the same keys in the same order (_window_add inserts a node into all of them,
+        # _rename and the expiry move or delete it from all), so they are walked side by side, not looked up.
         prefill_token_s = self.options.prefill_token_s
-        alloc_get, count, miss_rate, out_tokens = self.alloc.get, self.count, self.miss_rate, self.out_tokens
-        for node in self.prompt_sum:
-            n = count[node]
+        alloc_get = self.alloc.get
+        for node, n, rate, out in zip(self.prompt_sum, self.count.values(), self.miss_rate.values(),
+                                      self.out_tokens.values()):
             if n < min_count:
                 continue
             gpus = alloc_get(node)
             if not gpus:
                 continue
-            prefill = miss_rate[node] * n * prefill_token_s * node.tokens / len(gpus)
-            out, ref = out_tokens[node], node.ref
+            prefill = rate * n * prefill_token_s * node.tokens / len(gpus)
+            ref = node.ref
             for g in gpus:
                 cost[g] += prefill + ref[g] * out * tpots[g]
         return cost
@@ -455,12 +457,18 @@ class PrebleRouter(RouterBase):
                     return
                 self._last_rebalance_s = now
             tpot = self.tpot(larger)
-            alloc_get, count = self.alloc.get, self.count
-            candidates = sorted(
-                ((self.node_cost(node, larger, tpot), node.seq, node) for node in self.prompt_sum
-                 if count[node] > 1 and node.tokens > node.context_length - node.tokens  # is_large(), inlined
-                 and larger in alloc_get(node, ())),
-                key=lambda c: (c[0], c[1]))
+            # NOTE: node_cost(node, larger, tpot) inlined (the same operations in the same order), the window's
+            # tables walked side by side as in load_costs.
+            alloc_get, prefill_token_s = self.alloc.get, opts.prefill_token_s
+            candidates = []
+            for node, n, rate, out in zip(self.prompt_sum, self.count.values(), self.miss_rate.values(),
+                                          self.out_tokens.values()):
+                if n > 1 and node.tokens > node.context_length - node.tokens:  # is_large(), inlined
+                    gpus = alloc_get(node, ())
+                    if larger in gpus:
+                        candidates.append((rate * n * prefill_token_s * node.tokens / len(gpus)
+                                           + node.ref[larger] * out * tpot, node.seq, node))
+            candidates.sort(key=lambda c: (c[0], c[1]))
             if len(candidates) == 1:
                 moved, _, node = candidates[0]
                 moved /= 2  # the node's load is split in two
