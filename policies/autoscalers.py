@@ -1,5 +1,5 @@
 """Autoscalers: the rules that answer, every `interval_s` of simulated time, how many workers the fleet should have
-(`sim.cluster.scaling.Autoscaler`). `AUTOSCALERS` is the one registry: adding a rule is one class plus one line.
+(`sim.scaling.Autoscaler`). `AUTOSCALERS` is the one registry: adding a rule is one class plus one line.
 
 * `hpa`: Kubernetes' Horizontal Pod Autoscaler (autoscaling/v2), as its controller computes it
   (`pkg/controller/podautoscaler/replica_calculator.go` and `horizontal.go`, defaults from
@@ -26,7 +26,7 @@ from sim.config import Problem, ProblemsError, key_value, validation_problems
 from sim.routing.spec import option_value
 
 if TYPE_CHECKING:  # the contract's types only: policies never import the cluster's code (tests/test_layering.py)
-    from sim.cluster.scaling import FleetSnapshot, WorkerSnapshot
+    from sim.scaling import FleetSnapshot, WorkerSnapshot
 
 
 # ---------------------------------------------------------------------------------------------------------- base

@@ -14,7 +14,7 @@ from sim.config import Problem, ProblemsError, suggestion
 from sim.cluster.arrivals import closed_loop, one_at_a_time, poisson, sessions, timed
 from sim.cluster.cluster import Cluster
 from sim.cluster.disaggregated import DisaggregatedCluster
-from sim.cluster.scaling import Autoscaler, AutoscalerFactory
+from sim.scaling import Autoscaler, AutoscalerFactory
 from sim.results.cost import DeviceTime
 from sim.results.records import RequestRecord, RunResult
 from sim.results.timeline import FleetRecord

@@ -10,7 +10,7 @@ from sim.cluster.device import Device
 from sim.cluster.fleet import Fleet
 from sim.cluster.network_link import NetworkLinkQueue
 from sim.cluster.reuse import ReuseLedger
-from sim.cluster.scaling import Autoscaler
+from sim.scaling import Autoscaler
 from sim.cluster.tier_links import TierLinks
 from sim.cluster.worker import Worker
 from sim.cluster.workers_view import WorkersView

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import simpy
 
-from sim.cluster.scaling import Autoscaler, FleetSnapshot, WorkerPhase, WorkerSnapshot
+from sim.scaling import Autoscaler, FleetSnapshot, WorkerPhase, WorkerSnapshot
 from sim.engines.interface import EngineLoad
 from sim.routing.interface import Router
 from sim.results.records import RequestRecord, Slo

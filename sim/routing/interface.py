@@ -168,7 +168,7 @@ class Router(Protocol):
     def on_complete(self, request: Request, worker: int) -> None: ...
 
     def set_workers(self, workers: tuple[int, ...], instances: tuple[int, ...]) -> None:
-        """The routable workers changed (an autoscaled fleet, `sim.cluster.scaling`): from now on `route` picks only
+        """The routable workers changed (an autoscaled fleet, `sim.scaling`): from now on `route` picks only
         from `workers` (ascending worker indices, never empty); `instances[i]` is the instance id of the worker in
         slot `workers[i]` (a new worker in a reused slot has a new id: what a hashing router hashes, as a new pod
         has a new name). A worker that left may still complete requests (`on_complete`: it drains). Never called

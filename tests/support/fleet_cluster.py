@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 import simpy
 
 from sim.cluster.cluster import Cluster
-from sim.cluster.scaling import FleetSnapshot
+from sim.scaling import FleetSnapshot
 from sim.scenario import Scenario, validate_scenario
 from sim.workloads.request import Request
 

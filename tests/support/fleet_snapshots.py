@@ -1,11 +1,11 @@
-"""Hand-made fleet snapshots for autoscaler tests (`sim.cluster.scaling.FleetSnapshot`): the ready workers' metrics,
+"""Hand-made fleet snapshots for autoscaler tests (`sim.scaling.FleetSnapshot`): the ready workers' metrics,
 how many are starting, and the window's traffic."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sim.cluster.scaling import FleetSnapshot, WorkerSnapshot
+from sim.scaling import FleetSnapshot, WorkerSnapshot
 
 
 def fleet(now_s: float, in_flight: Sequence[int], *, starting: int = 0, waiting: Sequence[int] | None = None,

@@ -240,7 +240,7 @@ class MockerSnapshotAdapter:
         self._arrived = self._completed = 0
 
     def fleet_snapshot(self, snap: dict):
-        from sim.cluster.scaling import FleetSnapshot, WorkerSnapshot
+        from sim.scaling import FleetSnapshot, WorkerSnapshot
 
         now_s = snap["now_ms"] / 1000.0
         fpm = {f["worker_id"]: f for f in snap["decode_fpm_snapshots"]}
