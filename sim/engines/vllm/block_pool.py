@@ -258,11 +258,7 @@ class BlockPool:
                 else:
                     cached[new_hash] = b
         if removed:
-            self.num_evicted_blocks += len(removed)
-            if self.records_events:
-                # NOTE: one BlockRemoved per evicted block, in eviction order, as vLLM emits them.
-                B = self.block_size
-                self._events.extend([CacheEvent("removed", (h,), None, B) for h in removed])
+            self._evicted(removed)
         return out
 
     def _get_new_blocks_batch(self, num_blocks: int, cache_hashes: Sequence[BlockHash]) -> list[int]:
@@ -307,11 +303,16 @@ class BlockPool:
                     else:
                         cached[h] = b
         if removed:
-            self.num_evicted_blocks += len(removed)
-            if self.records_events:
-                B = self.block_size
-                self._events.extend([CacheEvent("removed", (h,), None, B) for h in removed])
+            self._evicted(removed)
         return out
+
+    def _evicted(self, removed: list[BlockHash]) -> None:
+        """Count the hashes `removed` by allocations and publish them: one BlockRemoved per evicted block, in
+        eviction order, as vLLM emits them."""
+        self.num_evicted_blocks += len(removed)
+        if self.records_events:
+            B = self.block_size
+            self._events.extend([CacheEvent("removed", (h,), None, B) for h in removed])
 
     def cache_blocks(self, block_ids: Sequence[int], block_hashes: Sequence[BlockHash]) -> None:
         """`cache_block` for pairs of blocks and hashes, in order."""
