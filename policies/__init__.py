@@ -23,35 +23,18 @@ from policies.sglang_gateway import SglangCacheAwareRouter
 from policies.sglang_pd import SglangPdRouter
 from policies.sticky import StickyRouter
 from policies.vllm_router import VllmRouterLoadAware, VllmRouterPrefixAware, VllmRouterSession
+from sim.config import named_registry
 
 
-def _registry(*classes: type[RouterBase]) -> dict[str, type[RouterBase]]:
-    registry: dict[str, type[RouterBase]] = {}
-    for cls in classes:
-        if not cls.name or cls.name in registry:
-            raise RuntimeError(f"router name {cls.name!r} is empty or registered twice")
-        registry[cls.name] = cls
-    return registry
+ROUTERS: dict[str, type[RouterBase]] = named_registry("router", (
+    RandomRouter, RoundRobinRouter, PrefixHashRouter, KvAwareRouter, RecordedRouter,
+    AibrixPrefixCacheRouter, AibrixLeastKvCacheRouter,
+    VllmRouterSession, VllmRouterPrefixAware, VllmRouterLoadAware,
+    LeastLoadedRouter, PowerOfTwoRouter, StickyRouter, LlmdRouter,
+    SglangCacheAwareRouter, PrebleRouter, KvsimRouter))
 
-
-ROUTERS = _registry(RandomRouter, RoundRobinRouter, PrefixHashRouter, KvAwareRouter, RecordedRouter,
-                    AibrixPrefixCacheRouter, AibrixLeastKvCacheRouter,
-                    VllmRouterSession, VllmRouterPrefixAware, VllmRouterLoadAware,
-                    LeastLoadedRouter, PowerOfTwoRouter, StickyRouter, LlmdRouter,
-                    SglangCacheAwareRouter, PrebleRouter, KvsimRouter)
-
-
-
-def _pd_registry(*classes: type[PdRouterBase]) -> dict[str, type[PdRouterBase]]:
-    registry: dict[str, type[PdRouterBase]] = {}
-    for cls in classes:
-        if not cls.name or cls.name in registry or cls.name in ROUTERS:
-            raise RuntimeError(f"disaggregated router name {cls.name!r} is empty or registered twice")
-        registry[cls.name] = cls
-    return registry
-
-
-PD_ROUTERS = _pd_registry(PdStagesRouter, DynamoDisaggRouter, LlmdPdRouter, SglangPdRouter)
+PD_ROUTERS: dict[str, type[PdRouterBase]] = named_registry(
+    "disaggregated router", (PdStagesRouter, DynamoDisaggRouter, LlmdPdRouter, SglangPdRouter), taken=ROUTERS)
 """Routers of disaggregated clusters (`sim.routing.interface.DisaggregatedRouter`): one class plus one line here."""
 
 __all__ = ["AUTOSCALERS", "PD_ROUTERS", "ROUTERS"]

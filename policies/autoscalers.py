@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from sim.config import Problem, ProblemsError, key_value, validation_problems
+from sim.config import Problem, ProblemsError, key_value, named_registry, validation_problems
 from sim.routing.spec import option_value
 
 if TYPE_CHECKING:  # the contract's types only: policies never import the cluster's code (tests/test_layering.py)
@@ -616,16 +616,8 @@ class ScheduleAutoscaler(AutoscalerBase):
 # ---------------------------------------------------------------------------------------------------------- registry
 
 
-def _registry(*classes: type[AutoscalerBase]) -> dict[str, type[AutoscalerBase]]:
-    registry: dict[str, type[AutoscalerBase]] = {}
-    for cls in classes:
-        if not cls.name or cls.name in registry:
-            raise RuntimeError(f"autoscaler name {cls.name!r} is empty or registered twice")
-        registry[cls.name] = cls
-    return registry
-
-
-AUTOSCALERS = _registry(HpaAutoscaler, PlannerAutoscaler, ScheduleAutoscaler)
+AUTOSCALERS: dict[str, type[AutoscalerBase]] = named_registry(
+    "autoscaler", (HpaAutoscaler, PlannerAutoscaler, ScheduleAutoscaler))
 """Every autoscaler by name: one class plus one line here."""
 
 

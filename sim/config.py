@@ -207,3 +207,14 @@ def _members(tp: Any) -> list[tuple[set[str], Any]]:
     if isinstance(tp, type) and issubclass(tp, BaseModel) and "kind" in tp.model_fields:
         names |= {str(v) for v in get_args(tp.model_fields["kind"].annotation)}
     return [(names, tp)]
+
+
+def named_registry(noun: str, classes: Sequence[Any], *, taken: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """One plugin family's registry, `{cls.name: cls}` in the order given, loud on an empty or repeated name (or one
+    already in `taken`, another family that shares the namespace): routers, disaggregated routers, autoscalers."""
+    registry: dict[str, Any] = {}
+    for cls in classes:
+        if not cls.name or cls.name in registry or (taken is not None and cls.name in taken):
+            raise RuntimeError(f"{noun} name {cls.name!r} is empty or registered twice")
+        registry[cls.name] = cls
+    return registry

@@ -7,7 +7,8 @@ from collections import Counter
 
 import pytest
 
-from policies import ROUTERS, _registry
+from policies import PD_ROUTERS, ROUTERS
+from sim.config import named_registry
 from policies.prefix_hash import PrefixHashRouter
 from policies.random_router import RandomRouter
 from policies.round_robin import RoundRobinRouter
@@ -19,8 +20,11 @@ def test_registry_lists_every_router_and_refuses_duplicates():
     assert {"random", "round-robin", "prefix-hash", "kv-aware", "recorded", "llm-d", "sglang-cache-aware",
             "aibrix-prefix-cache", "aibrix-least-kv-cache", "vllm-router-session", "vllm-router-prefix-aware",
             "vllm-router-loadaware", "least-loaded", "p2c", "sticky", "preble", "kvsim"} == set(ROUTERS)
-    with pytest.raises(RuntimeError, match="registered twice"):
-        _registry(RandomRouter, RandomRouter)
+    with pytest.raises(RuntimeError, match="^router name 'random' is empty or registered twice$"):
+        named_registry("router", (RandomRouter, RandomRouter))
+    with pytest.raises(RuntimeError, match="^disaggregated router name 'random' is empty or registered twice$"):
+        named_registry("disaggregated router", (RandomRouter,), taken=ROUTERS)
+    assert not set(PD_ROUTERS) & set(ROUTERS)
 
 
 def test_unknown_option_names_the_field_and_the_allowed_ones():
