@@ -121,7 +121,7 @@ def _replay_mooncake(scenario, trace, trace_block_size, speed, limit, bin_s, kee
 def _warped_opener(open_trace, curve_spec):
     """`open_trace` whose times are warped onto the curve (`sim.workloads.arrival_curve.warp_trace`): one pass over
     the trace first for its mean rate r̄ = requests / last arrival; the warp is said in one line."""
-    from sim.workloads.arrival_curve import trace_mean_rps
+    from sim.workloads.arrival_curve import warp_mean_rps
     from sim.workloads.traces import TraceError
 
     n, last_s = 0, 0.0
@@ -130,12 +130,9 @@ def _warped_opener(open_trace, curve_spec):
             last_s = item.arrival_s
     curve = curve_spec.curve()
     try:
-        mean_rps = trace_mean_rps(n, last_s)
+        mean_rps = warp_mean_rps(curve, n, last_s)
     except ValueError as err:
         raise TraceError(f"--arrival-curve: {err}") from None
-    if curve.total_arrivals < n:
-        raise TraceError(f"--arrival-curve: the curve brings only {curve.total_arrivals:g} arrivals in all, fewer "
-                         f"than the trace's {n:,} requests")
     console.print(f"arrivals warped onto {curve_spec.text()}: {n:,} requests over {last_s:,.6g} s at "
                   f"{mean_rps:.4g}/s now span {curve.inverse(n):,.6g} s", highlight=False)
     return functools.partial(_warped, open_trace, curve, mean_rps)

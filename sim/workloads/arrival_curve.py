@@ -355,6 +355,16 @@ def trace_mean_rps(num_requests: int, last_arrival_s: float) -> float:
     return num_requests / last_arrival_s
 
 
+def warp_mean_rps(curve: RateCurve, num_arrivals: int, last_arrival_s: float, *, unit: str = "requests") -> float:
+    """The mean rate r̄ (`trace_mean_rps`) a warp onto `curve` scales a trace's times by; a ValueError when the trace
+    spans no time or the curve brings fewer arrivals in all than the trace has (`unit`: what they are called)."""
+    mean_rps = trace_mean_rps(num_arrivals, last_arrival_s)
+    if curve.total_arrivals < num_arrivals:
+        raise ValueError(f"the curve brings only {curve.total_arrivals:g} arrivals in all, fewer than the trace's "
+                         f"{num_arrivals:,} {unit}")
+    return mean_rps
+
+
 def warp_trace(trace: Iterable[TraceRequest], curve: RateCurve, *, mean_rps: float) -> Iterator[TraceRequest]:
     """The trace with each arrival t mapped to Λ⁻¹(r̄·t), r̄ = `mean_rps` (the trace's own, `trace_mean_rps`).
 
@@ -415,12 +425,9 @@ def warped_mooncake(path: str | Path, curve: RateCurve) -> WarpedMooncake:
         raise TraceError(f"{path}: no requests (an empty trace)")
     n, last_s = len(stamped), stamped[-1][1]
     try:
-        mean = trace_mean_rps(n, last_s)
+        mean = warp_mean_rps(curve, n, last_s)
     except ValueError as err:
         raise TraceError(f"{path}: {err}") from None
-    if curve.total_arrivals < n:
-        raise TraceError(f"{path}: the curve brings only {curve.total_arrivals:g} arrivals in all, fewer than the "
-                         f"trace's {n:,} requests")
     lines = [json.dumps({**obj, "timestamp": round(1000 * curve.inverse(mean * t_s))}) for obj, t_s in stamped]
     return WarpedMooncake(("\n".join(lines) + "\n").encode(), n, last_s, mean, curve.inverse(n))
 

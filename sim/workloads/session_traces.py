@@ -51,7 +51,7 @@ from dataclasses import dataclass, replace
 from collections.abc import Iterator
 from pathlib import Path
 
-from sim.workloads.arrival_curve import RateCurve, trace_mean_rps
+from sim.workloads.arrival_curve import RateCurve, warp_mean_rps
 from sim.workloads.request import Request, computed_block_hashes, context_tokens
 from sim.workloads.sessions import Due
 from sim.workloads.session_inference import ParentInference, common_block_ids
@@ -183,12 +183,10 @@ class SessionTrace:
             raise TraceError(f"{self.path}:{self.line_nos[missing]}: --arrival-curve warps recorded times; this "
                              f"{'turn' if timing == 'recorded' else 'first turn'} has none")
         try:
-            self.warp_mean_rps = trace_mean_rps(len(times), max(times))
+            self.warp_mean_rps = warp_mean_rps(curve, len(times), max(times),
+                                               unit="turns" if timing == "recorded" else "sessions")
         except ValueError as err:
             raise TraceError(f"{self.path}: {err}") from None
-        if curve.total_arrivals < len(times):
-            raise TraceError(f"{self.path}: the arrival curve brings only {curve.total_arrivals:g} arrivals in all, "
-                             f"fewer than the trace's {len(times):,} {'turns' if timing == 'recorded' else 'sessions'}")
         self.warp_curve = curve
         return self.warp_mean_rps
 
