@@ -10,17 +10,17 @@ from typing import Any
 import simpy
 
 from policies import AUTOSCALERS, PD_ROUTERS, ROUTERS
-from sim.config import Problem, ProblemsError, suggestion
 from sim.cluster.arrivals import closed_loop, one_at_a_time, poisson, sessions, timed
 from sim.cluster.cluster import Cluster
 from sim.cluster.disaggregated import DisaggregatedCluster
-from sim.scaling import Autoscaler, AutoscalerFactory
+from sim.config import Problem, ProblemsError, suggestion
 from sim.results.cost import DeviceTime
 from sim.results.records import RequestRecord, RunResult
 from sim.results.timeline import FleetRecord
 from sim.routing.interface import Router
 from sim.routing.replicas import ReplicatedRouter
 from sim.routing.spec import RouterSpec
+from sim.scaling import Autoscaler, AutoscalerFactory
 from sim.scenario import Scenario, ScenarioError
 from sim.workloads.arrival_curve import ConstantCurve, arrival_times_s
 from sim.workloads.session_workload import SessionWorkload

@@ -10,7 +10,6 @@ from sim.cluster.device import Device
 from sim.cluster.fleet import Fleet
 from sim.cluster.network_link import NetworkLinkQueue
 from sim.cluster.reuse import ReuseLedger
-from sim.scaling import Autoscaler
 from sim.cluster.tier_links import TierLinks
 from sim.cluster.worker import Worker
 from sim.cluster.workers_view import WorkersView
@@ -18,6 +17,7 @@ from sim.engines.interface import CacheEvent, ServedRequest
 from sim.engines.registry import bind_peer_fetch, build_engine
 from sim.results.records import RequestRecord, WorkerCounters
 from sim.routing.interface import Router
+from sim.scaling import Autoscaler
 from sim.scenario import Scenario, ScenarioError
 from sim.timing.build import build_time_model
 from sim.workloads.request import Request, computed_block_hashes

@@ -33,11 +33,11 @@ from typing import TYPE_CHECKING, Protocol
 
 import simpy
 
-from sim.scaling import Autoscaler, FleetSnapshot, WorkerPhase, WorkerSnapshot
 from sim.engines.interface import EngineLoad
-from sim.routing.interface import Router
 from sim.results.records import RequestRecord, Slo
 from sim.results.timeline import FleetRecord, InstanceSpan, ScaleDecision, Timeline
+from sim.routing.interface import Router
+from sim.scaling import Autoscaler, FleetSnapshot, WorkerPhase, WorkerSnapshot
 
 if TYPE_CHECKING:
     from sim.engines.interface import ServedRequest
