@@ -117,6 +117,18 @@ def _out_options(writes: str, replays: str) -> Callable:
     )
 
 
+def _workload_overrides(prefixes: int | None, zipf: float | None, concurrency: int | None) -> dict[str, object]:
+    """The scenario overrides of the workload options every plan subcommand takes (`_workload_options`)."""
+    overrides: dict[str, object] = {}
+    if prefixes is not None:
+        overrides["workload.prefixes"] = prefixes
+    if zipf is not None:
+        overrides.update({"workload.popularity": "zipf" if zipf > 0 else "uniform", "workload.zipf_exponent": zipf})
+    if concurrency is not None:
+        overrides["workload.concurrency"] = concurrency
+    return overrides
+
+
 def _plan_base(scenario_path, prefixes, zipf, workers, concurrency, cpu_kv_gib, engine, model, gpu, kv_gib, *,
                slo=None, vary: str | None = None) -> Scenario:
     """The scenario both subcommands plan on, with the command's what-ifs applied, or a one-line error."""
@@ -129,15 +141,9 @@ def _plan_base(scenario_path, prefixes, zipf, workers, concurrency, cpu_kv_gib, 
     base = on_cpu_kv(base, cpu_kv_gib)
     if vary == "cpu-kv-gib":
         on_cpu_kv(base, 1.0)  # a one-line error now if the engine has no host tier
-    overrides: dict[str, object] = {}
-    if prefixes is not None:
-        overrides["workload.prefixes"] = prefixes
-    if zipf is not None:
-        overrides.update({"workload.popularity": "zipf" if zipf > 0 else "uniform", "workload.zipf_exponent": zipf})
+    overrides = _workload_overrides(prefixes, zipf, concurrency)
     if workers is not None:
         overrides["cluster.workers"] = workers
-    if concurrency is not None:
-        overrides["workload.concurrency"] = concurrency
     try:
         return base.with_overrides(**overrides) if overrides else base
     except ScenarioError as err:
@@ -486,13 +492,7 @@ def plan_cost(scenario_path, prefixes, zipf, concurrency, constraints, gpus, wor
     out = checked_out_dir(out_dir)
     base, _ = load_or_exit(scenario_path, gpus[0] if gpus else None, shared_prefix="plan")
     base = with_slo(on_engine(base, engine), slo)
-    overrides: dict[str, object] = {}
-    if prefixes is not None:
-        overrides["workload.prefixes"] = prefixes
-    if zipf is not None:
-        overrides.update({"workload.popularity": "zipf" if zipf > 0 else "uniform", "workload.zipf_exponent": zipf})
-    if concurrency is not None:
-        overrides["workload.concurrency"] = concurrency
+    overrides = _workload_overrides(prefixes, zipf, concurrency)
     try:
         base = base.with_overrides(**overrides) if overrides else base
         if kv_gib is not None and not gpus and model is None:
