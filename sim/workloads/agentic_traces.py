@@ -40,7 +40,7 @@ from sim.workloads.request import Request, computed_block_hashes, context_tokens
 from sim.workloads.session_traces import content_block_hashes, own_runs
 from sim.workloads.sessions import Due
 from sim.workloads.trace_formats import AGENTIC_SCHEMA
-from sim.workloads.traces import TraceError, check_hash_ids, field, json_object
+from sim.workloads.traces import TraceError, check_hash_ids, field, json_object, open_binary
 
 TRIGGERS = ("completion", "dispatch")
 RELATIONS = ("sequence", "spawn", "join", "replay_barrier")
@@ -173,10 +173,7 @@ class AgenticTrace:
 
     def _index(self, block_tokens: int | None, limit: int | None) -> int:
         path = self.path
-        try:
-            handle = path.open("rb")
-        except OSError as err:
-            raise TraceError(f"{path}: cannot open ({err.strerror})") from None
+        handle = open_binary(path)
         index: dict[str, int] = {}
         play_index: dict[str, int] = {}
         pending: list[tuple[tuple[str, bool, float], ...]] = []

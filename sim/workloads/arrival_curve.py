@@ -35,7 +35,7 @@ from typing import Annotated, Literal, Protocol, Union
 from pydantic import Field, ValidationError, model_validator
 
 from sim.config import ConfigModel, ProblemsError, key_values, suggestion, validation_problems
-from sim.workloads.traces import TraceError, TraceRequest, field, json_object
+from sim.workloads.traces import TraceError, TraceRequest, field, json_object, open_binary
 
 
 # ---- the curves: λ(t), Λ(t) and Λ⁻¹ -------------------------------------------------------------------------------
@@ -404,10 +404,7 @@ def warped_mooncake(path: str | Path, curve: RateCurve) -> WarpedMooncake:
     finite number >= 0, or goes backwards (the rest of a line is not checked here: the replay reads it)."""
     path = Path(path)
     stamped: list[tuple[dict, float]] = []
-    try:
-        handle = path.open("rb")
-    except OSError as err:
-        raise TraceError(f"{path}: cannot open ({err.strerror})") from None
+    handle = open_binary(path)
     with handle:
         last_ms = 0.0
         for line_no, text in enumerate(handle, start=1):

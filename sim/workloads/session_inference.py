@@ -31,7 +31,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from sim.workloads.traces import TraceError, json_object
+from sim.workloads.traces import TraceError, json_object, open_binary
 
 DEFAULT_COMMON_REQUESTS = 100
 """Requests above which a block id is a common prefix. On Mooncake's conversation trace only block 0 is carried by
@@ -46,10 +46,7 @@ def common_block_ids(path: Path, common_requests: int, limit: int | None = None)
         raise TraceError(f"common_requests must be >= 1, got {common_requests}")
     counts: Counter = Counter()
     n = 0
-    try:
-        handle = path.open("rb")
-    except OSError as err:
-        raise TraceError(f"{path}: cannot open ({err.strerror})") from None
+    handle = open_binary(path)
     with handle:
         for line_no, raw in enumerate(handle, start=1):
             if limit is not None and n >= limit:

@@ -56,7 +56,7 @@ from sim.workloads.request import Request, computed_block_hashes, context_tokens
 from sim.workloads.sessions import Due
 from sim.workloads.session_inference import ParentInference, common_block_ids
 from sim.workloads.trace_formats import LINE_READERS, MOONCAKE_BLOCK_TOKENS, SESSION_FORMATS, TurnLine, detect_format
-from sim.workloads.traces import TraceError, TraceRequest, json_object, sub_block_hashes
+from sim.workloads.traces import TraceError, TraceRequest, json_object, open_binary, sub_block_hashes
 
 SESSION_TIMINGS = ("closed-loop", "recorded")
 """How a session trace's turns are timed (`--sessions`)."""
@@ -204,10 +204,7 @@ class SessionTrace:
         """... and the timestamp of its last turn that had one (the mocker derives a delay from it)."""
         last_root_ts = -math.inf
         path = self.path
-        try:
-            handle = path.open("rb")
-        except OSError as err:
-            raise TraceError(f"{path}: cannot open ({err.strerror})") from None
+        handle = open_binary(path)
         with handle:
             offset = 0
             for line_no, raw in enumerate(handle, start=1):

@@ -13,6 +13,7 @@ import json
 import math
 from itertools import chain, repeat
 from collections.abc import Iterator
+from typing import BinaryIO
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,6 +47,14 @@ def field(obj: dict, name: str, kind: type, path: Path, line: int):
     if kind is str and not isinstance(value, str):
         raise TraceError(f"{path}:{line}: field {name!r} must be a string, got {value!r}")
     return value
+
+
+def open_binary(path: Path) -> BinaryIO:
+    """`path` opened for reading bytes, or a TraceError naming it and why it cannot be opened."""
+    try:
+        return path.open("rb")
+    except OSError as err:
+        raise TraceError(f"{path}: cannot open ({err.strerror})") from None
 
 
 def json_object(text: str | bytes, path: Path, line_no: int) -> dict:
