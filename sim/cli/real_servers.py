@@ -107,6 +107,10 @@ def measure(endpoints, prefixes, concurrency, requests, scenario_path, router, p
         raise click.ClickException(f"{setup['failed_requests']} request(s) failed after retries; first: {first}")
 
 
+def _spec(metric: str) -> str:
+    return ".3f" if metric in ("request_hit_rate", "full_hit_rate", "token_hit_rate") else ".1f"
+
+
 def _tolerances(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]):
     from sim.studies.validate import Tolerance
 
@@ -138,10 +142,14 @@ def validate(run_files, run_paths, scenario_path, routing, ttft_source, toleranc
     The runs, RUN.csv... or --runs FILE, are run CSVs with their JSON sidecars (docs/commands/measure-validate.md).
 
     Rates are compared in points (predicted - measured), times in ms and throughput in requests/s; the
-    relative error is shown beside.
+    relative error is shown beside. Runs whose sidecars describe the same setup are repeats: they are also
+    compared as a group, the prediction against the measured range over the repeats (its error is how far it lies
+    outside), with a bootstrap interval of the predicted percentiles; tolerances then apply to the group, so that
+    the machine's own spread is not counted as kvsim's error.
     """
     from sim.servers.run_csv import RunFileError, read_run
-    from sim.studies.validate import compare
+    from sim.studies.repeats import repeat_groups
+    from sim.studies.validate import compare_runs
 
     runs = positional_or_option(run_files, run_paths, "RUN.csv...", "--runs")
     if not runs:
@@ -155,29 +163,53 @@ def validate(run_files, run_paths, scenario_path, routing, ttft_source, toleranc
             loaded.append(read_run(path))
         except RunFileError as err:
             raise click.ClickException(str(err)) from None
-    comparisons = []
-    for run in loaded:
-        try:
-            comparisons += compare(base, run, routing=routing, ttft_source=ttft_source)
-        except (ScenarioError, ValueError) as err:
-            raise click.ClickException(str(err)) from None
+    try:
+        comparisons, grouped = compare_runs(base, loaded, routing=routing, ttft_source=ttft_source)
+    except (ScenarioError, ValueError) as err:
+        raise click.ClickException(str(err)) from None
+    in_groups = {r.name for g in repeat_groups(loaded) for r in g}
     table = Table(title=f"measured vs kvsim ({routing} routing, {ttft_source} TTFT, base scenario {base.name})")
     for col in ("run", "metric", "measured", "predicted", "error", "relative", "check"):
         table.add_column(col, justify="left" if col in ("run", "metric", "check") else "right",
                          key=col in ("run", "metric"))
     failed = []
     for c in comparisons:
-        bad = [t for t in tolerances if t.violated_by(c)]
-        check = "" if not any(t.metric == c.metric for t in tolerances) else ("FAIL" if bad else "ok")
+        checked = any(t.metric == c.metric for t in tolerances)
+        bad = [] if c.run in in_groups else [t for t in tolerances if t.violated_by(c)]
+        check = "" if not checked else ("repeats" if c.run in in_groups else "FAIL" if bad else "ok")
         if bad:
             failed.append(c)
-        spec = ".3f" if c.metric in ("request_hit_rate", "full_hit_rate", "token_hit_rate") else ".1f"
+        spec = _spec(c.metric)
         table.add_row(c.run, c.metric, fmt(c.measured, spec), fmt(c.predicted, spec), fmt(c.error, "+" + spec),
                       fmt(100 * c.relative_error, "+.1f") + " %", check)
     console.print(table)
+    if grouped:
+        rtable = Table(title="repeats: the measured range over runs of one setup against the prediction "
+                             "(error = how far outside the range; predicted 90 % bootstrap interval over its requests)")
+        for col in ("runs", "metric", "measured", "range", "predicted", "interval", "error", "relative", "check"):
+            rtable.add_column(col, justify="left" if col in ("runs", "metric", "check") else "right",
+                              key=col in ("runs", "metric"))
+        for c in grouped:
+            bad = [t for t in tolerances if t.violated_by(c)]
+            check = "" if not any(t.metric == c.metric for t in tolerances) else ("FAIL" if bad else "ok")
+            if bad:
+                failed.append(c)
+            spec = _spec(c.metric)
+            lo, hi = c.predicted_interval
+            rtable.add_row(c.run, c.metric, fmt(c.measured, spec),
+                           f"{fmt(c.measured_low, spec)}–{fmt(c.measured_high, spec)}", fmt(c.predicted, spec),
+                           "" if lo != lo else f"{fmt(lo, spec)}–{fmt(hi, spec)}", fmt(c.error, "+" + spec),
+                           fmt(100 * c.relative_error, "+.1f") + " %", check)
+        console.print(rtable)
     rows = [{"run": c.run, "metric": c.metric, "measured": c.measured, "predicted": c.predicted,
              "error": c.error} for c in comparisons]
     columns = ["run", "metric", "measured", "predicted", "error"]
+    if grouped:
+        columns += ["measured_low", "measured_high", "predicted_low", "predicted_high"]
+        rows += [{"run": c.run, "metric": c.metric, "measured": c.measured, "predicted": c.predicted,
+                  "error": c.error, "measured_low": c.measured_low, "measured_high": c.measured_high,
+                  "predicted_low": c.predicted_interval[0], "predicted_high": c.predicted_interval[1]}
+                 for c in grouped]
     console.data(rows, columns)
     if out_path:
         write_atomic(Path(out_path), csv_bytes(rows, columns))

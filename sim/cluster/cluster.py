@@ -57,7 +57,8 @@ class Cluster(WorkersView):
         tiers = TierLinks(scenario, scenario.engine)
         for dev in scenario.cluster.devices():
             device = Device(env, dev.name, speed=dev.speed, sharing_efficiency=dev.sharing_efficiency,
-                            num_workers=dev.workers, cores=dev.cores)
+                            num_workers=dev.workers, cores=dev.cores, host_load=dev.host_load,
+                            step_occupancy=dev.step_occupancy)
             time_model = build_time_model(scenario.device_time_model(dev), scenario.model)
             self.devices.append(device)
             # NOTE: the workers sharing a device share its links.

@@ -1,4 +1,19 @@
-"""A GPU (device) whose time its workers share: processor sharing between the steps in flight on it."""
+"""A device (a GPU, or a machine's CPU cores) whose time its workers share: the sharing model.
+
+Three effects, each a parameter fitted from measurement (docs/time/device-sharing.md):
+
+- **cores**: steps the device runs side by side at full speed (a GPU: 1; a CPU: its cores).
+- **host_load** h: the host work that comes with a stepping worker and competes with steps for the same cores (on a
+  CPU device: the engine loop that polls the worker, the API server streaming tokens, the client), in cores' worth
+  per stepping worker. With k steps in flight the device carries a load of L = k * (1 + h).
+- **step_occupancy** u: how much of the device one step keeps busy once steps outnumber its cores. Each step then
+  progresses at `1 / (1 + u * (L / cores - 1))` of its alone speed: u = 1 is strict time slicing (k steps on one GPU
+  each at 1/k: what processes without MPS get), u < 1 concurrent kernels whose throughput saturates with the combined
+  batch (MPS-like: a small model leaves a GPU underused, so k small steps cost less than k x one).
+
+`sharing_efficiency` (< 1: switching costs part of the device) multiplies the rate while the device is shared. With the
+defaults (h = 0, u = 1, efficiency 1) a step progresses at `speed * min(1, cores / k)`: processor sharing by time slices.
+"""
 
 from __future__ import annotations
 
@@ -6,28 +21,32 @@ import simpy
 
 
 class Device:
-    """Runs steps of `work_s` seconds (at speed 1.0) for the workers it hosts.
+    """Runs steps of `work_s` seconds (at speed 1.0) for the workers it hosts, shared by the model above.
 
-    With k steps in flight on a device of `cores` parallel units, each progresses at
-    `speed * min(1, cores / k) * efficiency` (time slicing between processes once they outnumber the units; with
-    `sharing_efficiency` < 1 switching costs part of the device while it is time-sliced). A step alone on the device
-    takes `work_s / speed`. A device that hosts one worker never shares and takes the short path.
+    A step alone on the device takes `work_s / speed`. A device whose workers can never outnumber its cores, host work
+    counted (`num_workers * (1 + host_load) <= cores`), never shares and takes the short path.
     """
 
     def __init__(self, env: simpy.Environment, name: str, *, speed: float = 1.0, sharing_efficiency: float = 1.0,
-                 num_workers: int = 1, cores: int = 1) -> None:
+                 num_workers: int = 1, cores: int = 1, host_load: float = 0.0, step_occupancy: float = 1.0) -> None:
         if speed <= 0:
             raise ValueError(f"device {name}: speed must be > 0, got {speed}")
         if not 0 < sharing_efficiency <= 1:
             raise ValueError(f"device {name}: sharing_efficiency must be in (0, 1], got {sharing_efficiency}")
+        if cores < 1:
+            raise ValueError(f"device {name}: cores must be >= 1, got {cores}")
+        if not host_load >= 0:
+            raise ValueError(f"device {name}: host_load must be >= 0, got {host_load}")
+        if not 0 < step_occupancy <= 1:
+            raise ValueError(f"device {name}: step_occupancy must be in (0, 1], got {step_occupancy}")
         self.env = env
         self.name = name
         self.speed = speed
         self.sharing_efficiency = sharing_efficiency
         self.num_workers = num_workers
-        if cores < 1:
-            raise ValueError(f"device {name}: cores must be >= 1, got {cores}")
         self.cores = cores
+        self.host_load = host_load
+        self.step_occupancy = step_occupancy
         self.busy_s = 0.0
         self._jobs: dict[simpy.Event, float] = {}
         self._last_update_s = 0.0
@@ -35,12 +54,12 @@ class Device:
 
     @property
     def exclusive(self) -> bool:
-        """True when every worker on the device always gets full speed (no more workers than cores)."""
-        return self.num_workers <= self.cores
+        """True when every worker on the device always gets full speed (its load never exceeds the cores)."""
+        return self.num_workers * (1.0 + self.host_load) <= self.cores
 
     def run(self, work_s: float) -> simpy.Event:
         """An event that fires when `work_s` seconds of full-speed work are done on this device."""
-        if self.num_workers <= self.cores:
+        if self.exclusive:
             self.busy_s += work_s / self.speed
             return self.env.timeout(work_s / self.speed)
         done = self.env.event()
@@ -49,16 +68,22 @@ class Device:
         self._reschedule()
         return done
 
-    def _rate(self) -> float:
-        k = len(self._jobs)
-        return self.speed if k <= self.cores else self.speed * self.sharing_efficiency * self.cores / k
+    def rate(self, steps: int) -> float:
+        """Progress per second of each of `steps` steps in flight on the device."""
+        load = steps * (1.0 + self.host_load)
+        if load <= self.cores:
+            return self.speed
+        # = speed * efficiency / (1 + u * (L / cores - 1)), written so that u = 1, h = 0 gives speed * e * cores / k
+        # to the last bit (the time-slicing model before host load and occupancy existed)
+        shared = self.cores + self.step_occupancy * (load - self.cores)
+        return self.speed * self.sharing_efficiency * self.cores / shared
 
     def _advance(self) -> None:
         now = self.env.now
         elapsed = now - self._last_update_s
         if elapsed > 0 and self._jobs:
             self.busy_s += elapsed
-            progress = elapsed * self._rate()
+            progress = elapsed * self.rate(len(self._jobs))
             jobs = self._jobs
             for job in jobs:
                 jobs[job] -= progress
@@ -69,7 +94,7 @@ class Device:
         if not self._jobs:
             return
         generation = self._generation
-        wait_s = max(min(self._jobs.values()), 0.0) / self._rate()
+        wait_s = max(min(self._jobs.values()), 0.0) / self.rate(len(self._jobs))
         self.env.timeout(wait_s).callbacks.append(lambda _event: self._wake(generation))
 
     def _wake(self, generation: int) -> None:

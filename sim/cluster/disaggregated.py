@@ -101,7 +101,8 @@ class DisaggregatedCluster:
         for dev in scenario.cluster.devices():
             stage = pd.pool_of(len(self.workers))
             device = Device(env, dev.name, speed=dev.speed, sharing_efficiency=dev.sharing_efficiency,
-                            num_workers=dev.workers, cores=dev.cores)
+                            num_workers=dev.workers, cores=dev.cores, host_load=dev.host_load,
+                            step_occupancy=dev.step_occupancy)
             self.devices.append(device)
             time_model = build_time_model(scenario.device_time_model(dev), scenario.model)
             prefill = stage == "prefill"

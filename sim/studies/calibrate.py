@@ -59,6 +59,8 @@ def relative_scale(metric: str) -> float:
 BOUNDS = {
     "speed": (0.05, 50.0),
     "sharing_efficiency": (0.2, 1.0),
+    "step_occupancy": (0.02, 1.0),
+    "host_load": (1e-3, 4.0),
     "_efficiency": (1e-3, 1.0),  # a roofline's fractions of the hardware's peaks
     "_s": (1e-9, 2.0),
 }
@@ -130,8 +132,8 @@ def parameter_bounds(name: str) -> tuple[float, float]:
     for suffix in ("_efficiency", "_s"):
         if leaf.endswith(suffix):
             return BOUNDS[suffix]
-    raise ValueError(f"cannot fit {name!r}: only times (..._s), efficiencies (..._efficiency), device speed and "
-                     f"sharing_efficiency are fitted")
+    raise ValueError(f"cannot fit {name!r}: only times (..._s), efficiencies (..._efficiency) and a device's speed, "
+                     f"sharing_efficiency, host_load and step_occupancy are fitted")
 
 
 def read_parameter(scenario: Scenario, name: str) -> float:

@@ -19,13 +19,15 @@ from sim.results.records import RunResult
 from sim.results.stats import percentile
 from sim.results.summary import RequestCounts
 from sim.servers.run_csv import Run
+from sim.studies.repeats import RepeatComparison, compare_repeats, repeat_groups
 from sim.runner import run as simulate
 from sim.scenario import Scenario, ScenarioError
 from sim.workloads.request import is_full_hit, shareable_tokens
 from sim.workloads.shared_prefix import RequestStream, SharedPrefixRequests, with_token_identity
 
-METRICS = ("request_hit_rate", "full_hit_rate", "token_hit_rate", "ttft_p50_ms", "ttft_p99_ms",
-           "ttft_hit_p50_ms", "ttft_miss_p50_ms", "tpot_p50_ms", "e2e_p50_ms", "e2e_p99_ms", "throughput_rps")
+METRICS = ("request_hit_rate", "full_hit_rate", "token_hit_rate", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms",
+           "ttft_hit_p50_ms", "ttft_miss_p50_ms", "tpot_p50_ms", "e2e_p50_ms", "e2e_p90_ms", "e2e_p99_ms",
+           "throughput_rps")
 RATE_METRICS = {"request_hit_rate", "full_hit_rate", "token_hit_rate"}
 
 
@@ -124,9 +126,10 @@ def _figures(*, hit: list[bool], full: list[bool], cached: list[int], prompt: li
         "request_hit_rate": counts.request_hit_rate,
         "full_hit_rate": counts.full_hit_rate,
         "token_hit_rate": counts.prefix_reuse,
-        "ttft_p50_ms": percentile(ttft, 50), "ttft_p99_ms": percentile(ttft, 99),
+        "ttft_p50_ms": percentile(ttft, 50), "ttft_p90_ms": percentile(ttft, 90), "ttft_p99_ms": percentile(ttft, 99),
         "ttft_hit_p50_ms": percentile(ttft[hits], 50), "ttft_miss_p50_ms": percentile(ttft[~hits], 50),
-        "tpot_p50_ms": percentile(tpot, 50), "e2e_p50_ms": percentile(e2e_ms, 50), "e2e_p99_ms": percentile(e2e_ms, 99),
+        "tpot_p50_ms": percentile(tpot, 50), "e2e_p50_ms": percentile(e2e_ms, 50),
+        "e2e_p90_ms": percentile(e2e_ms, 90), "e2e_p99_ms": percentile(e2e_ms, 99),
         "throughput_rps": counts.throughput_rps,
     }
 
@@ -154,27 +157,59 @@ def simulate_run(base: Scenario, run: Run, *, routing: str = "recorded") -> RunR
 
 def predicted_figures(base: Scenario, run: Run, *, routing: str = "recorded",
                       ttft_source: str = "client") -> dict[str, float]:
+    return predicted_samples(base, run, routing=routing, ttft_source=ttft_source)[0]
+
+
+def predicted_samples(base: Scenario, run: Run, *, routing: str = "recorded",
+                      ttft_source: str = "client") -> tuple[dict[str, float], dict[str, np.ndarray]]:
+    """The simulated run's figures, and its per-request TTFT and E2E (ms) for intervals of their percentiles."""
     result = simulate_run(base, run, routing=routing)
     records = result.measured
-    return _figures(
+    ttft_ms = [(r.ttft_s if ttft_source == "client" else r.engine_ttft_s) * 1000 for r in records]
+    e2e_ms = [r.e2e_s * 1000 for r in records]
+    figures = _figures(
         hit=[r.is_hit for r in records], full=[r.is_full_hit for r in records],
         cached=[r.cached_tokens for r in records], prompt=[r.prompt_tokens for r in records],
-        ttft_ms=[(r.ttft_s if ttft_source == "client" else r.engine_ttft_s) * 1000 for r in records],
-        tpot_ms=[None if r.tpot_s is None else r.tpot_s * 1000 for r in records],
-        e2e_ms=[r.e2e_s * 1000 for r in records],
+        ttft_ms=ttft_ms, tpot_ms=[None if r.tpot_s is None else r.tpot_s * 1000 for r in records], e2e_ms=e2e_ms,
         duration_s=max(r.finished_s for r in records) - min(r.sent_s for r in records),
     )
+    return figures, {"ttft": np.array(ttft_ms), "e2e": np.array(e2e_ms)}
+
+
+def _check_source(ttft_source: str) -> None:
+    if ttft_source not in ("client", "server"):
+        raise ValueError(f"ttft_source must be 'client' or 'server', got {ttft_source!r}")
+
+
+def _comparisons(name: str, measured: dict[str, float], predicted: dict[str, float]) -> list[Comparison]:
+    return [Comparison(name, m, measured[m], predicted[m]) for m in METRICS
+            if not (math.isnan(measured[m]) and math.isnan(predicted[m]))]
 
 
 def compare(base: Scenario, run: Run, *, routing: str = "recorded", ttft_source: str = "client") -> list[Comparison]:
     """Measured vs predicted figures of one run. `ttft_source`: "client" (as timed by the client) or "server"
     (vLLM's queue time + time to first token, compared with the simulated engine queue + prefill)."""
-    if ttft_source not in ("client", "server"):
-        raise ValueError(f"ttft_source must be 'client' or 'server', got {ttft_source!r}")
+    _check_source(ttft_source)
     measured = measured_figures(run, ttft_source=ttft_source)
     predicted = predicted_figures(base, run, routing=routing, ttft_source=ttft_source)
-    return [Comparison(run.name, m, measured[m], predicted[m]) for m in METRICS
-            if not (math.isnan(measured[m]) and math.isnan(predicted[m]))]
+    return _comparisons(run.name, measured, predicted)
+
+
+def compare_runs(base: Scenario, runs: list[Run], *, routing: str = "recorded", ttft_source: str = "client",
+                 ) -> tuple[list[Comparison], list[RepeatComparison]]:
+    """Every run compared (each simulated once), and every group of repeats (runs of one setup) compared as a group:
+    the measured figure's range over the repeats against the predicted one (`sim.studies.repeats`)."""
+    _check_source(ttft_source)
+    per_run: list[Comparison] = []
+    measured: dict[str, dict[str, float]] = {}
+    predicted: dict[str, tuple[dict[str, float], dict[str, np.ndarray]]] = {}
+    for run in runs:  # keyed by file: repeats in different directories may share a name
+        measured[str(run.csv_path)] = measured_figures(run, ttft_source=ttft_source)
+        predicted[str(run.csv_path)] = predicted_samples(base, run, routing=routing, ttft_source=ttft_source)
+        per_run += _comparisons(run.name, measured[str(run.csv_path)], predicted[str(run.csv_path)][0])
+    grouped = [c for group in repeat_groups(runs)
+               for c in compare_repeats(group, measured, predicted, metrics=METRICS)]
+    return per_run, grouped
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,7 +243,7 @@ class Tolerance:
             raise ValueError(f"{metric}={value}: the limit must be a number >= 0")
         return cls(metric, limit / 100 if relative else limit, relative)
 
-    def violated_by(self, c: Comparison) -> bool:
+    def violated_by(self, c: Comparison | RepeatComparison) -> bool:
         if c.metric != self.metric:
             return False
         error = c.relative_error if self.relative else c.error

@@ -1,0 +1,115 @@
+"""The device-sharing model (sim/cluster/device.py): narrated timings, and a property test against a naive model.
+
+Each step on a device of `cores`, with k steps in flight and host load h per stepping worker (load L = k(1 + h)),
+progresses at speed when L <= cores, else at speed * efficiency / (1 + u (L / cores - 1)).
+"""
+
+from __future__ import annotations
+
+import pytest
+import simpy
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim.cluster.device import Device
+
+
+def _job(env, dev, work_s, done, name, start=0.0):
+    if start:
+        yield env.timeout(start)
+    yield dev.run(work_s)
+    done.append((name, env.now))
+
+
+def _finish_times(jobs, **device) -> dict[str, float]:
+    env = simpy.Environment()
+    dev = Device(env, "d", **device)
+    done: list[tuple[str, float]] = []
+    for name, (start, work) in jobs.items():
+        env.process(_job(env, dev, work, done, name, start))
+    env.run()
+    return dict(done)
+
+
+def test_defaults_are_strict_time_slicing():
+    # Two 1 s steps on one core: each at 1/2, both done at 2 s.
+    t = _finish_times({"a": (0.0, 1.0), "b": (0.0, 1.0)}, num_workers=2)
+    assert t == {"a": pytest.approx(2.0), "b": pytest.approx(2.0)}
+
+
+def test_occupancy_below_one_overlaps_steps():
+    # u = 0.5: two steps each run at 1 / (1 + 0.5 (2 - 1)) = 2/3, so two 1 s steps finish at 1.5 s, not 2.
+    t = _finish_times({"a": (0.0, 1.0), "b": (0.0, 1.0)}, num_workers=2, step_occupancy=0.5)
+    assert t == {"a": pytest.approx(1.5), "b": pytest.approx(1.5)}
+
+
+def test_occupancy_with_a_late_arrival():
+    # u = 0.5, one core. A (1 s of work) alone until B arrives at 0.5 s (A has 0.5 left); both then at 2/3:
+    # A finishes 0.75 s later (1.25), when B has done 0.5 of its 1 s; B alone for the rest: 1.75.
+    t = _finish_times({"a": (0.0, 1.0), "b": (0.5, 1.0)}, num_workers=2, step_occupancy=0.5)
+    assert t == {"a": pytest.approx(1.25), "b": pytest.approx(1.75)}
+
+
+def test_host_load_slows_steps_only_when_the_cores_run_out():
+    # Two cores, host load 0.5 per stepping worker. One step: load 1.5 <= 2, full speed (1 s).
+    # Two steps: load 3 on 2 cores, each at 2/3: 1.5 s.
+    alone = _finish_times({"a": (0.0, 1.0)}, num_workers=2, cores=2, host_load=0.5)
+    both = _finish_times({"a": (0.0, 1.0), "b": (0.0, 1.0)}, num_workers=2, cores=2, host_load=0.5)
+    assert alone == {"a": pytest.approx(1.0)}
+    assert both == {"a": pytest.approx(1.5), "b": pytest.approx(1.5)}
+
+
+def test_exclusive_counts_the_host_load():
+    env = simpy.Environment()
+    assert Device(env, "d", num_workers=1, cores=2, host_load=1.0).exclusive        # 1 x 2 <= 2
+    assert not Device(env, "d", num_workers=2, cores=2, host_load=0.1).exclusive    # 2 x 1.1 > 2
+    assert Device(env, "d", num_workers=2, cores=2).exclusive
+
+
+def test_efficiency_applies_only_while_shared():
+    # Efficiency 0.8 with u = 0.5: two steps each at 0.8 x 2/3 = 0.5333: 1 s steps done at 1.875 s.
+    t = _finish_times({"a": (0.0, 1.0), "b": (0.0, 1.0)}, num_workers=2, step_occupancy=0.5,
+                      sharing_efficiency=0.8)
+    assert t["a"] == pytest.approx(1.875)
+    assert _finish_times({"a": (0.0, 1.0)}, num_workers=2, sharing_efficiency=0.8) == {"a": pytest.approx(1.0)}
+
+
+@pytest.mark.parametrize("field,value", [("host_load", -0.1), ("step_occupancy", 0.0), ("step_occupancy", 1.5)])
+def test_bad_parameters_are_refused(field, value):
+    with pytest.raises(ValueError, match=field):
+        Device(simpy.Environment(), "d", **{field: value})
+
+
+def _naive(jobs, *, speed, cores, host_load, occupancy, efficiency, dt=1e-4):
+    """Fixed small time steps: every step in flight advances by dt times the model's rate."""
+    left = {n: w for n, (s, w) in jobs.items()}
+    done, now = {}, 0.0
+    while len(done) < len(jobs):
+        active = [n for n, (s, _) in jobs.items() if s <= now + 1e-12 and n not in done]
+        load = len(active) * (1 + host_load)
+        rate = speed if load <= cores else speed * efficiency / (1 + occupancy * (load / cores - 1))
+        for n in active:
+            left[n] -= dt * rate
+            if left[n] <= 1e-12:
+                done[n] = now + dt
+        now += dt
+    return done
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    jobs=st.lists(st.tuples(st.floats(0.0, 0.5), st.floats(0.05, 0.5)), min_size=1, max_size=4),
+    cores=st.integers(1, 3),
+    host_load=st.sampled_from([0.0, 0.3, 1.0]),
+    occupancy=st.sampled_from([1.0, 0.6, 0.1]),
+    efficiency=st.sampled_from([1.0, 0.9]),
+    speed=st.sampled_from([1.0, 2.0]),
+)
+def test_matches_a_naive_fixed_step_model(jobs, cores, host_load, occupancy, efficiency, speed):
+    named = {f"j{i}": job for i, job in enumerate(jobs)}
+    device = dict(speed=speed, cores=cores, host_load=host_load, step_occupancy=occupancy,
+                  sharing_efficiency=efficiency, num_workers=4)
+    exact = _finish_times(named, **device)
+    naive = _naive(named, speed=speed, cores=cores, host_load=host_load, occupancy=occupancy, efficiency=efficiency)
+    for name in named:
+        assert exact[name] == pytest.approx(naive[name], abs=2e-3)
