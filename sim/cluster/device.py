@@ -11,8 +11,14 @@ Three effects, each a parameter fitted from measurement (docs/time/device-sharin
   each at 1/k: what processes without MPS get), u < 1 concurrent kernels whose throughput saturates with the combined
   batch (MPS-like: a small model leaves a GPU underused, so k small steps cost less than k x one).
 
+- **switch_s**: what each step waits, beyond its work, on a device whose workers (with their host work) outnumber its
+  cores, `num_workers * (1 + h) > cores`: the engine loop, the worker and the API server hand every step over through
+  processes that must each be scheduled, and an idle worker's busy wait keeps the cores taken (vLLM's CPU workers
+  spin on their queue), so every hand-over can wait for a time slice. A latency, not work: it takes no capacity.
+
 `sharing_efficiency` (< 1: switching costs part of the device) multiplies the rate while the device is shared. With the
-defaults (h = 0, u = 1, efficiency 1) a step progresses at `speed * min(1, cores / k)`: processor sharing by time slices.
+defaults (h = 0, u = 1, efficiency 1, no switch) a step progresses at `speed * min(1, cores / k)`: processor sharing
+by time slices.
 """
 
 from __future__ import annotations
@@ -28,7 +34,8 @@ class Device:
     """
 
     def __init__(self, env: simpy.Environment, name: str, *, speed: float = 1.0, sharing_efficiency: float = 1.0,
-                 num_workers: int = 1, cores: int = 1, host_load: float = 0.0, step_occupancy: float = 1.0) -> None:
+                 num_workers: int = 1, cores: int = 1, host_load: float = 0.0, step_occupancy: float = 1.0,
+                 switch_s: float = 0.0) -> None:
         if speed <= 0:
             raise ValueError(f"device {name}: speed must be > 0, got {speed}")
         if not 0 < sharing_efficiency <= 1:
@@ -39,6 +46,8 @@ class Device:
             raise ValueError(f"device {name}: host_load must be >= 0, got {host_load}")
         if not 0 < step_occupancy <= 1:
             raise ValueError(f"device {name}: step_occupancy must be in (0, 1], got {step_occupancy}")
+        if not switch_s >= 0:
+            raise ValueError(f"device {name}: switch_s must be >= 0, got {switch_s}")
         self.env = env
         self.name = name
         self.speed = speed
@@ -47,6 +56,7 @@ class Device:
         self.cores = cores
         self.host_load = host_load
         self.step_occupancy = step_occupancy
+        self.switch_s = switch_s if not self.exclusive else 0.0
         self.busy_s = 0.0
         self._jobs: dict[simpy.Event, float] = {}
         self._last_update_s = 0.0
@@ -66,7 +76,12 @@ class Device:
         self._advance()
         self._jobs[done] = work_s
         self._reschedule()
-        return done
+        if not self.switch_s:
+            return done
+        handed_over = self.env.event()
+        done.callbacks.append(lambda _event: self.env.timeout(self.switch_s).callbacks.append(
+            lambda _e: handed_over.succeed()))
+        return handed_over
 
     def rate(self, steps: int) -> float:
         """Progress per second of each of `steps` steps in flight on the device."""

@@ -102,7 +102,7 @@ class DisaggregatedCluster:
             stage = pd.pool_of(len(self.workers))
             device = Device(env, dev.name, speed=dev.speed, sharing_efficiency=dev.sharing_efficiency,
                             num_workers=dev.workers, cores=dev.cores, host_load=dev.host_load,
-                            step_occupancy=dev.step_occupancy)
+                            step_occupancy=dev.step_occupancy, switch_s=dev.switch_s)
             self.devices.append(device)
             time_model = build_time_model(scenario.device_time_model(dev), scenario.model)
             prefill = stage == "prefill"

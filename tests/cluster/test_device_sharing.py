@@ -113,3 +113,20 @@ def test_matches_a_naive_fixed_step_model(jobs, cores, host_load, occupancy, eff
     naive = _naive(named, speed=speed, cores=cores, host_load=host_load, occupancy=occupancy, efficiency=efficiency)
     for name in named:
         assert exact[name] == pytest.approx(naive[name], abs=2e-3)
+
+
+def test_switch_delays_each_step_on_an_oversubscribed_device():
+    # Two workers on one core with a 0.1 s switch: a 1 s step alone ends at 1.1 (its work, then the hand-over);
+    # two together: the work shared (both done at 2.0), then each hands over: 2.1.
+    alone = _finish_times({"a": (0.0, 1.0)}, num_workers=2, switch_s=0.1)
+    both = _finish_times({"a": (0.0, 1.0), "b": (0.0, 1.0)}, num_workers=2, switch_s=0.1)
+    assert alone == {"a": pytest.approx(1.1)}
+    assert both == {"a": pytest.approx(2.1), "b": pytest.approx(2.1)}
+
+
+def test_no_switch_on_a_device_its_workers_never_outnumber():
+    # 2 workers on 2 cores, no host load: exclusive, the switch never applies.
+    assert _finish_times({"a": (0.0, 1.0)}, num_workers=2, cores=2, switch_s=0.1) == {"a": pytest.approx(1.0)}
+    # with host load 0.5 they can outnumber the cores: the switch applies even to a step alone
+    assert _finish_times({"a": (0.0, 1.0)}, num_workers=2, cores=2, host_load=0.5,
+                         switch_s=0.1) == {"a": pytest.approx(1.1)}
