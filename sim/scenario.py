@@ -101,7 +101,8 @@ class DeviceSpec(ConfigModel):
     cores: int = Field(1, ge=1, description="Steps the device runs in parallel at full speed (GPU: 1; a CPU: its cores).")
     sharing_efficiency: float = Field(1.0, gt=0, le=1, description="Fraction of the device left for work when several workers' steps share it.")
     host_load: float = Field(0.0, ge=0, le=4, allow_inf_nan=False, description="Cores' worth of host work (engine loop, API server, client) each stepping worker brings onto this device, competing with steps for its cores (a CPU device; 0 on a GPU, whose host work runs elsewhere). Fitted by kvsim calibrate (device.<name>.host_load).")
-    switch_s: float = Field(0.0, ge=0, le=1, allow_inf_nan=False, description="Seconds each step waits beyond its work on a device whose workers, host work counted, outnumber its cores (hand-overs between the engine loop, the worker and the API server that wait for a time slice; a latency that takes no capacity). Fitted by kvsim calibrate (device.<name>.switch_s).")
+    idle_load: float = Field(0.0, ge=0, le=4, allow_inf_nan=False, description="Cores' worth a worker without a step in flight keeps taking on this device (a vLLM CPU worker spins on its queue; 0 on a GPU). Fitted by kvsim calibrate (device.<name>.idle_load).")
+    slice_s: float = Field(0.0, ge=0, le=10, allow_inf_nan=False, description="0: a shared device gives its steps a steady share. Above 0 it is time-sliced: while its load exceeds its cores it runs every step for random slices (exponential, this mean) between pauses that keep the same average share, so a request can wait out a pause (the tail of a shared CPU). Fitted by kvsim calibrate (device.<name>.slice_s).")
     step_occupancy: float = Field(1.0, gt=0, le=1, description="Fraction of the device one step keeps busy once steps outnumber its cores: 1 = strict time slicing (k steps on one GPU each at 1/k), < 1 = concurrent kernels whose throughput saturates (MPS-like; each at 1/(1 + occupancy x (k - 1))). Fitted by kvsim calibrate (device.<name>.step_occupancy).")
     time_model: TimeModelSpec | None = Field(None, description="This device class's own step-time model (default: the scenario's).")
     hardware: str | None = Field(None, description="This device's hardware profile under a roofline time model (default: the time model's).")
@@ -313,7 +314,7 @@ class CalibrationSpec(ConfigModel):
 
     parameters: list[str] | None = Field(
         None,
-        description="Parameters to fit: time_model.<field>, cluster.<field>_s, device.<name>.speed|sharing_efficiency|host_load|step_occupancy|switch_s. "
+        description="Parameters to fit: time_model.<field>, cluster.<field>_s, device.<name>.speed|sharing_efficiency|host_load|idle_load|step_occupancy|slice_s. "
                     "Default: the time model's own (Scenario.calibration_parameters).",
     )
     fitted_on: list[str] = Field(default_factory=list, description="Measured points the fit used (workers/prefixes/concurrency: metrics).")
