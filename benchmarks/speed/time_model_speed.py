@@ -4,7 +4,8 @@ roofline: the reference grid (prefixes 2,7,12,24 x workers 3,6 x concurrency 4,8
 scenario (roofline) and of the same scenario with its previous linear fit.
 
 sharing: the device-sharing model (docs/time/device-sharing.md) against strict time slicing, each scenario as shipped
-and with its devices' `host_load` 0 and `step_occupancy` 1 (the model before): the built-in scenario's reference grid,
+and with its devices' `host_load` and `idle_load` 0, `step_occupancy` 1 and no slices (the
+model before): the built-in scenario's reference grid,
 and the CPU scenario (`scenarios/tiny-cpu-long.yaml`) at 1, 2 and 3 servers, concurrency 1-16. A device whose load can
 exceed its cores is shared step by step (no decode stretches), which is where the model costs.
 
@@ -30,7 +31,7 @@ def _time_slicing(scenario: Scenario) -> Scenario:
     data = scenario.model_dump()
     for dep in data["cluster"]["deployments"]:
         for d in dep["devices"]:
-            d["host_load"], d["step_occupancy"] = 0.0, 1.0
+            d.update(host_load=0.0, idle_load=0.0, step_occupancy=1.0, slice_s=0.0)
     return validate_scenario(data, source=f"{scenario.name}, strict time slicing")
 
 

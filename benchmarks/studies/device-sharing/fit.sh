@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The device-sharing fit (README.md beside): calibrate on one and three servers at concurrency 1 and 4 (short
+# prompts, reniced, every repeat), then compare every run with `kvsim validate` (repeats grouped): the two-server runs,
+# concurrency 2, 8 and 16 and the long prompts are held out.
+#   benchmarks/studies/device-sharing/fit.sh [OUT_DIR]        # default: benchmarks/studies/device-sharing/results
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+repo="$(cd "$here/../../.." && pwd)"
+out="${1:-$here/results}"
+kvsim="${KVSIM:-$repo/.venv/bin/kvsim}"
+fx="$repo/tests/fixtures/real-vllm-sharing"
+mkdir -p "$out"
+fit_runs=()
+for f in "$fx"/short/w1-n7-c1-r*.csv "$fx"/short/w1-n7-c4-r*.csv "$fx"/short/w3-n7-c1-r*.csv "$fx"/short/w3-n7-c4-r*.csv; do
+  fit_runs+=(--runs "$f")
+done
+"$kvsim" calibrate --scenario "$here/start.yaml" "${fit_runs[@]}" --ttft server \
+  --fit time_model.step_overhead_s,time_model.seq_overhead_s,time_model.compute_efficiency,device.cpu.host_load,device.cpu.idle_load,device.cpu.sharing_efficiency,device.cpu.slice_s \
+  --metrics ttft_p50,ttft_p90,ttft_p99,e2e_p50,e2e_p90,throughput_rps \
+  --jobs "${JOBS:-2}" --out "$out/fitted.yaml" --report "$out/fit-residuals.csv"
+for set in short short-starved long; do
+  [[ -d "$fx/$set" ]] || continue
+  "$kvsim" validate --scenario "$out/fitted.yaml" --ttft server "$fx/$set"/*.csv --out "$out/validate-$set.csv" \
+    > "$out/validate-$set.txt" || true
+done
+echo "wrote $out"
