@@ -58,7 +58,8 @@ class Cluster(WorkersView):
         for dev in scenario.cluster.devices():
             device = Device(env, dev.name, speed=dev.speed, sharing_efficiency=dev.sharing_efficiency,
                             num_workers=dev.workers, cores=dev.cores, host_load=dev.host_load,
-                            idle_load=dev.idle_load, step_occupancy=dev.step_occupancy, slice_s=dev.slice_s,
+                            idle_load=dev.idle_load, step_occupancy=dev.step_occupancy, pause_s=dev.pause_s,
+                            pause_fraction=dev.pause_fraction,
                             seed=scenario.seed + len(self.devices))
             time_model = build_time_model(scenario.device_time_model(dev), scenario.model)
             self.devices.append(device)

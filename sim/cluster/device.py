@@ -12,13 +12,17 @@ Each effect is a parameter fitted from measurement (docs/time/device-sharing.md)
   gets `cores / (cores + u (L - cores))` of its alone speed: u = 1 is strict time slicing (k steps on one GPU each at
   1/k, what processes without MPS get), u < 1 concurrent kernels whose throughput saturates with the combined batch
   (MPS-like: a small model leaves a GPU underused, so k small steps cost less than k x one).
-- **slice_s**: 0 delivers that share as a steady rate (a fluid model). Above 0 the device is time-sliced: while the
-  load exceeds the cores it alternates between running every step at full speed for a random slice (exponential,
-  mean slice_s) and running none for a random pause (exponential, mean slice_s x (1 / share - 1)), so that it runs
-  the same share of the time on average but a request can wait out a whole pause: the tail a shared CPU shows.
+- **pause_s**, **pause_fraction**: while the load exceeds the cores, the device also stops now and then: it pauses a
+  fraction f of the time, for random pauses (exponential, mean p) between random runs (exponential, mean
+  p (1 - f) / f), during which no step progresses. Both grow with the device's oversubscription
+  o = (n (1 + h) - cores) / cores, as a scheduler's period grows with the tasks it runs: f = pause_fraction x o (at
+  most 0.95), p = pause_s x o. Two servers on 2 cores stall less often and for less long than three. 0 (the default): never. The steady share
+  sets the median; the pauses are the tail a shared CPU shows, where a request now and then waits out a stall of
+  hundreds of milliseconds while most requests never meet one. A request reaching the device meets the alternation
+  afresh (`admit`): a new request wakes host processes that must be scheduled.
 
 `sharing_efficiency` (< 1: switching costs part of the device) multiplies the share while the device is shared. With
-the defaults (h = b = 0, u = 1, efficiency 1, no slices) a step progresses at `speed * min(1, cores / k)`: processor
+the defaults (h = b = 0, u = 1, efficiency 1, no pauses) a step progresses at `speed * min(1, cores / k)`: processor
 sharing by time slices, as before these parameters existed (to the last bit).
 """
 
@@ -36,23 +40,26 @@ class Device:
 
     A step alone on the device takes `work_s / speed`. A device whose load can never exceed its cores
     (`num_workers * max(1 + host_load, idle_load) <= cores`) is never shared and takes the short path. `seed` seeds
-    the slices and pauses (only drawn when `slice_s` > 0).
+    the pauses (only drawn when `pause_fraction` > 0).
     """
 
     def __init__(self, env: simpy.Environment, name: str, *, speed: float = 1.0, sharing_efficiency: float = 1.0,
                  num_workers: int = 1, cores: int = 1, host_load: float = 0.0, idle_load: float = 0.0,
-                 step_occupancy: float = 1.0, slice_s: float = 0.0, seed: int = 0) -> None:
+                 step_occupancy: float = 1.0, pause_s: float = 0.0, pause_fraction: float = 0.0,
+                 seed: int = 0) -> None:
         if speed <= 0:
             raise ValueError(f"device {name}: speed must be > 0, got {speed}")
         if not 0 < sharing_efficiency <= 1:
             raise ValueError(f"device {name}: sharing_efficiency must be in (0, 1], got {sharing_efficiency}")
         if cores < 1:
             raise ValueError(f"device {name}: cores must be >= 1, got {cores}")
-        for field, value in (("host_load", host_load), ("idle_load", idle_load), ("slice_s", slice_s)):
+        for field, value in (("host_load", host_load), ("idle_load", idle_load), ("pause_s", pause_s)):
             if not value >= 0:
                 raise ValueError(f"device {name}: {field} must be >= 0, got {value}")
         if not 0 < step_occupancy <= 1:
             raise ValueError(f"device {name}: step_occupancy must be in (0, 1], got {step_occupancy}")
+        if not 0 <= pause_fraction < 1:
+            raise ValueError(f"device {name}: pause_fraction must be in [0, 1), got {pause_fraction}")
         self.env = env
         self.name = name
         self.speed = speed
@@ -62,9 +69,13 @@ class Device:
         self.host_load = host_load
         self.idle_load = idle_load
         self.step_occupancy = step_occupancy
-        self.slice_s = slice_s
-        self._random = random.Random(seed) if slice_s > 0 else None
-        self._phase: bool | None = None  # time-sliced: running or paused, until _phase_end_s; None: not sliced
+        self.pause_s = pause_s
+        self.pause_fraction = pause_fraction
+        oversubscription = max(0.0, num_workers * (1.0 + host_load) - cores) / cores
+        self._paused_fraction = min(0.95, pause_fraction * oversubscription)
+        self._pause_mean_s = pause_s * oversubscription
+        self._random = random.Random(seed) if pause_s > 0 and self._paused_fraction > 0 else None
+        self._phase: bool | None = None  # pausing: running or paused, until _phase_end_s; None: not pausing
         self._phase_end_s = 0.0
         self.busy_s = 0.0
         self._jobs: dict[simpy.Event, float] = {}
@@ -87,12 +98,25 @@ class Device:
         self._reschedule()
         return done
 
+    def admit(self) -> None:
+        """A request reaches one of this device's workers. A pausing device's alternation starts afresh from its
+        stationary state (paused with probability f, for a remaining exponential pause): a new request
+        wakes host processes that must themselves be scheduled, so the stalls fall on admissions, not only on the
+        steps already running (two servers at one request in flight: server TTFT p90 41-57 ms, p99 178-251 ms, where
+        one server's are 13-35 and 15-53)."""
+        if self._random is None:
+            return
+        self._advance()
+        self._phase = None
+        self._phase_end_s = 0.0
+        self._reschedule()
+
     def load(self, steps: int) -> float:
         """The device's load with `steps` of its workers stepping (cores' worth)."""
         return steps * (1.0 + self.host_load) + (self.num_workers - steps) * self.idle_load
 
     def share(self, steps: int) -> float:
-        """Progress per second of each of `steps` steps in flight, on average (a steady rate without slices)."""
+        """Progress per second of each of `steps` steps in flight while the device runs (between its pauses)."""
         load = self.load(steps)
         if load <= self.cores:
             return self.speed
@@ -102,9 +126,9 @@ class Device:
         return self.speed * self.sharing_efficiency * self.cores / shared
 
     def _rate(self) -> float:
-        if self._phase is None:
-            return self.share(len(self._jobs))
-        return self.speed if self._phase is _RUNNING else 0.0
+        if self._phase is _PAUSED and self.load(len(self._jobs)) > self.cores:
+            return 0.0
+        return self.share(len(self._jobs))
 
     def _advance(self) -> None:
         now = self.env.now
@@ -118,35 +142,38 @@ class Device:
                     jobs[job] -= progress
         self._last_update_s = now
 
-    def _slice(self) -> None:
-        """Time-sliced devices: the phase now (drawn afresh when the slicing starts: the stationary state of the
-        alternation, exact for exponential phases), and the next phase at a phase's end."""
+    def _pause(self) -> None:
+        """The pausing device's phase now. The alternation runs on in time whether or not steps are in flight
+        (stationary at its first use, then phase after phase), so that the steps of one request meet the pauses of
+        one timeline; a pause stops only steps of a shared device (`_rate`)."""
         if self._random is None:
             return
-        share = self.share(len(self._jobs)) / self.speed if self._jobs else 1.0
-        if share >= 1.0:
-            self._phase = None
-            return
         now = self.env.now
-        pause_s = self.slice_s * (1.0 / share - 1.0)
+        f = self._paused_fraction
         if self._phase is None:
-            self._phase = _RUNNING if self._random.random() < share else _PAUSED
-        elif now >= self._phase_end_s - 1e-12:
-            self._phase = not self._phase
-        else:
+            self._phase = _PAUSED if self._random.random() < f else _RUNNING
+        elif now < self._phase_end_s - 1e-12:
             return
-        mean = self.slice_s if self._phase is _RUNNING else pause_s
-        self._phase_end_s = now + self._random.expovariate(1.0 / mean)
+        else:
+            self._phase = not self._phase
+        while True:
+            pause = self._pause_mean_s
+            mean = pause if self._phase is _PAUSED else pause * (1.0 - f) / f
+            start = max(self._phase_end_s, 0.0) if self._phase_end_s else now
+            self._phase_end_s = start + self._random.expovariate(1.0 / mean)
+            if self._phase_end_s > now:
+                return
+            self._phase = not self._phase
 
     def _reschedule(self) -> None:
         self._generation += 1
-        self._slice()
+        self._pause()
         if not self._jobs:
             return
         generation = self._generation
         rate = self._rate()
         wait_s = max(min(self._jobs.values()), 0.0) / rate if rate else float("inf")
-        if self._phase is not None:
+        if self._random is not None:
             wait_s = min(wait_s, max(self._phase_end_s - self.env.now, 0.0))
         self.env.timeout(wait_s).callbacks.append(lambda _event: self._wake(generation))
 

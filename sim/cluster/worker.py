@@ -74,6 +74,7 @@ class Worker:
         """The request reaches the engine's queue (at `arrival_s`, which is now)."""
         self.num_changes += 1
         state = self.engine.add_request(request, worker=self.index, arrival_s=arrival_s)
+        self.device.admit()
         self._arrived()
         return state
 
@@ -81,6 +82,7 @@ class Worker:
         """A request this worker prefills for another (P/D): it keeps its KV after its finish until released."""
         self.num_changes += 1
         state = self.engine.add_remote_decode(request, worker=self.index, arrival_s=arrival_s)
+        self.device.admit()
         self._arrived()
         return state
 
@@ -95,6 +97,7 @@ class Worker:
         """A request another worker prefilled reaches the engine's queue (P/D: its prompt KV comes from `source`)."""
         self.num_changes += 1
         state = self.engine.add_remote_prefilled(request, worker=self.index, arrival_s=arrival_s, source=source)
+        self.device.admit()
         self._arrived()
         return state
 

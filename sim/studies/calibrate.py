@@ -62,7 +62,8 @@ BOUNDS = {
     "step_occupancy": (0.02, 1.0),
     "host_load": (1e-3, 4.0),
     "idle_load": (1e-3, 4.0),
-    "slice_s": (1e-4, 5.0),
+    "pause_s": (1e-3, 5.0),
+    "pause_fraction": (1e-4, 0.9),
     "_efficiency": (1e-3, 1.0),  # a roofline's fractions of the hardware's peaks
     "_s": (1e-9, 2.0),
 }
@@ -135,7 +136,7 @@ def parameter_bounds(name: str) -> tuple[float, float]:
         if leaf.endswith(suffix):
             return BOUNDS[suffix]
     raise ValueError(f"cannot fit {name!r}: only times (..._s), efficiencies (..._efficiency) and a device's speed, "
-                     f"sharing_efficiency, host_load, idle_load, step_occupancy and slice_s are fitted")
+                     f"sharing_efficiency, host_load, idle_load, step_occupancy, pause_s and pause_fraction are fitted")
 
 
 def read_parameter(scenario: Scenario, name: str) -> float:

@@ -74,7 +74,7 @@ def test_efficiency_applies_only_while_shared():
     assert _finish_times({"a": (0.0, 1.0)}, num_workers=2, sharing_efficiency=0.8) == {"a": pytest.approx(1.0)}
 
 
-@pytest.mark.parametrize("field,value", [("host_load", -0.1), ("idle_load", -1.0), ("slice_s", -0.1),
+@pytest.mark.parametrize("field,value", [("host_load", -0.1), ("idle_load", -1.0), ("pause_s", -0.1), ("pause_fraction", 1.0),
                                          ("step_occupancy", 0.0), ("step_occupancy", 1.5)])
 def test_bad_parameters_are_refused(field, value):
     with pytest.raises(ValueError, match=field):
@@ -128,22 +128,29 @@ def test_idle_workers_load_the_device():
     assert not Device(env, "d", num_workers=2, cores=2, idle_load=1.5).exclusive
 
 
-def test_fine_slices_give_the_steady_share():
-    # One core, two workers, the idle one spinning (b = 1): one 10 s step has share 1/2, 20 s without slices;
-    # with 10 ms slices it finishes within a few percent of that, and the same seed gives the same time.
-    fluid = _finish_times({"a": (0.0, 10.0)}, num_workers=2, idle_load=1.0)
-    sliced = _finish_times({"a": (0.0, 10.0)}, num_workers=2, idle_load=1.0, slice_s=0.01, seed=3)
-    assert fluid == {"a": pytest.approx(20.0)}
-    assert sliced["a"] == pytest.approx(20.0, rel=0.05)
-    assert sliced == _finish_times({"a": (0.0, 10.0)}, num_workers=2, idle_load=1.0, slice_s=0.01, seed=3)
+def test_short_frequent_pauses_cost_their_fraction():
+    # One core, two workers, the idle one spinning (b = 1): one 10 s step has share 1/2, 20 s without pauses; pausing
+    # half the time in 10 ms pauses it finishes near 40 s, and the same seed gives the same time.
+    steady = _finish_times({"a": (0.0, 10.0)}, num_workers=2, idle_load=1.0)
+    kwargs = dict(num_workers=2, idle_load=1.0, pause_s=0.01, pause_fraction=0.5, seed=3)
+    paused = _finish_times({"a": (0.0, 10.0)}, **kwargs)
+    assert steady == {"a": pytest.approx(20.0)}
+    assert paused["a"] == pytest.approx(40.0, rel=0.05)
+    assert paused == _finish_times({"a": (0.0, 10.0)}, **kwargs)
 
 
-def test_coarse_slices_spread_the_finish_times_around_their_expectation():
-    # Share 1/2, slices of mean 0.5 s (pauses of mean 0.5 s), a 1 s step: it finishes after its 1 s of work plus
-    # the pauses it meets: a Poisson(1 / 0.5) number of pauses while it runs (mean 0.5 s each), plus, half the time,
-    # a pause already under way when it starts (mean 0.5 s): expected 1 + 2 x 0.5 + 0.5 x 0.5 = 2.25 s.
-    times = [_finish_times({"a": (0.0, 1.0)}, num_workers=2, idle_load=1.0, slice_s=0.5, seed=s)["a"]
-             for s in range(2000)]
-    assert sum(times) / len(times) == pytest.approx(2.25, rel=0.05)
-    assert min(times) == pytest.approx(1.0)            # some never pause
-    assert sorted(times)[int(0.99 * len(times))] > 4.0  # and the tail waits out long pauses
+def test_long_rare_pauses_make_a_tail_around_their_expectation():
+    # Share 1/2, pauses of mean 0.5 s half the time (runs of mean 0.5 s), a 1 s step: 2 s of running at its share,
+    # plus the pauses it meets: a Poisson(2 / 0.5) number while it runs (mean 0.5 s each), plus, half the time, a
+    # pause already under way when it starts (mean 0.5 s): expected 2 + 4 x 0.5 + 0.5 x 0.5 = 4.25 s.
+    times = [_finish_times({"a": (0.0, 1.0)}, num_workers=2, idle_load=1.0, pause_s=0.5, pause_fraction=0.5,
+                           seed=s)["a"] for s in range(2000)]
+    assert sum(times) / len(times) == pytest.approx(4.25, rel=0.05)
+    assert min(times) == pytest.approx(2.0)            # some never pause
+    assert sorted(times)[int(0.99 * len(times))] > 7.0  # and the tail waits out long pauses
+
+
+def test_no_pauses_on_a_device_that_is_not_shared():
+    # Two cores, one step, nothing idle: load 1 <= 2, the device never pauses.
+    assert _finish_times({"a": (0.0, 1.0)}, num_workers=2, cores=2, host_load=0.5, pause_s=1.0,
+                         pause_fraction=0.5) == {"a": pytest.approx(1.0)}

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The device-sharing fit (README.md beside): calibrate on one and three servers at concurrency 1 and 4 (short
-# prompts, reniced, every repeat), then compare every run with `kvsim validate` (repeats grouped): the two-server runs,
+# The device-sharing fit (README.md beside), in two stages: the time model on one server, then the sharing on three
+# servers, each at concurrency 1 and 4 (short prompts, reniced, every repeat); then compare every run with `kvsim validate` (repeats grouped): the two-server runs,
 # concurrency 2, 8 and 16 and the long prompts are held out.
 #   benchmarks/studies/device-sharing/fit.sh [OUT_DIR]        # default: benchmarks/studies/device-sharing/results
 set -euo pipefail
@@ -10,12 +10,17 @@ out="${1:-$here/results}"
 kvsim="${KVSIM:-$repo/.venv/bin/kvsim}"
 fx="$repo/tests/fixtures/real-vllm-sharing"
 mkdir -p "$out"
-fit_runs=()
-for f in "$fx"/short/w1-n7-c1-r*.csv "$fx"/short/w1-n7-c4-r*.csv "$fx"/short/w3-n7-c1-r*.csv "$fx"/short/w3-n7-c4-r*.csv; do
-  fit_runs+=(--runs "$f")
-done
-"$kvsim" calibrate --scenario "$here/start.yaml" "${fit_runs[@]}" --ttft server \
-  --fit time_model.step_overhead_s,time_model.seq_overhead_s,time_model.compute_efficiency,device.cpu.host_load,device.cpu.idle_load,device.cpu.sharing_efficiency,device.cpu.slice_s \
+runs() { local f; for f in "$@"; do printf -- '--runs\n%s\n' "$f"; done; }
+# Stage 1, the time model: one server (its device is never shared: 1 x (1 + host_load) <= 2 cores).
+mapfile -t one < <(runs "$fx"/short/w1-n7-c1-r*.csv "$fx"/short/w1-n7-c4-r*.csv)
+"$kvsim" calibrate --scenario "$here/start.yaml" "${one[@]}" --ttft server \
+  --fit time_model.step_overhead_s,time_model.seq_overhead_s,time_model.compute_efficiency \
+  --metrics ttft_p50,e2e_p50,throughput_rps \
+  --jobs "${JOBS:-2}" --out "$out/stage1.yaml" --report "$out/stage1-residuals.csv"
+# Stage 2, the sharing: three servers, the time model of stage 1 kept.
+mapfile -t three < <(runs "$fx"/short/w3-n7-c1-r*.csv "$fx"/short/w3-n7-c4-r*.csv)
+"$kvsim" calibrate --scenario "$out/stage1.yaml" "${three[@]}" --ttft server \
+  --fit device.cpu.host_load,device.cpu.idle_load,device.cpu.sharing_efficiency,device.cpu.pause_s,device.cpu.pause_fraction \
   --metrics ttft_p50,ttft_p90,ttft_p99,e2e_p50,e2e_p90,throughput_rps \
   --jobs "${JOBS:-2}" --out "$out/fitted.yaml" --report "$out/fit-residuals.csv"
 for set in short short-starved long; do
