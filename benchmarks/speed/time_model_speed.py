@@ -4,9 +4,9 @@ roofline: the reference grid (prefixes 2,7,12,24 x workers 3,6 x concurrency 4,8
 scenario (roofline) and of the same scenario with its previous linear fit.
 
 sharing: the device-sharing model (docs/time/device-sharing.md) against strict time slicing, each scenario as shipped
-and with its devices' `host_load` and `idle_load` 0, `step_occupancy` 1 and no slices (the
+and with its devices' `host_load` and `idle_load` 0, `step_occupancy` 1 and no pauses (the
 model before): the built-in scenario's reference grid,
-and the CPU scenario (`scenarios/tiny-cpu-long.yaml`) at 1, 2 and 3 servers, concurrency 1-16. A device whose load can
+and the CPU scenario (`scenarios/tiny-cpu-shared.yaml`) at 1, 2 and 3 servers, concurrency 1-16. A device whose load can
 exceed its cores is shared step by step (no decode stretches), which is where the model costs.
 
 Each pair runs in one process and in the same run, interleaved (A, B, A); the machine is shared and noisy: compare the
@@ -31,7 +31,7 @@ def _time_slicing(scenario: Scenario) -> Scenario:
     data = scenario.model_dump()
     for dep in data["cluster"]["deployments"]:
         for d in dep["devices"]:
-            d.update(host_load=0.0, idle_load=0.0, step_occupancy=1.0, slice_s=0.0)
+            d.update(host_load=0.0, idle_load=0.0, step_occupancy=1.0, pause_s=0.0, pause_fraction=0.0)
     return validate_scenario(data, source=f"{scenario.name}, strict time slicing")
 
 
@@ -60,10 +60,10 @@ def main() -> None:
         _pair("built-in grid", ("linear", linear), ("roofline", builtin), grid)
     if args.only in (None, "sharing"):
         _pair("built-in grid", ("time slicing", _time_slicing(builtin)), ("sharing model", builtin), grid)
-        cpu, _ = load_scenario(REPO / "scenarios" / "tiny-cpu-long.yaml")
+        cpu, _ = load_scenario(REPO / "scenarios" / "tiny-cpu-shared.yaml")
         cpu_points = sweep_points(workers=[1, 2, 3], prefixes=[7], concurrency=[1, 2, 4, 8, 16],
                                   routers=[cpu.router.name], repeats=1, seed=cpu.seed)
-        _pair("tiny-cpu-long", ("time slicing", _time_slicing(cpu)), ("sharing model", cpu), cpu_points)
+        _pair("tiny-cpu-shared", ("time slicing", _time_slicing(cpu)), ("sharing model", cpu), cpu_points)
 
 
 if __name__ == "__main__":
