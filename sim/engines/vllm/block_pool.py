@@ -229,7 +229,7 @@ class BlockPool:
         `len(cache_hashes)` of them are then registered under those hashes (`cache_blocks`, in the same pass)."""
         if num_blocks > self._num_free:
             raise RuntimeError(f"cannot allocate {num_blocks} blocks: only {self._num_free} free")
-        if num_blocks >= _BATCH_MIN_BLOCKS and not self._duplicates:
+        if num_blocks >= _BATCH_MIN_BLOCKS:
             return self._get_new_blocks_batch(num_blocks, cache_hashes)
         ref, hashes, cached, dups = self._ref_cnt, self._hash, self._cached, self._duplicates
         out = self._pop_free(num_blocks)
@@ -262,20 +262,26 @@ class BlockPool:
         return out
 
     def _get_new_blocks_batch(self, num_blocks: int, cache_hashes: Sequence[BlockHash]) -> list[int]:
-        """`get_new_blocks` for a pool without duplicates, as passes over the whole batch that run in C: pop every
-        block, evict the hashes they carry (in pop order), then register the new hashes, as vLLM's
-        `get_new_blocks` then `cache_full_blocks` do. Same state and events as the block-by-block loop: without
-        duplicates at the start, a new hash that a later popped block still carries is evicted first either way,
-        and the new block then holds it alone."""
-        ref, hashes, cached = self._ref_cnt, self._hash, self._cached
+        """`get_new_blocks` as passes over the whole batch that run in C: pop every block, evict the hashes they
+        carry (in pop order), then register the new hashes, as vLLM's `get_new_blocks` then `cache_full_blocks` do.
+        Same state and events as the block-by-block loop, which registers each block before popping the next: a
+        new hash that a later popped block still carries is a duplicate there until that block's eviction promotes
+        the first duplicate registered; here it is evicted first and the new block registered after the copies
+        that were already duplicates, so the same block answers lookups and the same copies stay in the same
+        order."""
+        ref, hashes, cached, dups = self._ref_cnt, self._hash, self._cached, self._duplicates
         out = self._pop_free(num_blocks)
         old = itemgetter(*out)(hashes)
         removed: list[BlockHash] = []
         if old.count(None) != num_blocks:
-            # NOTE: without duplicates, every hash a popped block carries is cached under that block alone.
             removed = list(filter(_is_cached, old))
-            if list(map(cached.pop, removed, [None] * len(removed))) != list(compress(out, map(_is_cached, old))):
-                raise RuntimeError("a popped block carries a hash it is not registered under")
+            if not dups or dups.keys().isdisjoint(removed):
+                # NOTE: a hash without duplicates is cached under its one block: evicting it is a pop.
+                if list(map(cached.pop, removed, [None] * len(removed))) != list(compress(out, map(_is_cached, old))):
+                    raise RuntimeError("a popped block carries a hash it is not registered under")
+            else:
+                for b, h in zip(compress(out, map(_is_cached, old)), removed):
+                    self._uncache(h, b)
         new = cache_hashes[:num_blocks] if len(cache_hashes) > num_blocks else cache_hashes
         n_cache = len(new)
         # NOTE: every popped block is taken once and loses any old hash; the first n_cache take the new ones.
@@ -292,11 +298,11 @@ class BlockPool:
                 cached.update(zip(new, out))
             if len(cached) != size + n_cache:
                 # NOTE: a new hash already cached (or repeated in the batch): the first registered keeps lookups.
+                # No entry points into the batch but those registered just now: the popped blocks were evicted.
                 taken = set(out)
                 for h in new:
                     if cached.get(h) in taken:
                         del cached[h]
-                dups = self._duplicates
                 for b, h in zip(out, new):
                     if h in cached:
                         dups.setdefault(h, []).append(b)
