@@ -234,3 +234,15 @@ def test_pool_prepends_a_group_of_unhashed_blocks_in_the_order_given():
     pool.cache_block(1, "h1")
     pool.free(reversed(blocks))  # 5, 4, 3, 2 unhashed; 1 hashed
     assert pool.free_queue() == [5, 4, 3, 2, 6, 1]
+
+
+def test_a_requests_hash_ranges_are_its_hashes_one_by_one():
+    # block_hashes(start, stop) slices the prompt's hashes, then the outputs' a session resends, then the request's
+    # own keys: any range agrees with block_hash taken one block at a time (empty when start >= stop).
+    for num_prompt, num_out in ((0, 0), (2, 0), (0, 2), (3, 2)):
+        req = Request(7, num_prompt * B + 1, 20, tuple(("p", i) for i in range(num_prompt)),
+                      output_block_hashes=tuple(("o", i) for i in range(num_out)))
+        state = RequestState(req, 0, 0.0, block_size=B)
+        for start in range(9):
+            for stop in range(9):
+                assert state.block_hashes(start, stop) == [state.block_hash(i) for i in range(start, stop)]
