@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Sequence
 from functools import partial
-from itertools import compress, islice, takewhile
+from itertools import compress, islice, repeat, takewhile
 from operator import is_, is_not, itemgetter, not_, sub
 
 from sim.engines.interface import CacheEvent
@@ -272,27 +272,34 @@ class BlockPool:
         ref, hashes, cached, dups = self._ref_cnt, self._hash, self._cached, self._duplicates
         out = self._pop_free(num_blocks)
         old = itemgetter(*out)(hashes)
-        removed: list[BlockHash] = []
-        if old.count(None) != num_blocks:
-            removed = list(filter(_is_cached, old))
+        removed: Sequence[BlockHash] = ()
+        num_unhashed = old.count(None)
+        if num_unhashed != num_blocks:
+            if num_unhashed:
+                removed = list(filter(_is_cached, old))
+                evicted = list(compress(out, map(_is_cached, old)))
+            else:
+                removed, evicted = old, out  # NOTE: the common case once the cache is full: every block evicts.
             if not dups or dups.keys().isdisjoint(removed):
                 # NOTE: a hash without duplicates is cached under its one block: evicting it is a pop.
-                if list(map(cached.pop, removed, [None] * len(removed))) != list(compress(out, map(_is_cached, old))):
+                if list(map(cached.pop, removed, repeat(None, len(removed)))) != evicted:
                     raise RuntimeError("a popped block carries a hash it is not registered under")
             else:
-                for b, h in zip(compress(out, map(_is_cached, old)), removed):
+                for b, h in zip(evicted, removed):
                     self._uncache(h, b)
         new = cache_hashes[:num_blocks] if len(cache_hashes) > num_blocks else cache_hashes
         n_cache = len(new)
         # NOTE: every popped block is taken once and loses any old hash; the first n_cache take the new ones.
-        for b in out:
+        for b, h in zip(out, new):
             ref[b] = 1
-        if removed:
+            hashes[b] = h
+        if n_cache < num_blocks:
             for b in out[n_cache:]:
-                hashes[b] = None
+                ref[b] = 1
+            if removed:
+                for b in out[n_cache:]:
+                    hashes[b] = None
         if n_cache:
-            for b, h in zip(out, new):
-                hashes[b] = h
             size = len(cached)
             if cached.keys().isdisjoint(new):
                 cached.update(zip(new, out))
@@ -312,7 +319,7 @@ class BlockPool:
             self._evicted(removed)
         return out
 
-    def _evicted(self, removed: list[BlockHash]) -> None:
+    def _evicted(self, removed: Sequence[BlockHash]) -> None:
         """Count the hashes `removed` by allocations and publish them: one BlockRemoved per evicted block, in
         eviction order, as vLLM emits them."""
         self.num_evicted_blocks += len(removed)

@@ -246,3 +246,30 @@ def test_a_requests_hash_ranges_are_its_hashes_one_by_one():
         for start in range(9):
             for stop in range(9):
                 assert state.block_hashes(start, stop) == [state.block_hash(i) for i in range(start, stop)]
+
+
+@pytest.mark.parametrize("batch_min_blocks", [2, 10_000])
+def test_a_whole_cached_request_is_evicted_tail_first_by_the_next_allocation(batch_min_blocks):
+    # Nine usable blocks all cached by request 1 (36 tokens, 9 full blocks) and freed tail first: the queue is
+    # [9, 8, ..., 1]. Request 2 (36 tokens of its own) takes them in that order, evicting request 1's hashes from
+    # its last block to its first, whether the pool pops block by block or in one batch pass.
+    from unittest import mock
+
+    from sim.engines.vllm import block_pool
+
+    with mock.patch.object(block_pool, "_BATCH_MIN_BLOCKS", batch_min_blocks):
+        kv = manager(10)
+        kv.pool.enable_events()
+        a = request(1, 36)
+        admit(kv, a)
+        kv.free(a)
+        assert kv.pool.free_queue() == [9, 8, 7, 6, 5, 4, 3, 2, 1]
+        kv.pool.take_events()
+        b = request(2, 36)
+        assert admit(kv, b) == 0
+        assert b.block_ids == [9, 8, 7, 6, 5, 4, 3, 2, 1]
+        removed = [e.block_hashes[0] for e in kv.pool.take_events() if e.kind == "removed"]
+        assert removed == [("own", 1, i) for i in range(8, -1, -1)]
+        assert kv.pool.cached_hashes() == {("own", 2, i) for i in range(9)}
+        assert kv.num_evicted_blocks == 9
+        kv.pool.check_invariants()
