@@ -6,7 +6,6 @@ Block ids are plain ints; per-block state lives in lists indexed by block id.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable, Sequence
 from functools import partial
 from itertools import compress, islice, repeat, takewhile
@@ -22,11 +21,13 @@ _is_none = partial(is_, None)
 _BATCH_MIN_BLOCKS = 8
 """Allocations and frees of at least this many blocks run as passes over the whole batch that run in C; a decode
 step's one block keeps the plain loop, whose set-up is cheaper. At least 2."""
+_TRIM_MIN_ENTRIES = 4096
+"""The free queue's consumed entries are dropped once there are at least this many and they are half its list."""
 _COMPACT_POOL_MULTIPLE = 4
 _COMPACT_SLACK = 64
 """The free queue is compacted once its stale entries outnumber its free blocks by more than
 `_COMPACT_POOL_MULTIPLE` x the pool's blocks + `_COMPACT_SLACK`: its length stays within a few times the pool's, and
-a compaction (a pass over the deque in Python) comes at most once per that many touches."""
+a compaction (a pass over the queue in Python) comes at most once per that many touches."""
 
 
 class BlockPool:
@@ -46,12 +47,15 @@ class BlockPool:
     A block whose ref count reaches 0 goes to the **tail** of the queue if it has a hash; without a hash it goes
     to the **head** when `unhashed_to_head` (vLLM >= 0.24, PR #42656) and to the tail otherwise (<= 0.23).
 
-    The free queue is a deque with lazy removal: a block leaving it from the middle (a hit on an evictable cached
-    block, `touch`) stays in the deque as a stale entry, counted in `_stale[block]`, and the pop that reaches it
-    skips it. A block's stale entries always precede its live one: only a cached block is touched out of the queue,
-    it keeps its hash while held, so it comes back at the tail. The deque is compacted when stale entries outnumber
-    the free blocks by a few times the pool's size (`_COMPACT_POOL_MULTIPLE`). (An OrderedDict does the same in
-    O(1) too, but its pops cost several times a deque's, and allocation is the hottest loop of a replay.)
+    The free queue is a list read from a head index (`_free[_head:]`, head first) with lazy removal: a block
+    leaving it from the middle (a hit on an evictable cached block, `touch`) stays in it as a stale entry, counted
+    in `_stale[block]`, and the pop that reaches it skips it. A block's stale entries always precede its live one:
+    only a cached block is touched out of the queue, it keeps its hash while held, so it comes back at the tail.
+    The queue is compacted when stale entries outnumber the free blocks by a few times the pool's size
+    (`_COMPACT_POOL_MULTIPLE`). Popping n blocks is a slice and a move of the head (a deque pops one at a time;
+    an OrderedDict's pops cost several times a deque's, and allocation is the hottest loop of a replay); a group
+    prepended goes into the consumed slots before the head, and the consumed prefix is dropped once it is at
+    least half the list (`_TRIM_MIN_ENTRIES`), so memory stays within twice the queue.
 
     Events: the pool owns the queue of cache events not yet published, in emission order, as vLLM's `BlockPool`
     owns its `kv_event_queue`. Recording is off (and costs nothing) until `enable_events` (a subscriber,
@@ -66,6 +70,7 @@ class BlockPool:
         "_ref_cnt",
         "_hash",
         "_free",
+        "_head",
         "_num_free",
         "_stale",
         "_num_stale",
@@ -84,8 +89,10 @@ class BlockPool:
         self.unhashed_to_head = unhashed_to_head
         self._ref_cnt = [0] * num_blocks
         self._hash: list[BlockHash | None] = [None] * num_blocks
-        self._free: deque[int] = deque(range(1, num_blocks))
-        """The free queue, head first, with stale entries (see the class notes)."""
+        self._free: list[int] = list(range(1, num_blocks))
+        """The free queue from `_head` on, head first, with stale entries (see the class notes)."""
+        self._head = 0
+        """Index in `_free` of the queue's head; the entries before it are consumed."""
         self._num_free = num_blocks - 1
         self._stale = [0] * num_blocks
         """Stale entries of each block in `_free` (ahead of its live one, if any)."""
@@ -142,7 +149,7 @@ class BlockPool:
         """Block ids in allocation order (head first)."""
         stale = self._stale.copy()
         out = []
-        for b in self._free:
+        for b in islice(self._free, self._head, None):
             if stale[b]:
                 stale[b] -= 1
             else:
@@ -186,43 +193,45 @@ class BlockPool:
 
     def _compact(self) -> None:
         """Drop the stale entries from the free queue (amortised: runs once stale entries outnumber free blocks)."""
-        self._free = deque(self.free_queue())
+        self._free = self.free_queue()
+        self._head = 0
         self._stale = [0] * self.num_blocks
         self._num_stale = 0
 
     def _pop_free(self, num_blocks: int) -> list[int]:
         """Take `num_blocks` live blocks off the head of the free queue, skipping stale entries."""
         self._num_free -= num_blocks
-        popleft = self._free.popleft
-        if num_blocks == 1 and not self._num_stale:
-            return [popleft()]
-        out = list(islice(iter(popleft, None), num_blocks))
-        if not self._num_stale:
-            return out
-        stale = self._stale
-        if num_blocks > 1:
-            if not any(itemgetter(*out)(stale)):
-                return out
-        elif not stale[out[0]]:
-            return out
-        # NOTE: some popped entries are stale: keep the live ones in order and pop on until there are enough.
-        live = []
-        skipped = 0
-        for b in out:
-            if stale[b]:
-                stale[b] -= 1
-                skipped += 1
-            else:
-                live.append(b)
-        while len(live) < num_blocks:
-            b = popleft()
-            if stale[b]:
-                stale[b] -= 1
-                skipped += 1
-            else:
-                live.append(b)
-        self._num_stale -= skipped
-        return live
+        free, head = self._free, self._head
+        end = head + num_blocks
+        out = free[head:end]
+        if self._num_stale:
+            stale = self._stale
+            if (any(itemgetter(*out)(stale)) if num_blocks > 1 else stale[out[0]]):
+                # NOTE: some popped entries are stale: keep the live ones in order and pop on until there are enough.
+                live = []
+                skipped = 0
+                for b in out:
+                    if stale[b]:
+                        stale[b] -= 1
+                        skipped += 1
+                    else:
+                        live.append(b)
+                while len(live) < num_blocks:
+                    b = free[end]
+                    end += 1
+                    if stale[b]:
+                        stale[b] -= 1
+                        skipped += 1
+                    else:
+                        live.append(b)
+                self._num_stale -= skipped
+                out = live
+        if end >= _TRIM_MIN_ENTRIES and 2 * end >= len(free):
+            # NOTE: amortised: the entries this moves are no more than those consumed since the last trim.
+            del free[:end]
+            end = 0
+        self._head = end
+        return out
 
     def get_new_blocks(self, num_blocks: int, cache_hashes: Sequence[BlockHash] = ()) -> list[int]:
         """Pop `num_blocks` from the head of the free queue, evicting any cached hash they still carry; the first
@@ -401,8 +410,16 @@ class BlockPool:
             free.extend(released)
             return
         free.extend(compress(released, map(_is_cached, released_hashes)))
-        # NOTE: prepended as a group that keeps its given order, so the request's last unhashed block is reused first.
-        free.extendleft(reversed(list(compress(released, map(_is_none, released_hashes)))))
+        # NOTE: prepended as a group that keeps its given order, so the request's last unhashed block is reused first:
+        # into the consumed slots before the head when there are enough of them.
+        group = list(compress(released, map(_is_none, released_hashes)))
+        head = self._head
+        if head >= len(group):
+            self._head = head - len(group)
+            free[self._head:head] = group
+        else:
+            free[:head] = group
+            self._head = 0
 
     # ------------------------------------------------------------------ events
     def enable_events(self) -> None:
@@ -453,7 +470,7 @@ class BlockPool:
         queue = self.free_queue()
         if len(queue) != len(set(queue)) or len(queue) != self._num_free:
             raise AssertionError(f"free queue {queue} repeats a block or has not {self._num_free} blocks")
-        if sum(self._stale) != self._num_stale or len(self._free) != self._num_free + self._num_stale:
+        if sum(self._stale) != self._num_stale or len(self._free) - self._head != self._num_free + self._num_stale:
             raise AssertionError("stale entries miscounted")
         in_queue = set(queue)
         if ref[NULL_BLOCK_ID] != 0 or NULL_BLOCK_ID in in_queue or hashes[NULL_BLOCK_ID] is not None:

@@ -227,13 +227,22 @@ def test_duplicate_blocks_keep_hitting_after_the_first_copy_is_evicted():
     pool.check_invariants()
 
 
-def test_pool_prepends_a_group_of_unhashed_blocks_in_the_order_given():
+@pytest.mark.parametrize("trim_min_entries", [1, 4096])
+def test_pool_prepends_a_group_of_unhashed_blocks_in_the_order_given(trim_min_entries):
     # vLLM's `prepend_n`: [5, 4] freed in that order (a request's blocks, tail first) -> the head is [5, 4, ...].
-    pool = BlockPool(7)
-    blocks = pool.get_new_blocks(5)  # 1..5
-    pool.cache_block(1, "h1")
-    pool.free(reversed(blocks))  # 5, 4, 3, 2 unhashed; 1 hashed
-    assert pool.free_queue() == [5, 4, 3, 2, 6, 1]
+    # The same whether the group goes into the consumed slots before the queue's head or the popped entries were
+    # dropped first (trimmed at once) and the group is put in front.
+    from unittest import mock
+
+    from sim.engines.vllm import block_pool
+
+    with mock.patch.object(block_pool, "_TRIM_MIN_ENTRIES", trim_min_entries):
+        pool = BlockPool(7)
+        blocks = pool.get_new_blocks(5)  # 1..5
+        pool.cache_block(1, "h1")
+        pool.free(reversed(blocks))  # 5, 4, 3, 2 unhashed; 1 hashed
+        assert pool.free_queue() == [5, 4, 3, 2, 6, 1]
+        pool.check_invariants()
 
 
 def test_a_requests_hash_ranges_are_its_hashes_one_by_one():

@@ -106,11 +106,11 @@ def test_manager_matches_naive_model(ops, num_blocks, unhashed_to_head):
 @given(ops=ops, num_blocks=st.integers(4, 24), unhashed_to_head=st.booleans())
 @pytest.mark.slow
 def test_batch_passes_match_naive_model(ops, num_blocks, unhashed_to_head):
-    """The pool's batch passes (allocations and frees of many blocks) taken from two blocks up, and its free queue
-    compacted at every touch that leaves more stale entries than free blocks: same state as the naive model after
-    every operation, as the block-by-block loops."""
+    """The pool's batch passes (allocations and frees of many blocks) taken from two blocks up, its free queue
+    compacted at every touch that leaves more stale entries than free blocks and its consumed entries dropped at
+    every pop: same state as the naive model after every operation, as the block-by-block loops."""
     with mock.patch.object(block_pool, "_BATCH_MIN_BLOCKS", 2), mock.patch.object(block_pool, "_COMPACT_SLACK", 0), \
-            mock.patch.object(block_pool, "_COMPACT_POOL_MULTIPLE", 0):
+            mock.patch.object(block_pool, "_COMPACT_POOL_MULTIPLE", 0), mock.patch.object(block_pool, "_TRIM_MIN_ENTRIES", 1):
         check_manager_against_naive_model(ops, num_blocks, unhashed_to_head)
 
 
