@@ -137,11 +137,6 @@ class BlockPool:
     def ref_cnt(self, block_id: int) -> int:
         return self._ref_cnt[block_id]
 
-    @property
-    def ref_counts(self) -> Sequence[int]:
-        """Reference count by block id (read-only use: a hot-path view for the cache manager)."""
-        return self._ref_cnt
-
     def block_hash(self, block_id: int) -> BlockHash | None:
         return self._hash[block_id]
 
@@ -176,15 +171,33 @@ class BlockPool:
         return len(list(takewhile(bool, map(self._cached.__contains__, block_hashes))))
 
     # ------------------------------------------------------------------ mutations
+    def num_evictable(self, block_ids: Sequence[int]) -> int:
+        """How many of `block_ids` are free (ref 0: in the free queue, so taking them takes free blocks). A peek."""
+        if len(block_ids) > 1:
+            return itemgetter(*block_ids)(self._ref_cnt).count(0)
+        return sum(self._ref_cnt[b] == 0 for b in block_ids)
+
     def touch(self, block_ids: Sequence[int]) -> None:
         """Take a reference on hit blocks; a block at ref 0 leaves the free queue (and so cannot be evicted)."""
         ref, stale = self._ref_cnt, self._stale
-        left = 0
-        for b in block_ids:
-            if ref[b] == 0:
+        n = len(block_ids)
+        left = itemgetter(*block_ids)(ref).count(0) if n >= _BATCH_MIN_BLOCKS else -1
+        if left == 0:
+            # NOTE: a long hit is mostly all held (a shared prefix others run with) or all free (a context whose
+            # request ended): each of those takes a plainer loop than the mixed case.
+            for b in block_ids:
+                ref[b] += 1
+        elif left == n:
+            for b in block_ids:
+                ref[b] = 1
                 stale[b] += 1
-                left += 1
-            ref[b] += 1
+        else:
+            left = 0
+            for b in block_ids:
+                if ref[b] == 0:
+                    stale[b] += 1
+                    left += 1
+                ref[b] += 1
         if left:
             self._num_free -= left
             self._num_stale += left

@@ -104,7 +104,7 @@ class KVCacheManager:
 
     def _num_evictable(self, hit_blocks: Sequence[int]) -> int:
         """Hit blocks sitting in the free queue: touching them takes them out of it."""
-        return list(map(self.pool.ref_counts.__getitem__, hit_blocks)).count(0)
+        return self.pool.num_evictable(hit_blocks)
 
     def num_blocks_to_admit(self, state: RequestState, hit_blocks: Sequence[int]) -> int:
         """Free blocks a waiting request needs for its whole prompt (vLLM >= 0.19 `full_sequence_must_fit`)."""
