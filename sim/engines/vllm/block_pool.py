@@ -16,7 +16,7 @@ from sim.workloads.request import BlockHash
 
 NULL_BLOCK_ID = 0
 _is_cached = partial(is_not, None)
-"""True for a block id, False for the None of a hash not cached (a C-level predicate for takewhile)."""
+"""True for anything but None (a C-level predicate): a block's hash, which may be a falsy 0, or no hash."""
 _is_none = partial(is_, None)
 _BATCH_MIN_BLOCKS = 8
 """Allocations and frees of at least this many blocks run as passes over the whole batch that run in C; a decode
@@ -158,8 +158,9 @@ class BlockPool:
     def leading_cached_blocks(self, block_hashes: Iterable[BlockHash]) -> list[int]:
         """The blocks cached under the leading hashes, up to the first hash that is not cached. A peek."""
         # NOTE: takewhile over map stops at the first miss and runs in C: a long prompt whose prefix breaks early
-        # (its context was computed on another worker, or evicted) costs no lookups past the break.
-        return list(takewhile(_is_cached, map(self._cached.get, block_hashes)))
+        # (its context was computed on another worker, or evicted) costs no lookups past the break. A cached block
+        # id is never 0 (the null block), so `bool` tells it from None, at a cheaper call than `is not None`.
+        return list(takewhile(bool, map(self._cached.get, block_hashes)))
 
     def cached_mask(self, block_hashes: Iterable[BlockHash]) -> list[bool]:
         """Whether each hash is cached. A peek: changes nothing."""
