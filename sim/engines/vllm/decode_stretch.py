@@ -3,7 +3,8 @@
 When a worker has nothing waiting (or nothing it can admit: `Scheduler.admission_stays_blocked`) and every
 running request is decoding, the next steps are known in advance up to the step in which the first request samples
 its last token: each step schedules one token per request, in running order, and only the block boundaries change
-the cache (a request needs a new block every `block_size` tokens). The step time grows linearly with the steps (`sim.engines.stretch`). Exactness is kept where it matters:
+the cache (a request needs a new block every `block_size` tokens). The step time grows linearly with the steps
+(`sim.engines.stretch`). Exactness is kept where it matters:
 
 * blocks are allocated in the order step-by-step simulation would (by step, then running order), so the free
   queue and every eviction are the same; the stretch only starts if all the blocks it needs are free, so nothing
