@@ -284,6 +284,26 @@ class BlockPool:
             self._evicted(removed)
         return out
 
+    def get_new_block(self) -> int:
+        """`get_new_blocks(1)[0]` without a hash to register (a decode's next block), on a shorter path."""
+        if not self._num_free:
+            raise RuntimeError("cannot allocate 1 block: only 0 free")
+        b = self._pop_free(1)[0]
+        hashes = self._hash
+        h = hashes[b]
+        if h is not None:
+            dups = self._duplicates
+            if not dups or h not in dups:
+                if self._cached.get(h) != b:
+                    raise RuntimeError(f"block {b} carries hash {h!r} but is not registered under it")
+                del self._cached[h]
+            else:
+                self._uncache(h, b)
+            hashes[b] = None
+            self._evicted((h,))
+        self._ref_cnt[b] = 1
+        return b
+
     def _get_new_blocks_batch(self, num_blocks: int, cache_hashes: Sequence[BlockHash]) -> list[int]:
         """`get_new_blocks` as passes over the whole batch that run in C: pop every block, evict the hashes they
         carry (in pop order), then register the new hashes, as vLLM's `get_new_blocks` then `cache_full_blocks` do.
