@@ -6,10 +6,9 @@ Block ids are plain ints; per-block state lives in lists indexed by block id.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable, Sequence
 from functools import partial
-from itertools import compress, islice, takewhile
+from itertools import compress, islice, repeat, takewhile
 from operator import is_, is_not, itemgetter, not_, sub
 
 from sim.engines.interface import CacheEvent
@@ -17,16 +16,18 @@ from sim.workloads.request import BlockHash
 
 NULL_BLOCK_ID = 0
 _is_cached = partial(is_not, None)
-"""True for a block id, False for the None of a hash not cached (a C-level predicate for takewhile)."""
+"""True for anything but None (a C-level predicate): a block's hash, which may be a falsy 0, or no hash."""
 _is_none = partial(is_, None)
 _BATCH_MIN_BLOCKS = 8
 """Allocations and frees of at least this many blocks run as passes over the whole batch that run in C; a decode
 step's one block keeps the plain loop, whose set-up is cheaper. At least 2."""
+_TRIM_MIN_ENTRIES = 4096
+"""The free queue's consumed entries are dropped once there are at least this many and they are half its list."""
 _COMPACT_POOL_MULTIPLE = 4
 _COMPACT_SLACK = 64
 """The free queue is compacted once its stale entries outnumber its free blocks by more than
 `_COMPACT_POOL_MULTIPLE` x the pool's blocks + `_COMPACT_SLACK`: its length stays within a few times the pool's, and
-a compaction (a pass over the deque in Python) comes at most once per that many touches."""
+a compaction (a pass over the queue in Python) comes at most once per that many touches."""
 
 
 class BlockPool:
@@ -46,12 +47,15 @@ class BlockPool:
     A block whose ref count reaches 0 goes to the **tail** of the queue if it has a hash; without a hash it goes
     to the **head** when `unhashed_to_head` (vLLM >= 0.24, PR #42656) and to the tail otherwise (<= 0.23).
 
-    The free queue is a deque with lazy removal: a block leaving it from the middle (a hit on an evictable cached
-    block, `touch`) stays in the deque as a stale entry, counted in `_stale[block]`, and the pop that reaches it
-    skips it. A block's stale entries always precede its live one: only a cached block is touched out of the queue,
-    it keeps its hash while held, so it comes back at the tail. The deque is compacted when stale entries outnumber
-    the free blocks by a few times the pool's size (`_COMPACT_POOL_MULTIPLE`). (An OrderedDict does the same in
-    O(1) too, but its pops cost several times a deque's, and allocation is the hottest loop of a replay.)
+    The free queue is a list read from a head index (`_free[_head:]`, head first) with lazy removal: a block
+    leaving it from the middle (a hit on an evictable cached block, `touch`) stays in it as a stale entry, counted
+    in `_stale[block]`, and the pop that reaches it skips it. A block's stale entries always precede its live one:
+    only a cached block is touched out of the queue, it keeps its hash while held, so it comes back at the tail.
+    The queue is compacted when stale entries outnumber the free blocks by a few times the pool's size
+    (`_COMPACT_POOL_MULTIPLE`). Popping n blocks is a slice and a move of the head (a deque pops one at a time;
+    an OrderedDict's pops cost several times a deque's, and allocation is the hottest loop of a replay); a group
+    prepended goes into the consumed slots before the head, and the consumed prefix is dropped once it is at
+    least half the list (`_TRIM_MIN_ENTRIES`), so memory stays within twice the queue.
 
     Events: the pool owns the queue of cache events not yet published, in emission order, as vLLM's `BlockPool`
     owns its `kv_event_queue`. Recording is off (and costs nothing) until `enable_events` (a subscriber,
@@ -66,6 +70,7 @@ class BlockPool:
         "_ref_cnt",
         "_hash",
         "_free",
+        "_head",
         "_num_free",
         "_stale",
         "_num_stale",
@@ -84,8 +89,10 @@ class BlockPool:
         self.unhashed_to_head = unhashed_to_head
         self._ref_cnt = [0] * num_blocks
         self._hash: list[BlockHash | None] = [None] * num_blocks
-        self._free: deque[int] = deque(range(1, num_blocks))
-        """The free queue, head first, with stale entries (see the class notes)."""
+        self._free: list[int] = list(range(1, num_blocks))
+        """The free queue from `_head` on, head first, with stale entries (see the class notes)."""
+        self._head = 0
+        """Index in `_free` of the queue's head; the entries before it are consumed."""
         self._num_free = num_blocks - 1
         self._stale = [0] * num_blocks
         """Stale entries of each block in `_free` (ahead of its live one, if any)."""
@@ -130,11 +137,6 @@ class BlockPool:
     def ref_cnt(self, block_id: int) -> int:
         return self._ref_cnt[block_id]
 
-    @property
-    def ref_counts(self) -> Sequence[int]:
-        """Reference count by block id (read-only use: a hot-path view for the cache manager)."""
-        return self._ref_cnt
-
     def block_hash(self, block_id: int) -> BlockHash | None:
         return self._hash[block_id]
 
@@ -142,7 +144,7 @@ class BlockPool:
         """Block ids in allocation order (head first)."""
         stale = self._stale.copy()
         out = []
-        for b in self._free:
+        for b in islice(self._free, self._head, None):
             if stale[b]:
                 stale[b] -= 1
             else:
@@ -156,8 +158,9 @@ class BlockPool:
     def leading_cached_blocks(self, block_hashes: Iterable[BlockHash]) -> list[int]:
         """The blocks cached under the leading hashes, up to the first hash that is not cached. A peek."""
         # NOTE: takewhile over map stops at the first miss and runs in C: a long prompt whose prefix breaks early
-        # (its context was computed on another worker, or evicted) costs no lookups past the break.
-        return list(takewhile(_is_cached, map(self._cached.get, block_hashes)))
+        # (its context was computed on another worker, or evicted) costs no lookups past the break. A cached block
+        # id is never 0 (the null block), so `bool` tells it from None, at a cheaper call than `is not None`.
+        return list(takewhile(bool, map(self._cached.get, block_hashes)))
 
     def cached_mask(self, block_hashes: Iterable[BlockHash]) -> list[bool]:
         """Whether each hash is cached. A peek: changes nothing."""
@@ -169,15 +172,33 @@ class BlockPool:
         return len(list(takewhile(bool, map(self._cached.__contains__, block_hashes))))
 
     # ------------------------------------------------------------------ mutations
+    def num_evictable(self, block_ids: Sequence[int]) -> int:
+        """How many of `block_ids` are free (ref 0: in the free queue, so taking them takes free blocks). A peek."""
+        if len(block_ids) > 1:
+            return itemgetter(*block_ids)(self._ref_cnt).count(0)
+        return sum(self._ref_cnt[b] == 0 for b in block_ids)
+
     def touch(self, block_ids: Sequence[int]) -> None:
         """Take a reference on hit blocks; a block at ref 0 leaves the free queue (and so cannot be evicted)."""
         ref, stale = self._ref_cnt, self._stale
-        left = 0
-        for b in block_ids:
-            if ref[b] == 0:
+        n = len(block_ids)
+        left = itemgetter(*block_ids)(ref).count(0) if n >= _BATCH_MIN_BLOCKS else -1
+        if left == 0:
+            # NOTE: a long hit is mostly all held (a shared prefix others run with) or all free (a context whose
+            # request ended): each of those takes a plainer loop than the mixed case.
+            for b in block_ids:
+                ref[b] += 1
+        elif left == n:
+            for b in block_ids:
+                ref[b] = 1
                 stale[b] += 1
-                left += 1
-            ref[b] += 1
+        else:
+            left = 0
+            for b in block_ids:
+                if ref[b] == 0:
+                    stale[b] += 1
+                    left += 1
+                ref[b] += 1
         if left:
             self._num_free -= left
             self._num_stale += left
@@ -186,50 +207,52 @@ class BlockPool:
 
     def _compact(self) -> None:
         """Drop the stale entries from the free queue (amortised: runs once stale entries outnumber free blocks)."""
-        self._free = deque(self.free_queue())
+        self._free = self.free_queue()
+        self._head = 0
         self._stale = [0] * self.num_blocks
         self._num_stale = 0
 
     def _pop_free(self, num_blocks: int) -> list[int]:
         """Take `num_blocks` live blocks off the head of the free queue, skipping stale entries."""
         self._num_free -= num_blocks
-        popleft = self._free.popleft
-        if num_blocks == 1 and not self._num_stale:
-            return [popleft()]
-        out = list(islice(iter(popleft, None), num_blocks))
-        if not self._num_stale:
-            return out
-        stale = self._stale
-        if num_blocks > 1:
-            if not any(itemgetter(*out)(stale)):
-                return out
-        elif not stale[out[0]]:
-            return out
-        # NOTE: some popped entries are stale: keep the live ones in order and pop on until there are enough.
-        live = []
-        skipped = 0
-        for b in out:
-            if stale[b]:
-                stale[b] -= 1
-                skipped += 1
-            else:
-                live.append(b)
-        while len(live) < num_blocks:
-            b = popleft()
-            if stale[b]:
-                stale[b] -= 1
-                skipped += 1
-            else:
-                live.append(b)
-        self._num_stale -= skipped
-        return live
+        free, head = self._free, self._head
+        end = head + num_blocks
+        out = free[head:end]
+        if self._num_stale:
+            stale = self._stale
+            if (any(itemgetter(*out)(stale)) if num_blocks > 1 else stale[out[0]]):
+                # NOTE: some popped entries are stale: keep the live ones in order and pop on until there are enough.
+                live = []
+                skipped = 0
+                for b in out:
+                    if stale[b]:
+                        stale[b] -= 1
+                        skipped += 1
+                    else:
+                        live.append(b)
+                while len(live) < num_blocks:
+                    b = free[end]
+                    end += 1
+                    if stale[b]:
+                        stale[b] -= 1
+                        skipped += 1
+                    else:
+                        live.append(b)
+                self._num_stale -= skipped
+                out = live
+        if end >= _TRIM_MIN_ENTRIES and 2 * end >= len(free):
+            # NOTE: amortised: the entries this moves are no more than those consumed since the last trim.
+            del free[:end]
+            end = 0
+        self._head = end
+        return out
 
     def get_new_blocks(self, num_blocks: int, cache_hashes: Sequence[BlockHash] = ()) -> list[int]:
         """Pop `num_blocks` from the head of the free queue, evicting any cached hash they still carry; the first
         `len(cache_hashes)` of them are then registered under those hashes (`cache_blocks`, in the same pass)."""
         if num_blocks > self._num_free:
             raise RuntimeError(f"cannot allocate {num_blocks} blocks: only {self._num_free} free")
-        if num_blocks >= _BATCH_MIN_BLOCKS and not self._duplicates:
+        if num_blocks >= _BATCH_MIN_BLOCKS:
             return self._get_new_blocks_batch(num_blocks, cache_hashes)
         ref, hashes, cached, dups = self._ref_cnt, self._hash, self._cached, self._duplicates
         out = self._pop_free(num_blocks)
@@ -261,42 +284,75 @@ class BlockPool:
             self._evicted(removed)
         return out
 
+    def get_new_block(self) -> int:
+        """`get_new_blocks(1)[0]` without a hash to register (a decode's next block), on a shorter path."""
+        if not self._num_free:
+            raise RuntimeError("cannot allocate 1 block: only 0 free")
+        b = self._pop_free(1)[0]
+        hashes = self._hash
+        h = hashes[b]
+        if h is not None:
+            dups = self._duplicates
+            if not dups or h not in dups:
+                if self._cached.get(h) != b:
+                    raise RuntimeError(f"block {b} carries hash {h!r} but is not registered under it")
+                del self._cached[h]
+            else:
+                self._uncache(h, b)
+            hashes[b] = None
+            self._evicted((h,))
+        self._ref_cnt[b] = 1
+        return b
+
     def _get_new_blocks_batch(self, num_blocks: int, cache_hashes: Sequence[BlockHash]) -> list[int]:
-        """`get_new_blocks` for a pool without duplicates, as passes over the whole batch that run in C: pop every
-        block, evict the hashes they carry (in pop order), then register the new hashes, as vLLM's
-        `get_new_blocks` then `cache_full_blocks` do. Same state and events as the block-by-block loop: without
-        duplicates at the start, a new hash that a later popped block still carries is evicted first either way,
-        and the new block then holds it alone."""
-        ref, hashes, cached = self._ref_cnt, self._hash, self._cached
+        """`get_new_blocks` as passes over the whole batch that run in C: pop every block, evict the hashes they
+        carry (in pop order), then register the new hashes, as vLLM's `get_new_blocks` then `cache_full_blocks` do.
+        Same state and events as the block-by-block loop, which registers each block before popping the next: a
+        new hash that a later popped block still carries is a duplicate there until that block's eviction promotes
+        the first duplicate registered; here it is evicted first and the new block registered after the copies
+        that were already duplicates, so the same block answers lookups and the same copies stay in the same
+        order."""
+        ref, hashes, cached, dups = self._ref_cnt, self._hash, self._cached, self._duplicates
         out = self._pop_free(num_blocks)
         old = itemgetter(*out)(hashes)
-        removed: list[BlockHash] = []
-        if old.count(None) != num_blocks:
-            # NOTE: without duplicates, every hash a popped block carries is cached under that block alone.
-            removed = list(filter(_is_cached, old))
-            if list(map(cached.pop, removed, [None] * len(removed))) != list(compress(out, map(_is_cached, old))):
-                raise RuntimeError("a popped block carries a hash it is not registered under")
+        removed: Sequence[BlockHash] = ()
+        num_unhashed = old.count(None)
+        if num_unhashed != num_blocks:
+            if num_unhashed:
+                removed = list(filter(_is_cached, old))
+                evicted = list(compress(out, map(_is_cached, old)))
+            else:
+                removed, evicted = old, out  # NOTE: the common case once the cache is full: every block evicts.
+            if not dups or dups.keys().isdisjoint(removed):
+                # NOTE: a hash without duplicates is cached under its one block: evicting it is a pop.
+                if list(map(cached.pop, removed, repeat(None, len(removed)))) != evicted:
+                    raise RuntimeError("a popped block carries a hash it is not registered under")
+            else:
+                for b, h in zip(evicted, removed):
+                    self._uncache(h, b)
         new = cache_hashes[:num_blocks] if len(cache_hashes) > num_blocks else cache_hashes
         n_cache = len(new)
         # NOTE: every popped block is taken once and loses any old hash; the first n_cache take the new ones.
-        for b in out:
+        for b, h in zip(out, new):
             ref[b] = 1
-        if removed:
+            hashes[b] = h
+        if n_cache < num_blocks:
             for b in out[n_cache:]:
-                hashes[b] = None
+                ref[b] = 1
+            if removed:
+                for b in out[n_cache:]:
+                    hashes[b] = None
         if n_cache:
-            for b, h in zip(out, new):
-                hashes[b] = h
             size = len(cached)
             if cached.keys().isdisjoint(new):
                 cached.update(zip(new, out))
             if len(cached) != size + n_cache:
                 # NOTE: a new hash already cached (or repeated in the batch): the first registered keeps lookups.
+                # No entry points into the batch but those registered just now: the popped blocks were evicted.
                 taken = set(out)
                 for h in new:
                     if cached.get(h) in taken:
                         del cached[h]
-                dups = self._duplicates
                 for b, h in zip(out, new):
                     if h in cached:
                         dups.setdefault(h, []).append(b)
@@ -306,7 +362,7 @@ class BlockPool:
             self._evicted(removed)
         return out
 
-    def _evicted(self, removed: list[BlockHash]) -> None:
+    def _evicted(self, removed: Sequence[BlockHash]) -> None:
         """Count the hashes `removed` by allocations and publish them: one BlockRemoved per evicted block, in
         eviction order, as vLLM emits them."""
         self.num_evicted_blocks += len(removed)
@@ -388,8 +444,16 @@ class BlockPool:
             free.extend(released)
             return
         free.extend(compress(released, map(_is_cached, released_hashes)))
-        # NOTE: prepended as a group that keeps its given order, so the request's last unhashed block is reused first.
-        free.extendleft(reversed(list(compress(released, map(_is_none, released_hashes)))))
+        # NOTE: prepended as a group that keeps its given order, so the request's last unhashed block is reused first:
+        # into the consumed slots before the head when there are enough of them.
+        group = list(compress(released, map(_is_none, released_hashes)))
+        head = self._head
+        if head >= len(group):
+            self._head = head - len(group)
+            free[self._head:head] = group
+        else:
+            free[:head] = group
+            self._head = 0
 
     # ------------------------------------------------------------------ events
     def enable_events(self) -> None:
@@ -440,7 +504,7 @@ class BlockPool:
         queue = self.free_queue()
         if len(queue) != len(set(queue)) or len(queue) != self._num_free:
             raise AssertionError(f"free queue {queue} repeats a block or has not {self._num_free} blocks")
-        if sum(self._stale) != self._num_stale or len(self._free) != self._num_free + self._num_stale:
+        if sum(self._stale) != self._num_stale or len(self._free) - self._head != self._num_free + self._num_stale:
             raise AssertionError("stale entries miscounted")
         in_queue = set(queue)
         if ref[NULL_BLOCK_ID] != 0 or NULL_BLOCK_ID in in_queue or hashes[NULL_BLOCK_ID] is not None:

@@ -1,9 +1,10 @@
 """Fast-forwarding a vLLM worker through decode-only steps: k identical-shape steps advanced as one event.
 
-When a worker has nothing waiting and every running request is decoding, the next steps are known in advance
-up to the step in which the first request samples its last token: each step schedules one token per request, in
-running order, and only the block boundaries change the cache (a request needs a new block every `block_size`
-tokens). The step time grows linearly with the steps (`sim.engines.stretch`). Exactness is kept where it matters:
+When a worker has nothing waiting (or nothing it can admit: `Scheduler.admission_stays_blocked`) and every
+running request is decoding, the next steps are known in advance up to the step in which the first request samples
+its last token: each step schedules one token per request, in running order, and only the block boundaries change
+the cache (a request needs a new block every `block_size` tokens). The step time grows linearly with the steps
+(`sim.engines.stretch`). Exactness is kept where it matters:
 
 * blocks are allocated in the order step-by-step simulation would (by step, then running order), so the free
   queue and every eviction are the same; the stretch only starts if all the blocks it needs are free, so nothing
@@ -41,8 +42,13 @@ class DecodeStretch(StretchTiming):
     @classmethod
     def plan(cls, scheduler: Scheduler, time_model: StepTimeModel, *, speed: float, now_s: float,
              max_model_len: int) -> DecodeStretch | None:
-        """A stretch for the scheduler's current state, or None when the next step is not a plain decode step."""
-        if not scheduler.running or scheduler.blocks_decode_stretch:
+        """A stretch for the scheduler's current state, or None when the next step is not a plain decode step.
+        Requests may wait if their admission stays blocked through the stretch (`admission_stays_blocked`): the
+        steps then look the waiting head up, fail and change nothing."""
+        if not scheduler.running:
+            return None
+        waiting = scheduler.blocks_decode_stretch
+        if waiting and scheduler.stalled_head is None:
             return None
         running = scheduler.running
         n = len(running)
@@ -65,6 +71,8 @@ class DecodeStretch(StretchTiming):
         needed = sum(cdiv(r.num_computed_tokens + steps, B) - len(r.block_ids) for r in running)
         if needed > kv.num_free_blocks:
             return None  # a block may run out: step one at a time (and preempt as vLLM would)
+        if waiting and not scheduler.admission_stays_blocked(steps):
+            return None
         series = time_model.decode_steps(n, context)
         if series is None:
             return None  # no closed form for this time model

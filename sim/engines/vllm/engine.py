@@ -180,7 +180,7 @@ class VllmEngine:
 
     def plan_decode_stretch(self, time_model: StepTimeModel, *, speed: float, now_s: float) -> DecodeStretch | None:
         s = self.scheduler
-        if s.waiting or not s.running:
+        if not s.running or (s.waiting and s.stalled_head is None):
             return None  # the common case, decided without a call: a step with work to admit or nothing running
         return DecodeStretch.plan(s, time_model, speed=speed, now_s=now_s, max_model_len=self.spec.max_model_len)
 

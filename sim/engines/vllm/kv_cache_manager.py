@@ -104,7 +104,7 @@ class KVCacheManager:
 
     def _num_evictable(self, hit_blocks: Sequence[int]) -> int:
         """Hit blocks sitting in the free queue: touching them takes them out of it."""
-        return list(map(self.pool.ref_counts.__getitem__, hit_blocks)).count(0)
+        return self.pool.num_evictable(hit_blocks)
 
     def num_blocks_to_admit(self, state: RequestState, hit_blocks: Sequence[int]) -> int:
         """Free blocks a waiting request needs for its whole prompt (vLLM >= 0.19 `full_sequence_must_fit`)."""
@@ -123,9 +123,20 @@ class KVCacheManager:
         pool = self.pool
         B = self.block_size
         if not hit_blocks and not full_sequence_must_fit:
-            # NOTE: the common decode case, same outcome as the general path: the slots exist already.
+            # NOTE: the common decode cases, same outcome as the general path: the slots exist already, or the token
+            # starts a block (one new block, not full yet unless B == 1, so nothing registers with it).
             end = state.num_computed_tokens + num_new_tokens
-            if end <= len(state.block_ids) * B and end <= self.max_model_len:
+            num_slots = len(state.block_ids) * B
+            if end <= num_slots and end <= self.max_model_len:
+                if not pool.records_events:
+                    self._cache_full_blocks(state, min(end, state.num_tokens))
+                else:
+                    self.cache_full_blocks(state, min(end, state.num_tokens))
+                return True
+            if end == num_slots + 1 and B > 1 and end <= self.max_model_len:
+                if not pool.num_free_blocks:
+                    return False
+                state.block_ids.append(pool.get_new_block())
                 if not pool.records_events:
                     self._cache_full_blocks(state, min(end, state.num_tokens))
                 else:

@@ -54,10 +54,19 @@ class RequestState(ServedRequest):
         """Hashes of full blocks start..stop-1 (see `block_hash`)."""
         request = self.request
         prompt = request.block_hashes
-        if stop <= len(prompt):
+        num_prompt = len(prompt)
+        if stop <= num_prompt:
             return list(prompt[start:stop])
-        known = prompt + request.output_block_hashes if request.output_block_hashes else prompt
-        if stop <= len(known):
-            return list(known[start:stop])
-        rid = request.request_id
-        return list(known[start:]) + [("out", rid, i) for i in range(max(start, len(known)), stop)]
+        if start >= stop:
+            return []
+        # NOTE: sliced from the prompt's and the outputs' tuples apart: a long context's decode caches a block every
+        # block_size steps, and joining the tuples first copied the whole context each time.
+        out = request.output_block_hashes
+        hashes = list(prompt[start:]) if start < num_prompt else []
+        known = num_prompt + len(out)
+        if start < known:
+            hashes += out[max(start - num_prompt, 0):stop - num_prompt]
+        if stop > known:
+            rid = request.request_id
+            hashes += [("out", rid, i) for i in range(max(start, known), stop)]
+        return hashes

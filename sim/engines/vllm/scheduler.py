@@ -68,6 +68,9 @@ class Scheduler:
         """Finished P/D prefill requests whose blocks wait for the decode side to read them."""
         self._remote_loads: list[tuple[float, int, RequestState]] = []
         """P/D transfers in flight, a heap of (done_s, request id, request)."""
+        self._stalled_head: RequestState | None = None
+        """The waiting request the last admission stopped at (its blocks did not fit, or `max_num_seqs` was
+        reached with it at the head); None if admission stopped for another reason or emptied the queue."""
 
     @property
     def has_work(self) -> bool:
@@ -84,12 +87,56 @@ class Scheduler:
         return len(self.waiting) + len(self.running) + len(self.holding)
 
     @property
+    def stalled_head(self) -> RequestState | None:
+        """The waiting request the last admission stopped at (see `admission_stays_blocked`), if still waiting."""
+        head = self._stalled_head
+        return head if self.waiting and self.waiting[0] is head else None
+
+    @property
     def blocks_decode_stretch(self) -> bool:
         """The next step does more than decode the running requests, whatever they need: a request waits to be
         admitted, or holds KV blocks for a load to promote, or the connector has a finish pass or a store offer to
         retry (stores in flight alone do not count: their completions change nothing a decode step reads)."""
         return bool(self.waiting or self.holding) or (self.connector is not None
                                                      and self.connector.blocks_decode_stretch)
+
+    def admission_stays_blocked(self, steps: int) -> bool:
+        """Whether the next `steps` steps, if they only decode the running requests (none finishing before the last,
+        none preempted), admit nothing either: the waiting head cannot be admitted now and nothing those steps do
+        can change that. Then they are the decode steps a stretch advances (`DecodeStretch.plan`), the head's
+        failed lookups having no effect.
+
+        Only where the answer can be proved (vLLM >= 0.27 records no stats for a failed lookup; >= 0.19 admits a
+        request only if its whole prompt fits, without a connector or a P/D transfer):
+
+        * `max_num_seqs` running, or no token budget left after the decodes: as long as nothing finishes;
+        * else the head's whole prompt does not fit, `need > free` with need = its blocks - the hit blocks that are
+          held (`num_blocks_to_admit`), and decode steps only move `need - free` up: each allocation takes a free
+          block (free - 1); if it evicts a hit block, the hit is cut there (need + the held hit blocks cut off) or a
+          duplicate copy takes over (need - 1 at most, if that copy is held). A hit grows only if a step caches
+          one of the hashes the head looks up: the running requests' blocks cached in those steps must not be
+          among them (checked).
+        """
+        head = self.waiting[0]
+        behaviour = self.behaviour
+        if (self.connector is not None or self.holding or head.remote_kv is not None or head.loading
+                or not behaviour.stats_at_admission_only or not behaviour.full_sequence_must_fit):
+            return False
+        running, limits = self.running, self.limits
+        if len(running) >= limits.max_num_seqs or limits.max_num_batched_tokens <= len(running):
+            return True
+        kv = self.kv
+        B = kv.block_size
+        lookup = head.block_hashes(0, (head.num_tokens - 1) // B)
+        hit_blocks = kv.pool.leading_cached_blocks(lookup)
+        if kv.num_blocks_to_admit(head, hit_blocks) <= kv.num_free_blocks:
+            return False
+        newly_cached: set = set()
+        for r in running:
+            start, stop = r.num_cached_blocks, (r.num_computed_tokens + steps) // B + 1
+            if stop > start:
+                newly_cached.update(r.block_hashes(start, stop))
+        return newly_cached.isdisjoint(lookup)
 
     def take_connector_step(self) -> ConnectorStep:
         """The transfer jobs the last `schedule()` created (vLLM's `kv_connector_metadata`), handed to the worker
@@ -201,6 +248,7 @@ class Scheduler:
         max_num_seqs = self.limits.max_num_seqs
         skipped_waiting: list[RequestState] = []
         skipped_holding: list[RequestState] = []
+        self._stalled_head = None
 
         def skip(queue: deque[RequestState]) -> None:
             state = queue.popleft()
@@ -208,7 +256,10 @@ class Scheduler:
 
         while budget > 0:
             queue = self.holding or self.waiting
-            if not queue or len(running) >= max_num_seqs:
+            if not queue:
+                break
+            if len(running) >= max_num_seqs:
+                self._stalled_head = queue[0]
                 break
             state = queue[0]
             if state.loading:
@@ -265,6 +316,7 @@ class Scheduler:
             if not kv.allocate_slots(
                 state, sync_ext + num_new, hit_blocks, full_sequence_must_fit=behaviour.full_sequence_must_fit
             ):
+                self._stalled_head = state
                 break
             if connector is not None:
                 connector.after_alloc(state, num_gpu_hit, sync_ext)

@@ -227,10 +227,58 @@ def test_duplicate_blocks_keep_hitting_after_the_first_copy_is_evicted():
     pool.check_invariants()
 
 
-def test_pool_prepends_a_group_of_unhashed_blocks_in_the_order_given():
+@pytest.mark.parametrize("trim_min_entries", [1, 4096])
+def test_pool_prepends_a_group_of_unhashed_blocks_in_the_order_given(trim_min_entries):
     # vLLM's `prepend_n`: [5, 4] freed in that order (a request's blocks, tail first) -> the head is [5, 4, ...].
-    pool = BlockPool(7)
-    blocks = pool.get_new_blocks(5)  # 1..5
-    pool.cache_block(1, "h1")
-    pool.free(reversed(blocks))  # 5, 4, 3, 2 unhashed; 1 hashed
-    assert pool.free_queue() == [5, 4, 3, 2, 6, 1]
+    # The same whether the group goes into the consumed slots before the queue's head or the popped entries were
+    # dropped first (trimmed at once) and the group is put in front.
+    from unittest import mock
+
+    from sim.engines.vllm import block_pool
+
+    with mock.patch.object(block_pool, "_TRIM_MIN_ENTRIES", trim_min_entries):
+        pool = BlockPool(7)
+        blocks = pool.get_new_blocks(5)  # 1..5
+        pool.cache_block(1, "h1")
+        pool.free(reversed(blocks))  # 5, 4, 3, 2 unhashed; 1 hashed
+        assert pool.free_queue() == [5, 4, 3, 2, 6, 1]
+        pool.check_invariants()
+
+
+def test_a_requests_hash_ranges_are_its_hashes_one_by_one():
+    # block_hashes(start, stop) slices the prompt's hashes, then the outputs' a session resends, then the request's
+    # own keys: any range agrees with block_hash taken one block at a time (empty when start >= stop).
+    for num_prompt, num_out in ((0, 0), (2, 0), (0, 2), (3, 2)):
+        req = Request(7, num_prompt * B + 1, 20, tuple(("p", i) for i in range(num_prompt)),
+                      output_block_hashes=tuple(("o", i) for i in range(num_out)))
+        state = RequestState(req, 0, 0.0, block_size=B)
+        for start in range(9):
+            for stop in range(9):
+                assert state.block_hashes(start, stop) == [state.block_hash(i) for i in range(start, stop)]
+
+
+@pytest.mark.parametrize("batch_min_blocks", [2, 10_000])
+def test_a_whole_cached_request_is_evicted_tail_first_by_the_next_allocation(batch_min_blocks):
+    # Nine usable blocks all cached by request 1 (36 tokens, 9 full blocks) and freed tail first: the queue is
+    # [9, 8, ..., 1]. Request 2 (36 tokens of its own) takes them in that order, evicting request 1's hashes from
+    # its last block to its first, whether the pool pops block by block or in one batch pass.
+    from unittest import mock
+
+    from sim.engines.vllm import block_pool
+
+    with mock.patch.object(block_pool, "_BATCH_MIN_BLOCKS", batch_min_blocks):
+        kv = manager(10)
+        kv.pool.enable_events()
+        a = request(1, 36)
+        admit(kv, a)
+        kv.free(a)
+        assert kv.pool.free_queue() == [9, 8, 7, 6, 5, 4, 3, 2, 1]
+        kv.pool.take_events()
+        b = request(2, 36)
+        assert admit(kv, b) == 0
+        assert b.block_ids == [9, 8, 7, 6, 5, 4, 3, 2, 1]
+        removed = [e.block_hashes[0] for e in kv.pool.take_events() if e.kind == "removed"]
+        assert removed == [("own", 1, i) for i in range(8, -1, -1)]
+        assert kv.pool.cached_hashes() == {("own", 2, i) for i in range(9)}
+        assert kv.num_evicted_blocks == 9
+        kv.pool.check_invariants()
