@@ -149,6 +149,9 @@ def test_runs_slice_and_match_as_token_lists_do(a_runs, b_runs, start, stop):
     piece = a.slice(start, stop)
     assert _expanded(piece) == ta[start:stop] and len(piece) == len(ta[start:stop])
     assert piece == Tokens(piece.runs)  # still canonical
+    joined = piece + b.slice(stop)  # merges only where the two meet: as canonical as runs built at once
+    assert joined.runs == Tokens(piece.runs + b.slice(stop).runs).runs and len(joined) == len(piece) + len(b) - min(
+        stop, len(b))
     for offset in range(len(tb) + 1):
         rest = tb[offset:]
         naive = next((i for i, (x, y) in enumerate(zip(ta, rest)) if x != y), min(len(ta), len(rest)))
