@@ -166,6 +166,46 @@ class RadixCache:
         """Insert the page-aligned `key`; returns (tokens already in the tree, last node)."""
         return self._insert_helper(self.root_node, self.page_aligned(key), priority, inserted_len)
 
+    def insert_below(self, anchor: TreeNode, anchor_len: int, key: Tokens, *, priority: int = 0,
+                     inserted_len: int = 0) -> tuple[int, TreeNode]:
+        """`insert(key, ...)` where the path to `anchor` (a node the caller holds locked, so that nothing evicted or
+        changed it) is known to hold the first `anchor_len` tokens of the page-aligned `key`: the same stamps,
+        priorities, hit counts and splits, with that path walked up from `anchor` instead of matched down from the
+        root (a request's checkpoint: its locked prefix is most of a long context's path)."""
+        if self.has_host_tier or anchor is self.root_node:
+            # NOTE: a tree with more state hooks every node of the walk in order (`HiRadixCache._on_insert_path`)
+            return self.insert(key, priority=priority, inserted_len=inserted_len)
+        key = self.page_aligned(key)
+        access_time = self.tick()
+        # NOTE: what `_insert_helper` does to each node of the path above the anchor, in any order (the same stamp,
+        # a max, an increment): no split (the key holds the path's tokens), a hit where the node ends past
+        # `inserted_len`.
+        node, end = anchor, anchor_len
+        while node is not self.root_node:
+            node.last_access_time = access_time
+            if node.priority < priority:
+                node.priority = priority
+            if end > inserted_len:
+                node.hit_count += 1
+            end -= len(node.key)
+            node = node.parent
+        node.last_access_time = access_time
+        node.priority = max(node.priority, priority)
+        return self._insert_from(anchor, anchor_len, key, priority, inserted_len, access_time)
+
+    def stamp_path(self, key: Tokens, node: TreeNode) -> TreeNode:
+        """`match_prefix(key)[1]` for a page-aligned `key` that the tree holds whole with a node ending where it
+        ends, `node` (just inserted): the same access stamps, walked up from `node`."""
+        if self.has_host_tier:
+            return self.match_prefix(key)[1]
+        if len(key):
+            access_time = self.tick()
+            stamped = node
+            while stamped is not None:
+                stamped.last_access_time = access_time
+                stamped = stamped.parent
+        return node
+
     def evict(self, num_tokens: int) -> int:
         """Free whole evictable leaves, lowest priority first, until `num_tokens` are freed; returns the number."""
         # NOTE: SGLang builds a heap of every evictable leaf, pops the lowest (priority, id) and pushes a parent that
@@ -310,9 +350,15 @@ class RadixCache:
         node.priority = max(node.priority, priority)
         if len(key) == 0:
             return 0, node
-        child_key = self.child_key(key)
-        total_prefix_length = 0
+        return self._insert_from(node, 0, key, priority, inserted_len, access_time)
+
+    def _insert_from(self, node: TreeNode, total_prefix_length: int, key: Tokens, priority: int, inserted_len: int,
+                     access_time: int) -> tuple[int, TreeNode]:
+        """The walk of `_insert_helper` from `node`, which ends at token `total_prefix_length` of `key`."""
         length = len(key)
+        if total_prefix_length >= length:
+            return total_prefix_length, node
+        child_key = self.child_key(key, total_prefix_length)
         while total_prefix_length < length and child_key in node.children:
             node = node.children[child_key]
             node.last_access_time = access_time
