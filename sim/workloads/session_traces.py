@@ -34,6 +34,19 @@ tokens `(id, 0 .. n - 1)`, the last possibly partial); a linked child's prompt i
 (a block it starts inside is the run `((id, offset), n)`). So parent and child share exactly the tokens whose
 blocks they share, plus the parent's partial last block.
 
+Delta formats (`mooncake-delta`) give a turn's new tokens only, and every turn resends its parent's prompt and
+output: `prompt_k = prompt_{k-1} + output_{k-1} + delta_k`. A token-granular cache matches from the first token, so
+two prompts need to agree on a token exactly when they agree on every token up to it (`Request.token_runs`), and
+the runs are few:
+
+    first turn:  | runs of the first turns' trie (`_FirstTurnTrie`): a shared system prompt is one run |
+    turn k:      | turn k-1's runs | (output_key of k-1, O) | ((-2, k), delta) |
+
+A later turn's delta follows its parent's output, which no other prompt holds, so it is one run of its own (where a
+run per 16-token hash id made a 64k-token context ~4,000 runs); first turns share what their ids share, through the
+trie. The block hashes (vLLM's) are hashed from the hash ids' runs as before (`_DeltaHashTail`), so they are
+unchanged.
+
 Timing (`timing="closed-loop"`): a first turn is sent at its recorded timestamp; a later turn `gap` seconds after
 its parent finished, where gap = `delay_s` when the line records it, else (its timestamp - its parent's timestamp).
 The parent's service time is inside that interval, but no format read here records it (the Bailian traces do not),
@@ -122,6 +135,121 @@ def own_runs(ids: list[int], start: int, stop: int, tb: int) -> list[tuple[objec
     return runs
 
 
+def _tail_runs(runs: list[tuple[object, int]], num_tokens: int) -> list[tuple[object, int]]:
+    """The shortest suffix of whole `runs` that holds at least `num_tokens` tokens (all of them if they hold fewer)."""
+    total, k = 0, len(runs)
+    while k and total < num_tokens:
+        k -= 1
+        total += runs[k][1]
+    return runs[k:]
+
+
+class _TrieEdge:
+    """Prompt tokens [pos, pos + num_tokens) of a path of `_FirstTurnTrie`: tokens [start, start + num_tokens) of
+    the run `key` of first turn `owner`. `ids`: the owner's hash ids over the edge's trace blocks, loaded when a
+    later turn first reaches the edge (None before: memory holds the ids of shared content only)."""
+
+    __slots__ = ("key", "start", "pos", "num_tokens", "owner", "ids", "children")
+
+    def __init__(self, key: object, start: int, pos: int, num_tokens: int, owner: int) -> None:
+        self.key, self.start, self.pos, self.num_tokens, self.owner = key, start, pos, num_tokens, owner
+        self.ids: tuple[int, ...] | None = None
+        self.children: dict[int, _TrieEdge] = {}
+        """The edges from this one's end, by the hash id of the trace block their first token is in."""
+
+
+class _FirstTurnTrie:
+    """The first turns of a delta trace as a compressed trie of their tokens, which gives each the token runs that
+    share exactly what its prompt shares with the first turns before it (`token_runs_of_ids` in
+    `sim.workloads.shared_prefix` does this for prompts known in advance; here they come one at a time).
+
+    A first turn's tokens are those of its hash ids (trace blocks of `trace_block_tokens`; the last may be
+    partial), and two first turns agree on their first t tokens exactly when their ids agree on the blocks those
+    tokens are in (every first turn starts at token 0, so their blocks are aligned). The tokens a turn does not
+    share with an earlier one are a run of its own, `((-2, i), n)`, from where it departs. An edge is a piece of
+    such a run; the nodes are where turns departed, so a turn that follows an earlier one's run joins it at its
+    token 0, and a prompt is a run per turn whose path it follows:
+
+        turn 0: ids s1 s2 a1       runs ((-2, 0), 48)                       trie:  -(s1 s2)-+-(a1)
+        turn 1: ids s1 s2 b1 b2    runs ((-2, 0), 32) ((-2, 1), 32)                        +-(b1)-+-(b2)
+        turn 2: ids s1 s2 b1 c1    runs ((-2, 0), 32) ((-2, 1), 16) ((-2, 2), 16)                 +-(c1)
+    """
+
+    def __init__(self, trace: SessionTrace, trace_block_tokens: int) -> None:
+        self._trace = trace
+        self._tb = trace_block_tokens
+        self._root: dict[int, _TrieEdge] = {}
+
+    def _edge_ids(self, handle, edge: _TrieEdge) -> tuple[int, ...]:
+        """The owner's ids over the edge's trace blocks (read from its line the first time)."""
+        if edge.ids is None:
+            tb = self._tb
+            ids = self._trace._line(handle, edge.owner).hash_ids
+            edge.ids = tuple(ids[edge.pos // tb:(edge.pos + edge.num_tokens - 1) // tb + 1])
+        return edge.ids
+
+    def runs(self, handle, i: int, ids: list[int], num_tokens: int) -> list[tuple[object, int]]:
+        """First turn `i`'s token runs (its hash ids `ids`, `num_tokens` tokens); the turn joins the trie."""
+        tb = self._tb
+        children, pos = self._root, 0
+        runs: list[tuple[object, int]] = []
+        while pos < num_tokens:
+            edge = children.get(ids[pos // tb])
+            if edge is None:
+                break
+            # NOTE: the blocks of tokens [pos, end) in both; the first is equal (the edge's key in `children`).
+            first = pos // tb
+            end = min(num_tokens, pos + edge.num_tokens)
+            k = _common_prefix(ids, first, self._edge_ids(handle, edge), (end - 1) // tb + 1 - first)
+            stop = min(end, (first + k) * tb)
+            if runs and runs[-1][0] == edge.key:
+                key, n = runs[-1]
+                runs[-1] = (key, n + stop - pos)
+            else:
+                runs.append((edge.key, stop - pos))
+            if runs[-1][1] != edge.start + stop - pos:
+                raise RuntimeError(f"first turn {i} joins run {edge.key} at token {edge.start}, not at its start")
+            if stop < pos + edge.num_tokens:  # ends or departs inside the edge
+                if stop == num_tokens:
+                    return runs
+                children = self._split(edge, stop)
+                pos = stop
+                break
+            children, pos = edge.children, stop
+        if pos < num_tokens:
+            children[ids[pos // tb]] = _TrieEdge((-2, i), 0, pos, num_tokens - pos, i)
+            runs.append(((-2, i), num_tokens - pos))
+        return runs
+
+    def _split(self, edge: _TrieEdge, at: int) -> dict[int, _TrieEdge]:
+        """`edge` ends at token `at` (a trace block boundary inside it) and the rest becomes its only child (its ids
+        not loaded: no one shares them yet); returns the edge's children, for the departing turn's edge."""
+        tb = self._tb
+        rest = _TrieEdge(edge.key, edge.start + at - edge.pos, at, edge.pos + edge.num_tokens - at, edge.owner)
+        rest.children = edge.children
+        cut = at // tb - edge.pos // tb  # blocks of the edge before `at`
+        rest_first_id = edge.ids[cut]
+        edge.ids = edge.ids[:cut]
+        edge.num_tokens = at - edge.pos
+        edge.children = {rest_first_id: rest}
+        return edge.children
+
+
+def _common_prefix(a: list[int], start: int, b: tuple[int, ...], m: int) -> int:
+    """How many of `a[start:start + m]` and `b[:m]` are equal from the first (>= 1: the first are), by bisection
+    over slice comparisons, which run in C."""
+    if tuple(a[start:start + m]) == b[:m]:
+        return m
+    lo, hi = 1, m  # a[start:start + lo] == b[:lo], a[start:start + hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if tuple(a[start + lo:start + mid]) == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
 class SessionTrace:
     """A session trace file indexed for replay (see the module docstring). Build it once, then iterate
     `sessions()` (closed loop) or `recorded()` (open loop); each may be iterated once per replay."""
@@ -167,6 +295,11 @@ class SessionTrace:
             raise TraceError(f"engine block size {block_size} must divide the trace's block size "
                              f"{self.trace_block_tokens}")
         self._per_block = self.trace_block_tokens // block_size
+        self._first_turns = _FirstTurnTrie(self, self.trace_block_tokens)
+        """Delta formats: the first turns' prompts, for their token runs."""
+        self._hash_tails: dict[int, list[tuple[object, int]]] = {}
+        """Delta formats: per built request whose child is not built yet, the hash ids' runs of its prompt's last
+        `block_size` tokens or more (whole runs), which the child's first unknown block may need."""
         self.warp_curve: RateCurve | None = None
         """With `warp`: the arrival curve the sent times are warped onto (`sim.workloads.arrival_curve`)."""
         self.warp_mean_rps = 0.0
@@ -335,7 +468,7 @@ class SessionTrace:
         B, tb = self.block_size, self.trace_block_tokens
         turn = self._line(handle, i)
         if self.format in DELTA_FORMATS:
-            return self._build_delta(turn, i, parent)
+            return self._build_delta(handle, turn, i, parent)
         ids, n_in, n_out = turn.hash_ids, turn.input_length, turn.output_length
         hashes = sub_block_hashes(ids, self._per_block, n_in // B)
         output_hashes: tuple = ()
@@ -413,32 +546,46 @@ class SessionTrace:
             member, idx = line, c
         return names, child_tokens
 
-    def _build_delta(self, turn: TurnLine, i: int, parent: Request | None) -> Request:
+    def _build_delta(self, handle, turn: TurnLine, i: int, parent: Request | None) -> Request:
         """Request `i` of a delta format: its prompt is its parent's prompt, the parent's output, then its own new
-        tokens (runs of its ids, at whatever offset the history ends), and its blocks are named by their content
-        (`content_block_hashes`), as Dynamo's mocker hashes the tokens it synthesises."""
-        B = self.block_size
-        runs = own_runs(turn.hash_ids, 0, turn.input_length, self.trace_block_tokens)
-        session_id, depth, context = i, 0, 0
-        known: tuple[int, ...] = ()
-        if parent is not None:
-            session_id, depth = parent.session_id, parent.turn + 1
-            runs = [*parent.token_runs, (parent.output_key, parent.output_tokens), *runs]
+        tokens, and its blocks are named by their content (`content_block_hashes` of the runs of its ids, at
+        whatever offset the history ends), as Dynamo's mocker hashes the tokens it synthesises. Its token runs are
+        few (module docstring)."""
+        B, tb = self.block_size, self.trace_block_tokens
+        ids, n_new, n_out = turn.hash_ids, turn.input_length, turn.output_length
+        own = own_runs(ids, 0, n_new, tb)
+        output_key = (-1, i)  # NOTE: no str in a hashed key: str hashes change from process to process
+        if parent is None:
+            session_id, depth, context, prefix_id = i, 0, 0, ids[0]
+            n_in = n_new
+            runs = self._first_turns.runs(handle, i, ids, n_new)
+            hashed = own  # the hash ids' runs of the prompt (what its blocks hash), from the first token
+            blocks = content_block_hashes([*own, (output_key, n_out)], B, (n_in + n_out) // B)
+        else:
+            session_id, depth, prefix_id = parent.session_id, parent.turn + 1, parent.prefix_id
+            P, O = parent.prompt_tokens, parent.output_tokens
+            n_in = P + O + n_new
+            runs = [*parent.token_runs, (parent.output_key, O), ((-2, i), n_new)]
             # NOTE: this prompt begins with the tokens the parent hashed (its prompt and output): its blocks are
             # the parent's, so only the rest is hashed (a turn of a 64k-token session hashes its delta, not 4,000
-            # blocks of history).
+            # blocks of history). The first block after them may begin in the parent's prompt: the hash ids' runs
+            # of the prompt's last B tokens or more (`_hash_tails`) give it the pieces it always had, the runs
+            # before them only their length (skipped).
             known = parent.block_hashes + parent.output_block_hashes
-            if len(known) != (parent.prompt_tokens + parent.output_tokens) // B:
-                known = ()
-            context = min((parent.prompt_tokens + parent.output_tokens - 1) // B,
-                          (parent.prompt_tokens + parent.output_tokens + turn.input_length - 1) // B) * B
-        n_in = sum(n for _, n in runs)
-        n_out = turn.output_length
-        output_key = (-1, i)  # NOTE: no str in a hashed key: str hashes change from process to process
-        blocks = content_block_hashes([*runs, (output_key, n_out)], B, (n_in + n_out) // B, known)
+            tail = self._hash_tails.pop(parent.request_id)
+            if len(known) != (P + O) // B:
+                raise RuntimeError(f"request {parent.request_id}: {len(known)} prompt and output block hashes for "
+                                   f"{P + O} tokens in blocks of {B}")
+            hashed = [*tail, (parent.output_key, O), *own]
+            before = P - sum(n for _, n in tail)
+            blocks = content_block_hashes([(None, before), *hashed, (output_key, n_out)], B, (n_in + n_out) // B,
+                                          known)
+            context = min((P + O - 1) // B, (n_in - 1) // B) * B
+        if self.first_child[i] >= 0:
+            self._hash_tails[i] = _tail_runs(hashed, B)
         return Request(
             request_id=i, prompt_tokens=n_in, output_tokens=n_out, block_hashes=blocks[: n_in // B],
-            num_shareable_tokens=0, prefix_id=runs[0][0] if runs else None, token_runs=tuple(runs),
+            num_shareable_tokens=0, prefix_id=prefix_id, token_runs=tuple(runs),
             session_id=session_id, turn=depth, output_block_hashes=blocks[n_in // B:] if self.first_child[i] >= 0
             else (), output_key=output_key, num_context_tokens=context,
         )

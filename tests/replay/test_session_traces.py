@@ -378,6 +378,74 @@ def test_mooncake_delta_sessions_share_a_first_delta_across_sessions_and_derive_
         SessionTrace(path, block_size=16, fmt="mooncake-delta", trace_block_tokens=16)
 
 
+def _tokens(runs) -> list:
+    return [(key, j) for key, n in runs for j in range(n)]
+
+
+def _common(a: list, b: list) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_mooncake_delta_runs_are_few_and_share_exactly_what_the_hash_ids_share(tmp_path, seed):
+    # Against the reader's first way (a run per hash id, the parent's runs resent): every two prompts share the
+    # same number of leading tokens, and the block hashes are the same values. First turns draw their ids from a
+    # few shared prefixes (some ending inside a trace block), so the trie joins, splits and departs mid-edge.
+    import random
+    from sim.workloads.session_traces import content_block_hashes, own_runs
+    rng = random.Random(seed)
+    tb, B = 4, rng.choice([2, 4])
+    stems = [[rng.randrange(6) for _ in range(rng.randrange(1, 6))] for _ in range(3)]
+    rows, next_id = [], 100
+    for s in range(8):
+        turns = rng.randrange(1, 4)
+        for k in range(turns):
+            if k == 0:
+                ids = list(rng.choice(stems))[: rng.randrange(1, 6)]
+                ids += [next_id + j for j in range(rng.randrange(0, 3))]
+                next_id += 3
+                n = rng.randrange((len(ids) - 1) * tb + 1, len(ids) * tb + 1)
+                timing = {"timestamp": s * 10}
+            else:
+                n = rng.randrange(1, 10)
+                ids = [next_id + j for j in range(-(-n // tb))]
+                next_id += len(ids)
+                timing = {"delay": 5}
+            rows.append({"session_id": f"s{s}", **timing, "input_length": n, "output_length": rng.randrange(1, 7),
+                         "hash_ids": ids})
+    path = tmp_path / "delta.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    trace = SessionTrace(path, block_size=B, fmt="mooncake-delta", trace_block_tokens=tb)
+    built, old_runs = {}, {}
+    for session in trace.sessions():
+        todo = session.first()
+        while todo:
+            request = todo.pop()[0]
+            i, row, parent = request.request_id, rows[request.request_id], trace.parent_of(request.request_id)
+            built[i] = request
+            own = own_runs(row["hash_ids"], 0, row["input_length"], tb)
+            old = own if parent is None else [*old_runs[parent], ((-1, parent), built[parent].output_tokens), *own]
+            old_runs[i] = old
+            n_in, n_out = request.prompt_tokens, request.output_tokens
+            hashes = content_block_hashes([*old, ((-1, i), n_out)], B, (n_in + n_out) // B)
+            assert request.block_hashes == hashes[: n_in // B]
+            assert request.output_block_hashes == (hashes[n_in // B:] if trace.first_child[i] >= 0 else ())
+            if parent is not None:  # the parent's runs, its output, the delta
+                assert len(request.token_runs) == len(built[parent].token_runs) + 2
+            todo += session.after(request, 0.0)
+    built = list(built.values())
+    tokens = {r.request_id: _tokens(r.token_runs) for r in built}
+    for a in built:
+        for b in built:
+            assert _common(tokens[a.request_id], tokens[b.request_id]) == _common(
+                _tokens(old_runs[a.request_id]), _tokens(old_runs[b.request_id])), (a.request_id, b.request_id)
+
+
 # -- mooncake-sessions (Mooncake rows with session_id, as Dynamo's mocker reads them) ----------------------------
 
 MOONCAKE_SESSIONS = TRACES / "mooncake_sessions.jsonl"

@@ -61,12 +61,17 @@ class SglangDecodeStretch(StretchTiming):
             return None
         # every batch formed in the stretch must find room without evicting
         pool = scheduler.pool
-        if not pool.decode_batch_fits(reqs, MIN_STEPS):
+        # NOTE: fitting is monotone in k (the batches before the k-th take more pages the larger k is); most stretches
+        # fit whole, so that is asked first.
+        if pool.decode_batch_fits(reqs, steps):
+            lo = steps
+        elif not pool.decode_batch_fits(reqs, MIN_STEPS):
             return None
-        lo, hi = MIN_STEPS, steps
-        while lo < hi:  # the largest k that fits
-            mid = (lo + hi + 1) // 2
-            lo, hi = (mid, hi) if pool.decode_batch_fits(reqs, mid) else (lo, mid - 1)
+        else:
+            lo, hi = MIN_STEPS, steps - 1
+            while lo < hi:  # the largest k that fits
+                mid = (lo + hi + 1) // 2
+                lo, hi = (mid, hi) if pool.decode_batch_fits(reqs, mid) else (lo, mid - 1)
         series = time_model.decode_steps(len(reqs), context)
         if series is None:
             return None

@@ -16,9 +16,13 @@ frees what is still private; eviction frees tree pages.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from operator import attrgetter
 
 from sim.engines.sglang.radix_cache import RadixCache
 from sim.engines.sglang.request_state import SglangRequest
+
+
+_committed_len = attrgetter("kv_committed_len")
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -116,8 +120,10 @@ class KvPool:
     # ------------------------------------------------------------------ many decode steps at once (decode stretches)
     def pages_for_decode_steps(self, reqs: Iterable[SglangRequest], num_steps: int) -> int:
         """Pages `reqs` take over their next `num_steps` decode allocations, together."""
-        P = self.page_size
-        return sum(decode_pages(r.kv_committed_len, num_steps, P) for r in reqs)
+        if num_steps <= 0:
+            return 0
+        P, m = self.page_size, num_steps - 1
+        return sum([(c + m) // P - (c - 1) // P for c in map(_committed_len, reqs)])  # decode_pages, inlined
 
     def decode_batch_fits(self, reqs: Sequence[SglangRequest], num_batches: int) -> bool:
         """Whether the `num_batches`-th decode batch of `reqs` formed from now still finds `len(reqs)` pages free
@@ -141,17 +147,23 @@ class KvPool:
         tree, P = self.tree, self.page_size
         key = tree.page_aligned(req.fill_tokens(up_to))
         key_len = len(key)
-        tree.insert(key, priority=0, inserted_len=req.cache_inserted_len)
+        protected = req.cache_protected_len
+        # NOTE: the request's lock holds the path of its first `protected` tokens (SGLang's `last_node`), so the
+        # inserts walk down from there (`insert_below`).
+        anchor = req.lock if req.lock is not None and protected <= key_len else tree.root_node
+        anchor_len = protected if anchor is not tree.root_node else 0
+        _, node = tree.insert_below(anchor, anchor_len, key, priority=0, inserted_len=req.cache_inserted_len)
         req.cache_inserted_len = max(req.cache_inserted_len, key_len)
         prompt_len = len(req.origin) // P * P
         if 0 < prompt_len < key_len:
             # NOTE: a node boundary at the prompt's end, so that eviction can drop the outputs and keep the prompt.
-            tree.insert(key.slice(0, prompt_len), priority=1, inserted_len=prompt_len)
-        protected = req.cache_protected_len
+            if anchor_len > prompt_len:
+                anchor, anchor_len = tree.root_node, 0
+            tree.insert_below(anchor, anchor_len, key.slice(0, prompt_len), priority=1, inserted_len=prompt_len)
         moved = max(0, key_len - protected) // P
         req.private_pages -= moved
         self.private_pages -= moved  # duplicates go back to free, the rest now belongs to the tree
-        _, node = tree.match_prefix(key)
+        node = tree.stamp_path(key, node)  # SGLang's match_prefix(key): the node the insert ended in
         req.cache_protected_len = key_len
         if req.lock is not None:
             tree.dec_lock_ref(req.lock)

@@ -150,14 +150,18 @@ class RadixCache:
         """Matched tokens of the page-aligned `key`, with no side effect (no split, no access time): a router's
         peek."""
         key = self.page_aligned(key)
+        P, length = self.page_size, key.length
         node, matched = self.root_node, 0
-        while matched < len(key):
-            child = node.children.get(self.child_key(key, matched))
+        # NOTE: `child_key` and `_match_len` inlined (the walk's per-node cost is what a long context pays per node).
+        while matched < length:
+            child = node.children.get(key.page_key(matched, P))
             if child is None:
                 break
-            n = self._match_len(child.key, key, matched)
+            n = child.key.match(key, matched)
+            if P > 1:
+                n = n // P * P
             matched += n
-            if n < len(child.key):
+            if n < child.key.length:
                 break
             node = child
         return matched
@@ -165,6 +169,46 @@ class RadixCache:
     def insert(self, key: Tokens, *, priority: int = 0, inserted_len: int = 0) -> tuple[int, TreeNode]:
         """Insert the page-aligned `key`; returns (tokens already in the tree, last node)."""
         return self._insert_helper(self.root_node, self.page_aligned(key), priority, inserted_len)
+
+    def insert_below(self, anchor: TreeNode, anchor_len: int, key: Tokens, *, priority: int = 0,
+                     inserted_len: int = 0) -> tuple[int, TreeNode]:
+        """`insert(key, ...)` where the path to `anchor` (a node the caller holds locked, so that nothing evicted or
+        changed it) is known to hold the first `anchor_len` tokens of the page-aligned `key`: the same stamps,
+        priorities, hit counts and splits, with that path walked up from `anchor` instead of matched down from the
+        root (a request's checkpoint: its locked prefix is most of a long context's path)."""
+        if self.has_host_tier or anchor is self.root_node:
+            # NOTE: a tree with more state hooks every node of the walk in order (`HiRadixCache._on_insert_path`)
+            return self.insert(key, priority=priority, inserted_len=inserted_len)
+        key = self.page_aligned(key)
+        access_time = self.tick()
+        # NOTE: what `_insert_helper` does to each node of the path above the anchor, in any order (the same stamp,
+        # a max, an increment): no split (the key holds the path's tokens), a hit where the node ends past
+        # `inserted_len`.
+        node, end = anchor, anchor_len
+        while node is not self.root_node:
+            node.last_access_time = access_time
+            if node.priority < priority:
+                node.priority = priority
+            if end > inserted_len:
+                node.hit_count += 1
+            end -= len(node.key)
+            node = node.parent
+        node.last_access_time = access_time
+        node.priority = max(node.priority, priority)
+        return self._insert_from(anchor, anchor_len, key, priority, inserted_len, access_time)
+
+    def stamp_path(self, key: Tokens, node: TreeNode) -> TreeNode:
+        """`match_prefix(key)[1]` for a page-aligned `key` that the tree holds whole with a node ending where it
+        ends, `node` (just inserted): the same access stamps, walked up from `node`."""
+        if self.has_host_tier:
+            return self.match_prefix(key)[1]
+        if len(key):
+            access_time = self.tick()
+            stamped = node
+            while stamped is not None:
+                stamped.last_access_time = access_time
+                stamped = stamped.parent
+        return node
 
     def evict(self, num_tokens: int) -> int:
         """Free whole evictable leaves, lowest priority first, until `num_tokens` are freed; returns the number."""
@@ -274,20 +318,23 @@ class RadixCache:
         access_time = self.tick()
         node.last_access_time = access_time
         matched = 0
-        length = len(key)
-        child_key = self.child_key(key)
-        while matched < length and child_key in node.children:
-            child = node.children[child_key]
+        P, length = self.page_size, key.length
+        # NOTE: `child_key` and `_match_len` inlined, one dict lookup per node (as `peek_prefix`).
+        child = node.children.get(key.page_key(0, P)) if length else None
+        while child is not None:
             child.last_access_time = access_time
-            prefix_len = self._match_len(child.key, key, matched)
-            if prefix_len < len(child.key):
+            prefix_len = child.key.match(key, matched)
+            if P > 1:
+                prefix_len = prefix_len // P * P
+            if prefix_len < child.key.length:
                 node = self._split_node(child, prefix_len)
                 matched += prefix_len
                 break
             matched += prefix_len
             node = child
-            if matched < length:
-                child_key = self.child_key(key, matched)
+            if matched >= length:
+                break
+            child = node.children.get(key.page_key(matched, P))
         return matched, node
 
     def _split_node(self, child: TreeNode, split_len: int) -> TreeNode:
@@ -310,21 +357,34 @@ class RadixCache:
         node.priority = max(node.priority, priority)
         if len(key) == 0:
             return 0, node
-        child_key = self.child_key(key)
-        total_prefix_length = 0
-        length = len(key)
-        while total_prefix_length < length and child_key in node.children:
-            node = node.children[child_key]
+        return self._insert_from(node, 0, key, priority, inserted_len, access_time)
+
+    def _insert_from(self, node: TreeNode, total_prefix_length: int, key: Tokens, priority: int, inserted_len: int,
+                     access_time: int) -> tuple[int, TreeNode]:
+        """The walk of `_insert_helper` from `node`, which ends at token `total_prefix_length` of `key`."""
+        P, length = self.page_size, key.length
+        if total_prefix_length >= length:
+            return total_prefix_length, node
+        on_insert_path = self._on_insert_path
+        child_key = key.page_key(total_prefix_length, P)
+        child = node.children.get(child_key)
+        while child is not None:  # NOTE: `child_key` and `_match_len` inlined (as `peek_prefix`)
+            node = child
             node.last_access_time = access_time
-            prefix_len = self._match_len(node.key, key, total_prefix_length)
+            prefix_len = node.key.match(key, total_prefix_length)
+            if P > 1:
+                prefix_len = prefix_len // P * P
             total_prefix_length += prefix_len
-            if prefix_len < len(node.key):
+            if prefix_len < node.key.length:
                 node = self._split_node(node, prefix_len)
-            node.priority = max(node.priority, priority)
+            if node.priority < priority:
+                node.priority = priority
             # NOTE: nodes this request already inserted were counted back then (SGLang's hit count for LFU).
-            self._on_insert_path(node, total_prefix_length > inserted_len)
-            if total_prefix_length < length:
-                child_key = self.child_key(key, total_prefix_length)
+            on_insert_path(node, total_prefix_length > inserted_len)
+            if total_prefix_length >= length:
+                break
+            child_key = key.page_key(total_prefix_length, P)
+            child = node.children.get(child_key)
         if total_prefix_length < length:
             node = self._add_leaf(node, child_key, key.slice(total_prefix_length), priority)
             self._on_insert_path(node, total_prefix_length + len(node.key) > inserted_len)

@@ -52,23 +52,44 @@ class NewTokenRatio:
     that may stop early; `ignore_eos` requests always reserve in full). Decays each decode step, jumps on
     retraction, resets when the worker is fully idle."""
 
-    __slots__ = ("init", "min", "decay", "current")
+    __slots__ = ("init", "min", "decay", "current", "_init_values")
 
     def __init__(self, schedule_conservativeness: float = 1.0) -> None:
         self.init = min(0.7 * schedule_conservativeness, 1.0)
         self.min = min(self.init * 0.14, 1.0)
         self.decay = (self.init - self.min) / 600
         self.current = self.init
+        self._init_values: list[float] | None = None
 
     def decay_step(self) -> None:
         self.current = max(self.current - self.decay, self.min)
 
     def decay_steps(self, num_steps: int) -> None:
         """`num_steps` decode steps' decays."""
+        # NOTE: repeated, not multiplied, to round as stepping does; but from `init` (where an idle worker starts) the
+        # values are always the same, so they are computed once (`_from_init`); and once at the floor it stays.
         current, decay, floor = self.current, self.decay, self.min
-        for _ in range(num_steps):  # NOTE: repeated, not multiplied, to round as stepping does
-            current = max(current - decay, floor)
+        if current == self.init:
+            values = self._from_init()
+            self.current = values[min(num_steps, len(values) - 1)]
+            return
+        for _ in range(num_steps):
+            current -= decay
+            if current <= floor:
+                current = floor
+                break
         self.current = current
+
+    def _from_init(self) -> list[float]:
+        """The values after 0, 1, 2 ... decays from `init`, down to the floor."""
+        values = self._init_values
+        if values is None:
+            values, current = [self.init], self.init
+            while current > self.min:
+                current = max(current - self.decay, self.min)
+                values.append(current)
+            self._init_values = values
+        return values
 
 
 class Batch:

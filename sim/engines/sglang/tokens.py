@@ -17,12 +17,15 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Hashable, Iterable
-from itertools import accumulate
+from itertools import accumulate, repeat
+from operator import itemgetter
 
 from sim.workloads.request import Request
 
 Run = tuple[Hashable, int, int]
 """(key, first offset, number of tokens)."""
+
+_run_length = itemgetter(2)
 
 
 def _canonical(runs: Iterable[Run]) -> tuple[Run, ...]:
@@ -65,7 +68,7 @@ class Tokens:
         (most pieces of a prompt are never located into)."""
         ends = self._ends_list
         if ends is None:
-            ends = self._ends_list = list(accumulate([n for _, _, n in self.runs]))
+            ends = self._ends_list = list(accumulate(map(_run_length, self.runs)))
         return ends
 
     def _locate(self, offset: int) -> tuple[int, int]:
@@ -87,7 +90,16 @@ class Tokens:
         return f"Tokens({self.runs!r})"
 
     def __add__(self, other: Tokens) -> Tokens:
-        return Tokens(self.runs + other.runs)
+        # NOTE: both are canonical, so only the runs where they meet may merge.
+        a, b = self.runs, other.runs
+        if not b:
+            return self
+        if not a:
+            return other
+        key, s, m = a[-1]
+        k, t, n = b[0]
+        runs = a[:-1] + ((key, s, m + n),) + b[1:] if key == k and s + m == t else a + b
+        return Tokens._canonical_runs(runs, self.length + other.length)
 
     def slice(self, start: int, stop: int | None = None) -> Tokens:
         """Tokens [start, stop) (stop defaults to the end, and is clipped to it)."""
@@ -183,11 +195,26 @@ def prompt_tokens(request: Request, block_size: int) -> Tokens:
     """`request`'s prompt as tokens: its `token_runs`, or, without them, one run per full block of its chained
     block hashes (a block hash names its whole prefix, so `(hash, offset)` names a token) and a run of its own
     for the partial last block."""
+    memo = _last_prompt
+    if memo[0] is request and memo[1] == block_size:
+        return memo[2]
     if request.token_runs:
-        return Tokens((key, 0, n) for key, n in request.token_runs)
-    hashes = request.block_hashes
-    tail = request.prompt_tokens - len(hashes) * block_size
-    return Tokens([(h, 0, block_size) for h in hashes] + [(("tail", request.request_id), 0, tail)])
+        keys, counts = zip(*request.token_runs)
+        # NOTE: runs that all start at offset 0 are canonical once the empty ones are dropped (two runs of one key
+        # merge only when the second starts where the first ends).
+        runs = tuple(zip(keys, repeat(0), counts))
+        tokens = Tokens._canonical_runs(runs, request.prompt_tokens) if min(counts) > 0 else Tokens(runs)
+    else:
+        hashes = request.block_hashes
+        tail = request.prompt_tokens - len(hashes) * block_size
+        tokens = Tokens([(h, 0, block_size) for h in hashes] + [(("tail", request.request_id), 0, tail)])
+    memo[:] = request, block_size, tokens
+    return tokens
+
+
+_last_prompt: list = [None, 0, None]
+"""The last (request, block size, prompt tokens) built: every worker's cache builds a request's tokens when a router
+peeks, then the worker it goes to once more (a request is immutable, and held here, so `is` identifies it)."""
 
 
 def output_tokens(request: Request, num_tokens: int) -> Tokens:

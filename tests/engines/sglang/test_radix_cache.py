@@ -149,6 +149,9 @@ def test_runs_slice_and_match_as_token_lists_do(a_runs, b_runs, start, stop):
     piece = a.slice(start, stop)
     assert _expanded(piece) == ta[start:stop] and len(piece) == len(ta[start:stop])
     assert piece == Tokens(piece.runs)  # still canonical
+    joined = piece + b.slice(stop)  # merges only where the two meet: as canonical as runs built at once
+    assert joined.runs == Tokens(piece.runs + b.slice(stop).runs).runs and len(joined) == len(piece) + len(b) - min(
+        stop, len(b))
     for offset in range(len(tb) + 1):
         rest = tb[offset:]
         naive = next((i for i, (x, y) in enumerate(zip(ta, rest)) if x != y), min(len(ta), len(rest)))
@@ -230,3 +233,49 @@ def test_eviction_by_scanning_the_leaves_equals_sglangs_heap(ops, policy, page_s
         events = [tree.take_events() for tree in trees]
         assert events[1] == events[0] and events[2] == events[0]
         assert len({(t.evictable_size(), t.protected_size(), t.num_evicted_tokens) for t in trees}) == 1
+
+
+def _dump(tree: RadixCache) -> list:
+    """Every node, depth first in child order, with everything an operation may change."""
+    out, stack = [], [(tree.root_node, 0)]
+    while stack:
+        node, depth = stack.pop()
+        out.append((depth, node.id, node.key.runs, node.lock_ref, node.last_access_time, node.creation_time,
+                    node.hit_count, node.priority))
+        stack.extend((child, depth + 1) for child in node.children.values())
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["insert", "lock", "below", "evict"]), SEQ, st.integers(0, 40)),
+                max_size=30),
+       st.sampled_from(["lru", "lfu", "priority"]), st.sampled_from([1, 2]))
+def test_insert_below_a_locked_node_is_insert_from_the_root(ops, policy, page_size):
+    """A checkpoint inserts the request's tokens below the node its lock holds (`insert_below`, then `stamp_path` for
+    SGLang's match of the same key): the same tree, stamps, hit counts, priorities and ids as from the root."""
+    trees = [RadixCache(page_size=page_size, eviction_policy=policy) for _ in range(2)]
+    held: list[list] = [[], []]
+    for kind, seq, n in ops:
+        for t, (tree, locks) in enumerate(zip(trees, held)):
+            if kind == "insert":
+                tree.insert(Tokens(seq), priority=n % 3, inserted_len=n)
+            elif kind == "lock":
+                locks.append(tree.match_prefix(Tokens(seq))[1])
+                tree.inc_lock_ref(locks[-1])
+            elif kind == "evict":
+                tree.evict(n)
+            elif kind == "below" and locks:
+                anchor = locks[n % len(locks)]
+                key = tree.page_aligned(tree.path_tokens(anchor) + Tokens(seq))
+                if t == 0:
+                    got = tree.insert_below(anchor, tree.path_length(anchor), key, priority=n % 2, inserted_len=n)
+                    end = tree.stamp_path(key, got[1])
+                else:
+                    got = tree.insert(key, priority=n % 2, inserted_len=n)
+                    end = tree.match_prefix(key)[1]
+                locks[n % len(locks)] = end
+                tree.inc_lock_ref(end)
+                tree.dec_lock_ref(anchor)
+                assert end is got[1]
+            tree.check_invariants()
+        assert _dump(trees[0]) == _dump(trees[1])

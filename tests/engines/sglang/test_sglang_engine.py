@@ -214,3 +214,17 @@ def test_extend_steps_count_the_kv_their_chunks_attend_to():
     env.process(later())
     env.run()
     assert recorder.extends == [(2048, 0), (323, 2048), (339, 2032)]
+
+
+@pytest.mark.parametrize("start", [None, 0.5, 0.1])
+def test_new_token_ratio_decays_many_steps_as_one_at_a_time(start):
+    from sim.engines.sglang.scheduler import NewTokenRatio
+    for conservativeness in (1.0, 0.3, 1.5):
+        for n in (0, 1, 5, 599, 600, 601, 2000):
+            ratio, stepped = NewTokenRatio(conservativeness), NewTokenRatio(conservativeness)
+            if start is not None:
+                ratio.current = stepped.current = start
+            ratio.decay_steps(n)
+            for _ in range(n):
+                stepped.decay_step()
+            assert ratio.current == stepped.current
