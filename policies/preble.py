@@ -37,11 +37,17 @@ class PrebleOptions(RouterOptions):
 class _Node:
     """A node of Preble's token radix tree: a run of request keys (16-token blocks; a request's partial last block
     is its own tail key). `context_length` = tokens from the root through this node; `ref[g]` = requests routed to
-    GPU g through this node and not finished (upstream `TreeNode.ref_counter`)."""
+    GPU g through this node and not finished (upstream `TreeNode.ref_counter`).
 
-    __slots__ = ("keys", "tokens", "parent", "children", "context_length", "ref", "depth", "seq")
+    Its GPU allocation (upstream `gpu_allocations[node]`) is kept lazily (see `PrebleRouter._assign_subtree`):
+    `alloc` (None: none yet) as last written at epoch `stamp`, unless an ancestor's `tag`, put on all its
+    descendants at a later epoch `tag_stamp`, overrides it. `win`: nodes of the window's histogram in this subtree,
+    this node included (where a subtree move must write allocations at once)."""
 
-    def __init__(self, keys, tokens, parent, context_length, num_gpus, depth, seq):
+    __slots__ = ("keys", "tokens", "parent", "children", "context_length", "ref", "depth", "seq",
+                 "alloc", "stamp", "tag", "tag_stamp", "win")
+
+    def __init__(self, keys, tokens, parent, context_length, num_gpus, depth, seq, stamp):
         self.keys = keys
         self.tokens = tokens
         self.parent = parent
@@ -50,6 +56,11 @@ class _Node:
         self.ref = [0] * num_gpus
         self.depth = depth
         self.seq = seq
+        self.alloc: set[int] | None = None
+        self.stamp = stamp
+        self.tag: set[int] | None = None
+        self.tag_stamp = -1
+        self.win = 0
 
     @property
     def context_so_far(self) -> int:
@@ -61,6 +72,36 @@ class _Node:
 
     def __repr__(self) -> str:
         return f"_Node(seq={self.seq}, tokens={self.tokens}, context={self.context_length})"
+
+
+class _Allocations:
+    """Upstream `gpu_allocations` as a mapping (node -> GPU set; a node never allocated is absent), read through the
+    nodes' lazy allocations (`_Node`). Writing a node's set is the router's own write."""
+
+    def __init__(self, router: PrebleRouter) -> None:
+        self._router = router
+
+    def get(self, node: _Node, default=None):
+        gpus = self._router.resolve(node)
+        return default if gpus is None else gpus
+
+    def __getitem__(self, node: _Node) -> set[int]:
+        gpus = self._router.resolve(node)
+        if gpus is None:
+            raise KeyError(node)
+        return gpus
+
+    def __setitem__(self, node: _Node, gpus: set[int]) -> None:
+        node.alloc, node.stamp = gpus, self._router._stamp
+
+    def __contains__(self, node: _Node) -> bool:
+        return self._router.resolve(node) is not None
+
+    def items(self):
+        return [(node, gpus) for node in self._router.nodes() if (gpus := self._router.resolve(node)) is not None]
+
+    def values(self):
+        return [gpus for _, gpus in self.items()]
 
 
 def _common(a, b, start: int) -> int:
@@ -142,10 +183,13 @@ class PrebleRouter(RouterBase):
         n = self.num_workers
         opts = self.options
         self._seq = 0
+        self._stamp = 0
+        """The epoch of allocation writes: a subtree move opens a new one (`_assign_subtree`)."""
         self.root = self._new_node([], 0, None, 0, 0)
-        self.alloc: dict[_Node, set[int]] = {}
-        """Upstream `gpu_allocations`: node -> GPUs it is allocated to. NOTE: a set here may be shared by several
-        nodes (a moved subtree shares one), so it is never changed in place: a change puts a new set."""
+        self.alloc = _Allocations(self)
+        """Upstream `gpu_allocations`: node -> GPUs it is allocated to (kept on the nodes, see `_Node`). NOTE: a set
+        may be shared by several nodes (a moved subtree shares one), so it is never changed in place: a change puts
+        a new set."""
         # the sliding-window histogram (upstream SlidingWindowHistogram), keyed by important node
         self._window: deque = deque()  # (time_s, important node, leaf)
         self.prompt_sum: dict[_Node, int] = {}
@@ -169,7 +213,8 @@ class PrebleRouter(RouterBase):
     # ------------------------------------------------------------------ the tree
     def _new_node(self, keys, tokens, parent, context_length, depth) -> _Node:
         self._seq += 1
-        return _Node(keys, tokens, parent, context_length, self.num_workers, depth, self._seq)
+        # NOTE: stamped now, so that no earlier subtree move (an ancestor's tag) reaches a node made after it.
+        return _Node(keys, tokens, parent, context_length, self.num_workers, depth, self._seq, self._stamp)
 
     def request_keys(self, request: Request) -> tuple[list[Hashable], int]:
         """The prompt as tree keys: its full blocks, then its partial last block as a key of its own; and the
@@ -209,6 +254,7 @@ class PrebleRouter(RouterBase):
         parent = child.parent
         new = self._new_node(child.keys[:m], m * B, parent, parent.context_length + m * B, child.depth)
         new.ref = list(child.ref)
+        new.win = child.win  # the same window nodes below (the new node is not one yet)
         new.children = {child.keys[m]: child}
         child.keys = child.keys[m:]
         child.tokens -= m * B
@@ -225,6 +271,44 @@ class PrebleRouter(RouterBase):
             node, pos = child, pos + len(child.keys)
         return node
 
+    # ------------------------------------------------------------------ allocations (lazy subtree moves)
+    def resolve(self, node: _Node) -> set[int] | None:
+        """`node`'s allocation now (None: never allocated): its own, unless an ancestor's subtree move came later."""
+        best_stamp, best = node.stamp, node.alloc  # NOTE: its own write wins a tie (it came after the move)
+        parent = node.parent
+        while parent is not None:
+            if parent.tag_stamp > best_stamp:
+                best_stamp, best = parent.tag_stamp, parent.tag
+            parent = parent.parent
+        return best
+
+    def path_allocs(self, leaf: _Node) -> tuple[list[_Node], list[set[int] | None]]:
+        """The path leaf -> root and each node's allocation now (`resolve`, in one walk)."""
+        path = []
+        node = leaf
+        while node is not None:
+            path.append(node)
+            node = node.parent
+        if not self._stamp:  # no subtree was ever moved: every node's own allocation is its allocation
+            return path, [node.alloc for node in path]
+        allocs = [None] * len(path)
+        carry_stamp, carry = -1, None
+        for i in range(len(path) - 1, -1, -1):
+            node = path[i]
+            allocs[i] = node.alloc if node.stamp >= carry_stamp else carry
+            if node.tag_stamp > carry_stamp:
+                carry_stamp, carry = node.tag_stamp, node.tag
+        return path, allocs
+
+    def nodes(self) -> list[_Node]:
+        """Every node of the tree, root first."""
+        out, stack = [], [self.root]
+        while stack:
+            node = stack.pop()
+            out.append(node)
+            stack.extend(node.children.values())
+        return out
+
     @staticmethod
     def important(node: _Node) -> _Node:
         while node.tokens <= node.context_length - node.tokens:  # not node.is_large(), inlined (per request)
@@ -233,12 +317,13 @@ class PrebleRouter(RouterBase):
 
     def _after_splits(self, splits: dict[_Node, _Node]) -> None:
         """Upstream `handle_split_nodes_gpu_allocations` then `handle_split_node_histogram`."""
+        stamp = self._stamp
         for child, new in splits.items():
-            self.alloc[new] = set(self.alloc.get(child, ()))
+            new.alloc, new.stamp = set(self.resolve(child) or ()), stamp
         for child, new in splits.items():
             if new.is_large() and not child.is_large():
                 self._rename(child, new)
-                for g in self.alloc.get(child, ()):
+                for g in self.resolve(child) or ():
                     data = self._ttft.pop((child, g), None)
                     if data is not None:
                         self._ttft[(new, g)] = data
@@ -246,6 +331,7 @@ class PrebleRouter(RouterBase):
     def _rename(self, old: _Node, new: _Node) -> None:
         if old not in self.prompt_sum:
             return
+        old.win -= 1  # `new` is old's parent: its count already holds the window node, now itself
         for table in (self.prompt_sum, self.count, self.miss_rate, self.hit_tokens, self.prompt_tokens,
                       self.out_tokens):
             table[new] = table.pop(old)
@@ -271,13 +357,13 @@ class PrebleRouter(RouterBase):
         # the same order, so the same floats: prefill_cost(node) + ref[g] * out * tpot, summed in window order.
         # The window's tables have the same keys in the same order (_window_add inserts a node into all of them,
         # _rename and the expiry move or delete it from all), so they are walked side by side, not looked up.
+        # A window node's own allocation is always its allocation (`_assign_subtree` writes the window's nodes).
         prefill_token_s = self.options.prefill_token_s
-        alloc_get = self.alloc.get
         for node, n, rate, out in zip(self.prompt_sum, self.count.values(), self.miss_rate.values(),
                                       self.out_tokens.values()):
             if n < min_count:
                 continue
-            gpus = alloc_get(node)
+            gpus = node.alloc
             if not gpus:
                 continue
             prefill = rate * n * prefill_token_s * node.tokens / len(gpus)
@@ -293,12 +379,10 @@ class PrebleRouter(RouterBase):
         self._after_splits(splits)
         if leaf.tokens < leaf.context_so_far:
             self.exploited += 1
-            node, holders = leaf, None
-            while node is not None:
-                holders = self.alloc.get(node)
+            holders = None
+            for holders in self.path_allocs(leaf)[1]:  # leaf -> root: the deepest node with an allocation
                 if holders:
                     break
-                node = node.parent
             # NOTE: holders are routable (a GPU that left is taken out of every allocation).
             candidates = sorted(holders) if holders else list(self.workers)
             if len(candidates) == 1:
@@ -323,38 +407,43 @@ class PrebleRouter(RouterBase):
         self._pending = None
         now = self.view.now_s
         self._sent_s[request.request_id] = now
-        self._belief[request.request_id] = self._believed(leaf, worker)
-        node = leaf
-        while node is not None:  # upstream update_gpu_allocation_for_parent and update_allocated_size, root included
-            gpus = self.alloc.get(node)
+        path, allocs = self.path_allocs(leaf)
+        self._belief[request.request_id] = self._believed(path, allocs, worker)
+        stamp = self._stamp
+        # upstream update_gpu_allocation_for_parent and update_allocated_size, root included. NOTE: every node of
+        # the path gets its allocation written (if unchanged, as it is), so that a window node's own is current.
+        for node, gpus in zip(path, allocs):
             if gpus is None:
-                self.alloc[node] = {worker}
+                gpus = {worker}
             elif worker not in gpus:
-                self.alloc[node] = gpus | {worker}
+                gpus = gpus | {worker}
+            node.alloc, node.stamp = gpus, stamp
             node.ref[worker] += 1
-            node = node.parent
         self._window_add(now, important, leaf, request.output_tokens)
         self.routed[worker] += 1
         if self.options.rebalancing and leaf.depth - important.depth < self.options.rebalancing_chain_length:
             self.rebalance(now)
 
-    def _believed(self, leaf: _Node, worker: int) -> int:
-        """Tokens Preble counts on `worker`: the path from the root while each node is allocated to it."""
-        path = []
-        node = leaf
-        while node is not self.root:
-            path.append(node)
-            node = node.parent
+    @staticmethod
+    def _believed(path: list[_Node], allocs: list[set[int] | None], worker: int) -> int:
+        """Tokens Preble counts on `worker`: the path from the root (`path`: leaf -> root, with its allocations)
+        while each node is allocated to it."""
         tokens = 0
-        for node in reversed(path):
-            if worker not in self.alloc.get(node, ()):
+        for i in range(len(path) - 2, -1, -1):  # the root (last) is not counted
+            gpus = allocs[i]
+            if not gpus or worker not in gpus:
                 break
-            tokens += node.tokens
+            tokens += path[i].tokens
         return tokens
 
     def _window_add(self, now: float, node: _Node, leaf: _Node, out_tokens: int) -> None:
         """Upstream `SlidingWindowHistogram.update`: count the request, then drop entries older than the window."""
         self._window.append((now, node, leaf))
+        if node not in self.prompt_sum:
+            up = node
+            while up is not None:
+                up.win += 1
+                up = up.parent
         self.prompt_sum[node] = self.prompt_sum.get(node, 0) + leaf.context_length
         self.count[node] = self.count.get(node, 0) + 1
         self.out_tokens[node] = out_tokens
@@ -374,7 +463,11 @@ class PrebleRouter(RouterBase):
                 for table in (self.prompt_sum, self.count, self.miss_rate, self.hit_tokens, self.prompt_tokens,
                               self.out_tokens):
                     del table[old]
-                self.alloc[old] = set()  # upstream: "reset the gpu allocation outside the time window"
+                up = old
+                while up is not None:
+                    up.win -= 1
+                    up = up.parent
+                old.alloc, old.stamp = set(), self._stamp  # upstream: "reset the gpu allocation outside the time window"
 
     # ------------------------------------------------------------------ membership
     def after_set_workers(self, left, joined, renewed) -> None:
@@ -382,13 +475,20 @@ class PrebleRouter(RouterBase):
         if gone:
             # NOTE: allocation sets may be shared between nodes and are never changed in place: new sets are put.
             # One new set per old one, so that nodes sharing a set still share one (the old sets are kept here).
+            # Own allocations and subtree moves' tags alike: whichever a node's allocation comes from loses them.
             changed: dict[int, tuple[set[int], set[int]]] = {}
-            for node, gpus in self.alloc.items():
-                if gpus & gone:
-                    entry = changed.get(id(gpus))
-                    if entry is None:
-                        entry = changed[id(gpus)] = (gpus, gpus - gone)
-                    self.alloc[node] = entry[1]
+
+            def without(gpus: set[int] | None) -> set[int] | None:
+                if not gpus or not gpus & gone:
+                    return gpus
+                entry = changed.get(id(gpus))
+                if entry is None:
+                    entry = changed[id(gpus)] = (gpus, gpus - gone)
+                return entry[1]
+
+            for node in self.nodes():
+                node.alloc = without(node.alloc)
+                node.tag = without(node.tag)
             self._ttft = {key: data for key, data in self._ttft.items() if key[1] not in gone}
         seed = self.options.initial_tpot_s
         for g in renewed:
@@ -459,23 +559,23 @@ class PrebleRouter(RouterBase):
             tpot = self.tpot(larger)
             # NOTE: node_cost(node, larger, tpot) inlined (the same operations in the same order), the window's
             # tables walked side by side as in load_costs.
-            alloc_get, prefill_token_s = self.alloc.get, opts.prefill_token_s
+            prefill_token_s = opts.prefill_token_s
             candidates = []
             for node, n, rate, out in zip(self.prompt_sum, self.count.values(), self.miss_rate.values(),
                                           self.out_tokens.values()):
                 if n > 1 and node.tokens > node.context_length - node.tokens:  # is_large(), inlined
-                    gpus = alloc_get(node, ())
-                    if larger in gpus:
+                    gpus = node.alloc  # a window node's own allocation is current (load_costs)
+                    if gpus and larger in gpus:
                         candidates.append((rate * n * prefill_token_s * node.tokens / len(gpus)
                                            + node.ref[larger] * out * tpot, node.seq, node))
             candidates.sort(key=lambda c: (c[0], c[1]))
             if len(candidates) == 1:
                 moved, _, node = candidates[0]
                 moved /= 2  # the node's load is split in two
-                if smaller not in self.alloc[node] and self.overloaded(node, larger, now):
+                if smaller not in node.alloc and self.overloaded(node, larger, now):
                     larger_cost -= moved
                     smaller_cost += moved
-                    self.alloc[node] = self.alloc[node] | {smaller}
+                    node.alloc, node.stamp = node.alloc | {smaller}, self._stamp
                     self._ttft.pop((node, larger), None)
             else:
                 for moved, _, node in candidates:
@@ -483,7 +583,7 @@ class PrebleRouter(RouterBase):
                         break
                     larger_cost -= moved
                     smaller_cost += moved
-                    self.alloc[node] = {smaller}
+                    node.alloc, node.stamp = {smaller}, self._stamp
                     self._assign_subtree(node, smaller)
                     if larger_cost < high * smaller_cost:
                         break
@@ -492,12 +592,24 @@ class PrebleRouter(RouterBase):
             ranked = ranked[1:]
 
     def _assign_subtree(self, node: _Node, gpu: int) -> None:
+        """Every node below `node` is allocated to `gpu` alone (upstream `update_gpu_allocation_for_subtree`).
+
+        Lazily: the move is a tag on `node`, of a new epoch, that every node below it reads as its allocation until
+        the node's own is written again (`resolve`); the window's nodes below it, which the load costs read
+        directly, get theirs written now (the subtrees holding one are found by their `win` counts). A move
+        visits the paths down to the window's nodes, not the whole subtree (upstream's walk, and kvsim's before,
+        visited ~87 nodes a move on the conversation trace)."""
         only = {gpu}  # one set for the whole subtree: sets in `alloc` are never changed in place
-        alloc = self.alloc
-        stack = list(node.children.values())
-        pop, extend = stack.pop, stack.extend
+        self._stamp += 1
+        stamp = self._stamp
+        node.tag, node.tag_stamp = only, stamp
+        window = self.prompt_sum
+        stack = [child for child in node.children.values() if child.win]
+        pop = stack.pop
         while stack:
             child = pop()
-            alloc[child] = only
-            if child.children:
-                extend(child.children.values())
+            if child in window:
+                child.alloc, child.stamp = only, stamp
+            for below in child.children.values():
+                if below.win:
+                    stack.append(below)
