@@ -3,8 +3,9 @@ prefix-closed membership search (`held_prefix`) that it, routers' in-flight bloc
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Hashable, Iterable, Sequence
-from itertools import repeat
+from itertools import repeat, takewhile
 from operator import or_
 
 
@@ -95,6 +96,18 @@ class WorkerMaskIndex:
 
     def holders(self, key: Hashable) -> int:
         return self._masks.get(key, 0)
+
+    def leading_counts(self, keys: Sequence[Hashable]) -> list[int]:
+        """Per worker, how many of `keys` it holds among the leading keys that some worker holds (llm-d's
+        approximate match: the walk stops at the first key nobody holds, and every holder counts each key)."""
+        counts = [0] * self.num_workers
+        # NOTE: the keys' holder sets counted in C: a Python step per distinct set and worker, not per key.
+        for mask, times in Counter(takewhile(bool, map(self._masks.get, keys, repeat(0)))).items():
+            while mask:
+                low = mask & -mask
+                counts[low.bit_length() - 1] += times
+                mask ^= low
+        return counts
 
     def depths(self, keys: Sequence[Hashable]) -> list[int]:
         """Per worker, how many of `keys` it holds from the first up to its first miss."""
