@@ -42,10 +42,11 @@ class _Node:
     Its GPU allocation (upstream `gpu_allocations[node]`) is kept lazily (see `PrebleRouter._assign_subtree`):
     `alloc` (None: none yet) as last written at epoch `stamp`, unless an ancestor's `tag`, put on all its
     descendants at a later epoch `tag_stamp`, overrides it. `win`: nodes of the window's histogram in this subtree,
-    this node included (where a subtree move must write allocations at once)."""
+    this node included (where a subtree move must write allocations at once). `slot`: its row in the window's
+    table (`policies.preble_window.WindowTable`), -1 outside the window."""
 
     __slots__ = ("keys", "tokens", "parent", "children", "context_length", "ref", "depth", "seq",
-                 "alloc", "stamp", "tag", "tag_stamp", "win")
+                 "alloc", "stamp", "tag", "tag_stamp", "win", "slot")
 
     def __init__(self, keys, tokens, parent, context_length, num_gpus, depth, seq, stamp):
         self.keys = keys
@@ -61,6 +62,7 @@ class _Node:
         self.tag: set[int] | None = None
         self.tag_stamp = -1
         self.win = 0
+        self.slot = -1
 
     @property
     def context_so_far(self) -> int:
@@ -92,7 +94,7 @@ class _Allocations:
         return gpus
 
     def __setitem__(self, node: _Node, gpus: set[int]) -> None:
-        node.alloc, node.stamp = gpus, self._router._stamp
+        self._router.write_alloc(node, gpus)
 
     def __contains__(self, node: _Node) -> bool:
         return self._router.resolve(node) is not None
@@ -191,7 +193,11 @@ class PrebleRouter(RouterBase):
         may be shared by several nodes (a moved subtree shares one), so it is never changed in place: a change puts
         a new set."""
         # the sliding-window histogram (upstream SlidingWindowHistogram), keyed by important node
+        from policies.preble_window import WindowTable  # numpy, imported when a Preble router is built
+
         self._window: deque = deque()  # (time_s, important node, leaf)
+        self._table = WindowTable(n)
+        """The window's nodes as columns, for the load costs (kept in step with the tables below)."""
         self.prompt_sum: dict[_Node, int] = {}
         self.count: dict[_Node, int] = {}
         self.hit_tokens: dict[_Node, int] = {}
@@ -258,6 +264,8 @@ class PrebleRouter(RouterBase):
         new.children = {child.keys[m]: child}
         child.keys = child.keys[m:]
         child.tokens -= m * B
+        if child.slot >= 0:
+            self._table.tokens[child.slot] = child.tokens
         child.parent = new
         child.depth = new.depth + 1
         parent.children[new.keys[0]] = new
@@ -300,6 +308,12 @@ class PrebleRouter(RouterBase):
                 carry_stamp, carry = node.tag_stamp, node.tag
         return path, allocs
 
+    def write_alloc(self, node: _Node, gpus: set[int]) -> None:
+        """`node`'s own allocation is now `gpus` (and its row in the window's table, if it has one)."""
+        node.alloc, node.stamp = gpus, self._stamp
+        if node.slot >= 0:
+            self._table.set_alloc(node, gpus)
+
     def nodes(self) -> list[_Node]:
         """Every node of the tree, root first."""
         out, stack = [], [self.root]
@@ -335,6 +349,8 @@ class PrebleRouter(RouterBase):
         for table in (self.prompt_sum, self.count, self.miss_rate, self.hit_tokens, self.prompt_tokens,
                       self.out_tokens):
             table[new] = table.pop(old)
+        self._table.remove(old)
+        self._table.add(new, self.count[new], self.miss_rate[new], self.out_tokens[new])  # last, as in the dicts
         self._window = deque((t, new if node is old else node, leaf) for t, node, leaf in self._window)
 
     # ------------------------------------------------------------------ load cost
@@ -350,27 +366,12 @@ class PrebleRouter(RouterBase):
         return self.prefill_cost(node) + node.ref[gpu] * self.out_tokens[node] * tpot
 
     def load_costs(self, min_count: int = 0) -> list[float]:
-        """Upstream `current_allocation_per_gpu` (min_count 0) / `..._with_atleast_min_load(2)`."""
-        cost = [0.0] * self.num_workers
-        tpots = [self.tpot(g) for g in range(self.num_workers)]
-        # NOTE: node_cost inlined (this runs per request over every node in the window); the same operations in
-        # the same order, so the same floats: prefill_cost(node) + ref[g] * out * tpot, summed in window order.
-        # The window's tables have the same keys in the same order (_window_add inserts a node into all of them,
-        # _rename and the expiry move or delete it from all), so they are walked side by side, not looked up.
-        # A window node's own allocation is always its allocation (`_assign_subtree` writes the window's nodes).
-        prefill_token_s = self.options.prefill_token_s
-        for node, n, rate, out in zip(self.prompt_sum, self.count.values(), self.miss_rate.values(),
-                                      self.out_tokens.values()):
-            if n < min_count:
-                continue
-            gpus = node.alloc
-            if not gpus:
-                continue
-            prefill = rate * n * prefill_token_s * node.tokens / len(gpus)
-            ref = node.ref
-            for g in gpus:
-                cost[g] += prefill + ref[g] * out * tpots[g]
-        return cost
+        """Upstream `current_allocation_per_gpu` (min_count 0) / `..._with_atleast_min_load(2)`: per GPU, over the
+        window's nodes counted at least `min_count` times and allocated to it, in window order,
+        `prefill_cost(node) + ref[g] * out * TPOT_g` (node_cost), summed in the window's order (numpy columns,
+        `WindowTable.load_costs`: the same floats)."""
+        return self._table.load_costs(min_count, self.options.prefill_token_s,
+                                      [self.tpot(g) for g in range(self.num_workers)])
 
     # ------------------------------------------------------------------ decision
     def route(self, request: Request, view: ClusterView) -> int:
@@ -412,6 +413,7 @@ class PrebleRouter(RouterBase):
         stamp = self._stamp
         # upstream update_gpu_allocation_for_parent and update_allocated_size, root included. NOTE: every node of
         # the path gets its allocation written (if unchanged, as it is), so that a window node's own is current.
+        table = self._table
         for node, gpus in zip(path, allocs):
             if gpus is None:
                 gpus = {worker}
@@ -419,6 +421,9 @@ class PrebleRouter(RouterBase):
                 gpus = gpus | {worker}
             node.alloc, node.stamp = gpus, stamp
             node.ref[worker] += 1
+            if node.slot >= 0:
+                table.ref[node.slot, worker] += 1
+                table.set_alloc(node, gpus)
         self._window_add(now, important, leaf, request.output_tokens)
         self.routed[worker] += 1
         if self.options.rebalancing and leaf.depth - important.depth < self.options.rebalancing_chain_length:
@@ -450,6 +455,11 @@ class PrebleRouter(RouterBase):
         self.hit_tokens[node] = self.hit_tokens.get(node, 0) + leaf.context_so_far
         self.prompt_tokens[node] = self.prompt_tokens.get(node, 0) + leaf.context_length
         self.miss_rate[node] = 1 - self.hit_tokens[node] / self.prompt_tokens[node]
+        table = self._table
+        if node.slot < 0:
+            table.add(node, self.count[node], self.miss_rate[node], out_tokens)
+        else:
+            table.set_stats(node, self.count[node], self.miss_rate[node], out_tokens)
         start = now - self.options.window_s
         window = self._window
         while window and window[0][0] < start:
@@ -460,14 +470,17 @@ class PrebleRouter(RouterBase):
             self.hit_tokens[old] -= old_leaf.context_so_far
             self.prompt_tokens[old] -= old_leaf.context_length
             if self.prompt_sum[old] <= 0:
-                for table in (self.prompt_sum, self.count, self.miss_rate, self.hit_tokens, self.prompt_tokens,
-                              self.out_tokens):
-                    del table[old]
+                for column in (self.prompt_sum, self.count, self.miss_rate, self.hit_tokens, self.prompt_tokens,
+                               self.out_tokens):
+                    del column[old]
                 up = old
                 while up is not None:
                     up.win -= 1
                     up = up.parent
+                table.remove(old)
                 old.alloc, old.stamp = set(), self._stamp  # upstream: "reset the gpu allocation outside the time window"
+            else:
+                table.count[old.slot] = self.count[old]
 
     # ------------------------------------------------------------------ membership
     def after_set_workers(self, left, joined, renewed) -> None:
@@ -489,6 +502,8 @@ class PrebleRouter(RouterBase):
             for node in self.nodes():
                 node.alloc = without(node.alloc)
                 node.tag = without(node.tag)
+                if node.slot >= 0:
+                    self._table.set_alloc(node, node.alloc)
             self._ttft = {key: data for key, data in self._ttft.items() if key[1] not in gone}
         seed = self.options.initial_tpot_s
         for g in renewed:
@@ -506,8 +521,11 @@ class PrebleRouter(RouterBase):
         keys, _ = self.request_keys(request)
         node = self.find(keys)
         self._ttft_add(now, self.important(node), worker, first - sent)
+        table = self._table
         while node is not self.root:  # upstream dec_ref_counter stops below the root
             node.ref[worker] -= 1
+            if node.slot >= 0:
+                table.ref[node.slot, worker] -= 1
             node = node.parent
         if request.output_tokens > 1 and now > first:
             window = self._tpots[worker]
@@ -556,34 +574,24 @@ class PrebleRouter(RouterBase):
                 if last is not None and now - last < opts.min_rebalancing_interval_s:
                     return
                 self._last_rebalance_s = now
-            tpot = self.tpot(larger)
-            # NOTE: node_cost(node, larger, tpot) inlined (the same operations in the same order), the window's
-            # tables walked side by side as in load_costs.
-            prefill_token_s = opts.prefill_token_s
-            candidates = []
-            for node, n, rate, out in zip(self.prompt_sum, self.count.values(), self.miss_rate.values(),
-                                          self.out_tokens.values()):
-                if n > 1 and node.tokens > node.context_length - node.tokens:  # is_large(), inlined
-                    gpus = node.alloc  # a window node's own allocation is current (load_costs)
-                    if gpus and larger in gpus:
-                        candidates.append((rate * n * prefill_token_s * node.tokens / len(gpus)
-                                           + node.ref[larger] * out * tpot, node.seq, node))
-            candidates.sort(key=lambda c: (c[0], c[1]))
+            # Large nodes of the window counted more than once and allocated to `larger`, by node_cost on it
+            # (ascending; ties by creation order): the window's columns (`WindowTable.steal_candidates`).
+            candidates = self._table.steal_candidates(larger, opts.prefill_token_s, self.tpot(larger))
             if len(candidates) == 1:
-                moved, _, node = candidates[0]
+                moved, node = candidates[0]
                 moved /= 2  # the node's load is split in two
                 if smaller not in node.alloc and self.overloaded(node, larger, now):
                     larger_cost -= moved
                     smaller_cost += moved
-                    node.alloc, node.stamp = node.alloc | {smaller}, self._stamp
+                    self.write_alloc(node, node.alloc | {smaller})
                     self._ttft.pop((node, larger), None)
             else:
-                for moved, _, node in candidates:
+                for moved, node in candidates:
                     if larger_cost - moved < smaller_cost + moved:
                         break
                     larger_cost -= moved
                     smaller_cost += moved
-                    node.alloc, node.stamp = {smaller}, self._stamp
+                    self.write_alloc(node, {smaller})
                     self._assign_subtree(node, smaller)
                     if larger_cost < high * smaller_cost:
                         break
@@ -603,13 +611,14 @@ class PrebleRouter(RouterBase):
         self._stamp += 1
         stamp = self._stamp
         node.tag, node.tag_stamp = only, stamp
-        window = self.prompt_sum
+        table = self._table
         stack = [child for child in node.children.values() if child.win]
         pop = stack.pop
         while stack:
             child = pop()
-            if child in window:
+            if child.slot >= 0:  # in the window
                 child.alloc, child.stamp = only, stamp
+                table.set_alloc(child, only)
             for below in child.children.values():
                 if below.win:
                     stack.append(below)

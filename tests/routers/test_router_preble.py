@@ -150,12 +150,36 @@ class _EagerPreble(P):
         stack = list(node.children.values())
         while stack:
             child = stack.pop()
-            child.alloc, child.stamp = only, self._stamp
+            self.write_alloc(child, only)
             stack.extend(child.children.values())
 
 
 def _allocations(router):
     return sorted((node.seq, sorted(gpus)) for node, gpus in router.alloc.items())
+
+
+def _load_costs(router, min_count):
+    """The load costs as a loop over the window's tables (the code before the numpy columns): the same floats."""
+    cost = [0.0] * router.num_workers
+    for node, n in router.count.items():
+        gpus = router.alloc.get(node)
+        if n < min_count or not gpus:
+            continue
+        prefill = router.miss_rate[node] * n * router.options.prefill_token_s * node.tokens / len(gpus)
+        for g in gpus:
+            cost[g] += prefill + node.ref[g] * router.out_tokens[node] * router.tpot(g)
+    return cost
+
+
+def _steal_candidates(router, gpu):
+    """Rebalancing's candidates on `gpu` as a loop over the window's tables: (cost on it, node), cheapest first."""
+    tpot, found = router.tpot(gpu), []
+    for node, n in router.count.items():
+        gpus = router.alloc.get(node, set())
+        if n > 1 and node.is_large() and gpu in gpus:
+            found.append((router.miss_rate[node] * n * router.options.prefill_token_s * node.tokens / len(gpus)
+                          + node.ref[gpu] * router.out_tokens[node] * tpot, node.seq, node))
+    return [(cost, node) for cost, _, node in sorted(found, key=lambda c: (c[0], c[1]))]
 
 
 @settings(max_examples=60, deadline=None)
@@ -186,6 +210,11 @@ def test_lazy_subtree_moves_allocate_as_the_eager_walk(steps, gpus, leave):
                 r.on_complete(old, w)
         assert _allocations(routers[0]) == _allocations(routers[1])
         assert [n.alloc for n in routers[0].prompt_sum] == [routers[1].alloc[n] for n in routers[1].prompt_sum]
+        for min_count in (0, 2):
+            assert routers[0].load_costs(min_count) == _load_costs(routers[0], min_count)
+        r = routers[0]
+        for g in range(gpus):
+            assert r._table.steal_candidates(g, r.options.prefill_token_s, r.tpot(g)) == _steal_candidates(r, g)
         if leave and i == len(steps) // 2:
             for r in routers:
                 r.set_workers(tuple(range(1, gpus)), tuple(range(1, gpus)))
