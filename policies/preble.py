@@ -611,14 +611,16 @@ class PrebleRouter(RouterBase):
         self._stamp += 1
         stamp = self._stamp
         node.tag, node.tag_stamp = only, stamp
-        table = self._table
+        rows = []
         stack = [child for child in node.children.values() if child.win]
         pop = stack.pop
         while stack:
             child = pop()
             if child.slot >= 0:  # in the window
                 child.alloc, child.stamp = only, stamp
-                table.set_alloc(child, only)
+                rows.append(child.slot)
             for below in child.children.values():
                 if below.win:
                     stack.append(below)
+        if rows:
+            self._table.set_rows_to_one_gpu(rows, gpu)

@@ -29,6 +29,7 @@ class WindowTable:
         """Rows used, holes included."""
         self.holes = 0
         self.nodes: list = []
+        self._one_hot = np.eye(num_gpus, dtype=bool)
         self._allocate(capacity)
 
     def _allocate(self, capacity: int) -> None:
@@ -93,13 +94,21 @@ class WindowTable:
 
     def set_alloc(self, node, gpus) -> None:
         row = node.slot
+        if gpus and len(gpus) == 1:
+            for gpu in gpus:
+                self.mask[row] = self._one_hot[gpu]
+            self.nalloc[row] = 1
+            return
         mask = self.mask[row]
         mask[:] = False
         if gpus:
             mask[list(gpus)] = True
-            self.nalloc[row] = len(gpus)
-        else:
-            self.nalloc[row] = 0
+        self.nalloc[row] = len(gpus) if gpus else 0
+
+    def set_rows_to_one_gpu(self, rows: list[int], gpu: int) -> None:
+        """Rows `rows` are allocated to `gpu` alone (a subtree move's window nodes)."""
+        self.mask[rows] = self._one_hot[gpu]
+        self.nalloc[rows] = 1
 
     def load_costs(self, min_count: int, prefill_token_s: float, tpots: list[float]) -> list[float]:
         """Per GPU, the sum over the window's nodes counted at least `min_count` times and allocated to it."""
