@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import math
-from collections import Counter, OrderedDict, deque
+from collections import Counter, OrderedDict
 from collections.abc import Hashable, Sequence
-from itertools import compress, repeat
-from operator import eq
+from itertools import repeat
 
 from sim.routing.prefix_index import WorkerMaskIndex
 
@@ -96,10 +95,11 @@ class RoutingHistory:
         number = self._next_run
         self._next_run += 1
         run_of.update(zip(ordered, repeat(number)))
+        get = run_of.get
         for old_number, run in stale_runs:
             # NOTE: a run mostly stale keeps only its live keys, so memory stays within twice the live entries
             # (a history with no TTL and no capacity would otherwise keep every key ever recorded).
-            run.keys = list(compress(run.keys, map(eq, map(run_of.get, run.keys), repeat(old_number))))
+            run.keys = [key for key in run.keys if get(key) == old_number]
             run.start = 0
         scope[number] = _Run(now_s, worker, ordered)
         self.index.add_all(keys, worker)
@@ -171,8 +171,8 @@ class RoutingHistory:
                 if run.live == len(keys) - start:  # no stale place left: a slice
                     live = keys[start:]
                 else:
-                    # NOTE: the run's live entries are its keys still located in it (C-level passes).
-                    live = list(compress(keys, map(eq, map(run_of.get, keys), repeat(number))))
+                    get = run_of.get  # the run's live entries are its keys still located in it
+                    live = [key for key in keys if get(key) == number]
                 del scope[number]
             else:
                 if run.live == len(keys) - start:
@@ -188,7 +188,9 @@ class RoutingHistory:
                             live.append(key)
                 run.start = start
                 run.live -= left
-            deque(map(run_of.__delitem__, live), maxlen=0)
+            # NOTE: loops, not map over bound methods or slot wrappers (slower on Python 3.11).
+            for key in live:
+                del run_of[key]
             held[worker] -= len(live)
             left -= len(live)
             self.index.remove_all(live, worker)
