@@ -7,7 +7,7 @@ Upstream read: WukLab/preble @8e7906a3 (2024-05-24): `preble/global_scheduler_wi
 
 from __future__ import annotations
 
-import statistics
+from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Hashable
 from typing import Literal
@@ -205,6 +205,8 @@ class PrebleRouter(RouterBase):
         self.miss_rate: dict[_Node, float] = {}
         self.out_tokens: dict[_Node, int] = {}
         self._tpots = [deque([opts.initial_tpot_s], maxlen=opts.tpot_samples) for _ in range(n)]
+        self._tpots_sorted = [[opts.initial_tpot_s] for _ in range(n)]
+        """Each GPU's TPOT window in ascending order (its median read off it, as statistics.median sorts it)."""
         self._tpot_median = [opts.initial_tpot_s] * n
         self.routed = [0] * n
         """Upstream `per_gpu_load`: requests routed to each GPU so far (never decremented)."""
@@ -508,6 +510,7 @@ class PrebleRouter(RouterBase):
         seed = self.options.initial_tpot_s
         for g in renewed:
             self._tpots[g] = deque([seed], maxlen=self.options.tpot_samples)
+            self._tpots_sorted[g] = [seed]
             self._tpot_median[g] = seed
 
     # ------------------------------------------------------------------ feedback
@@ -528,9 +531,15 @@ class PrebleRouter(RouterBase):
                 table.ref[node.slot, worker] -= 1
             node = node.parent
         if request.output_tokens > 1 and now > first:
-            window = self._tpots[worker]
-            window.append((now - first) / (request.output_tokens - 1))
-            self._tpot_median[worker] = statistics.median(window)
+            window, ordered = self._tpots[worker], self._tpots_sorted[worker]
+            tpot = (now - first) / (request.output_tokens - 1)
+            if len(window) == window.maxlen:
+                del ordered[bisect_left(ordered, window[0])]  # the sample the append drops
+            window.append(tpot)
+            insort(ordered, tpot)
+            # statistics.median(window), read off the sorted copy: the middle sample, or the mean of the two
+            k = len(ordered)
+            self._tpot_median[worker] = ordered[k // 2] if k % 2 else (ordered[k // 2 - 1] + ordered[k // 2]) / 2
 
     def _ttft_add(self, now: float, node: _Node, gpu: int, ttft_s: float) -> None:
         data = self._ttft.setdefault((node, gpu), deque())

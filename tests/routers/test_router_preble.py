@@ -219,3 +219,17 @@ def test_lazy_subtree_moves_allocate_as_the_eager_walk(steps, gpus, leave):
             for r in routers:
                 r.set_workers(tuple(range(1, gpus)), tuple(range(1, gpus)))
             assert _allocations(routers[0]) == _allocations(routers[1])
+
+
+def test_the_tpot_median_follows_statistics_median_as_samples_come_and_go():
+    import statistics
+
+    r, view = fresh(n=1, tpot_samples=5)
+    for i in range(12):
+        req = Request(i, 100 * B, 2 + i % 4, tuple(("p", i, j) for j in range(100)))
+        send(r, req, view)
+        r.on_first_token(req, 0)
+        view.now_s += 0.01 * (1 + (i * 7) % 5)
+        r.on_complete(req, 0)
+        assert r.tpot(0) == statistics.median(r._tpots[0])
+    assert len(r._tpots[0]) == 5
