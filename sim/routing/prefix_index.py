@@ -57,6 +57,11 @@ class WorkerMaskIndex:
         for key in keys:
             masks[key] = get(key, 0) | bit
 
+    def masks_for_update(self) -> dict[Hashable, int]:
+        """The key -> mask dict itself, for an owner that sets bits in its own loop (the routing history, whose
+        records add keys it knows no worker bit of, in the loop that locates them): set semantics, no zero mask."""
+        return self._masks
+
     def remove(self, key: Hashable, worker: int) -> None:
         self.remove_pairs(((key, worker),))
 
