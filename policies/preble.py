@@ -195,7 +195,9 @@ class PrebleRouter(RouterBase):
         # the sliding-window histogram (upstream SlidingWindowHistogram), keyed by important node
         from policies.preble_window import WindowTable  # numpy, imported when a Preble router is built
 
-        self._window: deque = deque()  # (time_s, important node, leaf)
+        self._window: deque = deque()  # (time_s, [important node], leaf)
+        self._boxes: dict[_Node, list[_Node]] = {}
+        """Per window node, the one-element list its window entries hold it in: a rename re-points the box."""
         self._table = WindowTable(n)
         """The window's nodes as columns, for the load costs (kept in step with the tables below)."""
         self.prompt_sum: dict[_Node, int] = {}
@@ -353,7 +355,9 @@ class PrebleRouter(RouterBase):
             table[new] = table.pop(old)
         self._table.remove(old)
         self._table.add(new, self.count[new], self.miss_rate[new], self.out_tokens[new])  # last, as in the dicts
-        self._window = deque((t, new if node is old else node, leaf) for t, node, leaf in self._window)
+        box = self._boxes.pop(old)
+        box[0] = new  # every window entry of `old` now names `new` (no pass over the window)
+        self._boxes[new] = box
 
     # ------------------------------------------------------------------ load cost
     def tpot(self, gpu: int) -> float:
@@ -445,7 +449,10 @@ class PrebleRouter(RouterBase):
 
     def _window_add(self, now: float, node: _Node, leaf: _Node, out_tokens: int) -> None:
         """Upstream `SlidingWindowHistogram.update`: count the request, then drop entries older than the window."""
-        self._window.append((now, node, leaf))
+        box = self._boxes.get(node)
+        if box is None:
+            box = self._boxes[node] = [node]
+        self._window.append((now, box, leaf))
         if node not in self.prompt_sum:
             up = node
             while up is not None:
@@ -465,7 +472,8 @@ class PrebleRouter(RouterBase):
         start = now - self.options.window_s
         window = self._window
         while window and window[0][0] < start:
-            _, old, old_leaf = window.popleft()
+            _, box, old_leaf = window.popleft()
+            old = box[0]
             # NOTE: upstream reads the leaf's sizes now, not as they were added (a later split changes them)
             self.prompt_sum[old] -= old_leaf.context_length
             self.count[old] -= 1
@@ -475,6 +483,7 @@ class PrebleRouter(RouterBase):
                 for column in (self.prompt_sum, self.count, self.miss_rate, self.hit_tokens, self.prompt_tokens,
                                self.out_tokens):
                     del column[old]
+                del self._boxes[old]  # its last entry (prompt_sum is the sum of its entries' context lengths)
                 up = old
                 while up is not None:
                     up.win -= 1
