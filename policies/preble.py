@@ -604,32 +604,36 @@ class PrebleRouter(RouterBase):
                     self.write_alloc(node, node.alloc | {smaller})
                     self._ttft.pop((node, larger), None)
             else:
+                rows: list[int] = []  # the window rows the moves write, written at once after them
                 for moved, node in candidates:
                     if larger_cost - moved < smaller_cost + moved:
                         break
                     larger_cost -= moved
                     smaller_cost += moved
-                    self.write_alloc(node, {smaller})
-                    self._assign_subtree(node, smaller)
+                    node.alloc, node.stamp = {smaller}, self._stamp  # a window node: its row below
+                    rows.append(node.slot)
+                    self._assign_subtree(node, smaller, rows)
                     if larger_cost < high * smaller_cost:
                         break
+                if rows:
+                    self._table.set_rows_to_one_gpu(rows, smaller)
             ranked[0] = (larger, larger_cost)
             ranked[-1] = (smaller, smaller_cost)
             ranked = ranked[1:]
 
-    def _assign_subtree(self, node: _Node, gpu: int) -> None:
+    def _assign_subtree(self, node: _Node, gpu: int, rows: list[int]) -> None:
         """Every node below `node` is allocated to `gpu` alone (upstream `update_gpu_allocation_for_subtree`).
 
         Lazily: the move is a tag on `node`, of a new epoch, that every node below it reads as its allocation until
         the node's own is written again (`resolve`); the window's nodes below it, which the load costs read
-        directly, get theirs written now (the subtrees holding one are found by their `win` counts). A move
+        directly, get theirs written now (the subtrees holding one are found by their `win` counts), their table
+        rows appended to `rows` for the caller to write (`WindowTable.set_rows_to_one_gpu`). A move
         visits the paths down to the window's nodes, not the whole subtree (upstream's walk, and kvsim's before,
         visited ~87 nodes a move on the conversation trace)."""
         only = {gpu}  # one set for the whole subtree: sets in `alloc` are never changed in place
         self._stamp += 1
         stamp = self._stamp
         node.tag, node.tag_stamp = only, stamp
-        rows = []
         stack = [child for child in node.children.values() if child.win]
         pop = stack.pop
         while stack:
@@ -640,5 +644,3 @@ class PrebleRouter(RouterBase):
             for below in child.children.values():
                 if below.win:
                     stack.append(below)
-        if rows:
-            self._table.set_rows_to_one_gpu(rows, gpu)

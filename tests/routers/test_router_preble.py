@@ -145,7 +145,7 @@ def test_same_seed_same_choices_and_the_believed_prefix_is_the_allocated_path():
 class _EagerPreble(P):
     """The naive model: a subtree move writes every node below (upstream `update_gpu_allocation_for_subtree`)."""
 
-    def _assign_subtree(self, node, gpu):
+    def _assign_subtree(self, node, gpu, rows):
         only = {gpu}
         stack = list(node.children.values())
         while stack:
