@@ -198,7 +198,7 @@ class PrebleRouter(RouterBase):
         self._window: deque = deque()  # (time_s, [important node], leaf)
         self._boxes: dict[_Node, list[_Node]] = {}
         """Per window node, the one-element list its window entries hold it in: a rename re-points the box."""
-        self._table = WindowTable(n)
+        self._table = WindowTable(n, opts.prefill_token_s)
         """The window's nodes as columns, for the load costs (kept in step with the tables below)."""
         self.prompt_sum: dict[_Node, int] = {}
         self.count: dict[_Node, int] = {}
@@ -269,7 +269,7 @@ class PrebleRouter(RouterBase):
         child.keys = child.keys[m:]
         child.tokens -= m * B
         if child.slot >= 0:
-            self._table.tokens[child.slot] = child.tokens
+            self._table.set_tokens(child)
         child.parent = new
         child.depth = new.depth + 1
         parent.children[new.keys[0]] = new
@@ -376,8 +376,7 @@ class PrebleRouter(RouterBase):
         window's nodes counted at least `min_count` times and allocated to it, in window order,
         `prefill_cost(node) + ref[g] * out * TPOT_g` (node_cost), summed in the window's order (numpy columns,
         `WindowTable.load_costs`: the same floats)."""
-        return self._table.load_costs(min_count, self.options.prefill_token_s,
-                                      [self.tpot(g) for g in range(self.num_workers)])
+        return self._table.load_costs(min_count, [self.tpot(g) for g in range(self.num_workers)])
 
     # ------------------------------------------------------------------ decision
     def route(self, request: Request, view: ClusterView) -> int:
@@ -428,7 +427,7 @@ class PrebleRouter(RouterBase):
             node.alloc, node.stamp = gpus, stamp
             node.ref[worker] += 1
             if node.slot >= 0:
-                table.ref[node.slot, worker] += 1
+                table.add_ref(node, worker, 1)
                 table.set_alloc(node, gpus)
         self._window_add(now, important, leaf, request.output_tokens)
         self.routed[worker] += 1
@@ -491,7 +490,7 @@ class PrebleRouter(RouterBase):
                 table.remove(old)
                 old.alloc, old.stamp = set(), self._stamp  # upstream: "reset the gpu allocation outside the time window"
             else:
-                table.count[old.slot] = self.count[old]
+                table.set_count(old, self.count[old])
 
     # ------------------------------------------------------------------ membership
     def after_set_workers(self, left, joined, renewed) -> None:
@@ -537,7 +536,7 @@ class PrebleRouter(RouterBase):
         while node is not self.root:  # upstream dec_ref_counter stops below the root
             node.ref[worker] -= 1
             if node.slot >= 0:
-                table.ref[node.slot, worker] -= 1
+                table.add_ref(node, worker, -1)
             node = node.parent
         if request.output_tokens > 1 and now > first:
             window, ordered = self._tpots[worker], self._tpots_sorted[worker]
@@ -594,7 +593,7 @@ class PrebleRouter(RouterBase):
                 self._last_rebalance_s = now
             # Large nodes of the window counted more than once and allocated to `larger`, by node_cost on it
             # (ascending; ties by creation order): the window's columns (`WindowTable.steal_candidates`).
-            candidates = self._table.steal_candidates(larger, opts.prefill_token_s, self.tpot(larger))
+            candidates = self._table.steal_candidates(larger, self.tpot(larger))
             if len(candidates) == 1:
                 moved, node = candidates[0]
                 moved /= 2  # the node's load is split in two

@@ -214,7 +214,7 @@ def test_lazy_subtree_moves_allocate_as_the_eager_walk(steps, gpus, leave):
             assert routers[0].load_costs(min_count) == _load_costs(routers[0], min_count)
         r = routers[0]
         for g in range(gpus):
-            assert r._table.steal_candidates(g, r.options.prefill_token_s, r.tpot(g)) == _steal_candidates(r, g)
+            assert r._table.steal_candidates(g, r.tpot(g)) == _steal_candidates(r, g)
         if leave and i == len(steps) // 2:
             for r in routers:
                 r.set_workers(tuple(range(1, gpus)), tuple(range(1, gpus)))
