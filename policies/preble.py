@@ -629,6 +629,8 @@ class PrebleRouter(RouterBase):
         rows appended to `rows` for the caller to write (`WindowTable.set_rows_to_one_gpu`). A move
         visits the paths down to the window's nodes, not the whole subtree (upstream's walk, and kvsim's before,
         visited ~87 nodes a move on the conversation trace)."""
+        if not node.children:
+            return  # nothing below (a node made later is stamped after the move: no tag would reach it)
         only = {gpu}  # one set for the whole subtree: sets in `alloc` are never changed in place
         self._stamp += 1
         stamp = self._stamp
