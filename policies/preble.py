@@ -242,8 +242,10 @@ class PrebleRouter(RouterBase):
         splits: dict[_Node, _Node] = {}
         while pos < n and keys[pos] in node.children:
             child = node.children[keys[pos]]
-            m = _common(child.keys, keys, pos)
-            if m == len(child.keys):
+            length = len(child.keys)
+            # NOTE: the whole node's keys compared in C first (a resent conversation walks its earlier turns)
+            m = length if keys[pos:pos + length] == child.keys else _common(child.keys, keys, pos)
+            if m == length:
                 if pos + m == n:
                     return child, splits
                 node, pos, depth = child, pos + m, depth + 1
