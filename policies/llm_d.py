@@ -286,44 +286,55 @@ class LlmdRouter(RouterBase):
             matched, total = approx.match_blocks(request)
             if self.prefix is approx:
                 self.prefix_tokens(request)  # registers the belief for the view-error counters
-            uncached = [self._uncached_tokens(request, matched[w], total) for w in range(n)]
+            # _uncached_tokens of each worker, inlined (per request and worker)
+            G = approx.tokens_per_key
+            indexed = total * G
+            tail = max(request.prompt_tokens - indexed, 0)
+            uncached = [max(indexed - m * G, 0) + tail for m in matched]
         candidates = list(self.workers)  # the datastore's ready endpoints
         if o.affinity_filter:
             candidates = self._affinity_filter(candidates, matched, total)
 
-        totals = {w: 0.0 for w in candidates}
+        # NOTE: totals in candidate order; each scorer's scores are a list in that order (the same floats, added in
+        # the same order as `totals[w] += weight * clamp(score(w))`; plain lists where the default profile's scorers
+        # ran a closure per candidate).
+        sums = [0.0] * len(candidates)
 
-        def add(weight: float, score) -> None:
-            for w in candidates:
-                totals[w] += weight * min(max(score(w), 0.0), 1.0)
+        def add(weight: float, scores) -> None:
+            for i, score in enumerate(scores):
+                sums[i] += weight * min(max(score, 0.0), 1.0)
 
         if o.prefix_cache_weight > 0:
             if o.prefix_cache == "approximate":
-                add(o.prefix_cache_weight, lambda w: matched[w] / total if total else 0.0)
+                add(o.prefix_cache_weight, [matched[w] / total for w in candidates] if total
+                    else [0.0] * len(candidates))
             else:
                 precise = self._precise_scores(request, view)
-                add(o.prefix_cache_weight, precise.__getitem__)
+                add(o.prefix_cache_weight, [precise[w] for w in candidates])
         if o.queue_weight > 0 or o.kv_cache_utilization_weight > 0 or o.load_aware_weight > 0:
-            loads = {w: view.scraped_load(w, o.scrape_interval_s) for w in candidates}
+            interval = o.scrape_interval_s
+            loads = [view.scraped_load(w, interval) for w in candidates]
             if o.queue_weight > 0:
-                qs = [loads[w].num_waiting for w in candidates]
+                qs = [load.num_waiting for load in loads]
                 lo, hi = min(qs), max(qs)
-                add(o.queue_weight, lambda w: 1.0 if hi == lo else (hi - loads[w].num_waiting) / (hi - lo))
+                add(o.queue_weight, [1.0] * len(qs) if hi == lo else [(hi - q) / (hi - lo) for q in qs])
             if o.kv_cache_utilization_weight > 0:
-                add(o.kv_cache_utilization_weight, lambda w: 1.0 - loads[w].kv_usage)
+                add(o.kv_cache_utilization_weight, [1.0 - load.kv_usage for load in loads])
             if o.load_aware_weight > 0:
                 threshold = o.load_aware_queue_threshold
-                add(o.load_aware_weight, lambda w: 0.5 if loads[w].num_waiting == 0
-                    else 0.5 * (1.0 - min(loads[w].num_waiting, threshold) / threshold))
+                add(o.load_aware_weight, [0.5 if load.num_waiting == 0
+                                          else 0.5 * (1.0 - min(load.num_waiting, threshold) / threshold)
+                                          for load in loads])
         if o.active_request_weight > 0:
             busiest = max(self.in_flight[w] for w in candidates)
             idle = o.active_request_idle_threshold
-            add(o.active_request_weight, lambda w: 1.0 if self.in_flight[w] <= idle
-                else (busiest - self.in_flight[w]) / busiest)
+            add(o.active_request_weight, [1.0 if self.in_flight[w] <= idle else (busiest - self.in_flight[w]) / busiest
+                                          for w in candidates])
         if o.token_load_weight > 0:
             cap = o.token_load_queue_threshold_tokens
-            add(o.token_load_weight, lambda w: 1.0 if self._inflight_tokens[w] + uncached[w] <= 0
-                else 1.0 - min(self._inflight_tokens[w] + uncached[w], cap) / cap)
+            add(o.token_load_weight, [1.0 if self._inflight_tokens[w] + uncached[w] <= 0
+                                      else 1.0 - min(self._inflight_tokens[w] + uncached[w], cap) / cap
+                                      for w in candidates])
         if o.no_hit_lru_weight > 0:
             if o.no_hit_lru_source == "approximate" or o.prefix_cache == "approximate":
                 hits = matched
@@ -331,13 +342,17 @@ class LlmdRouter(RouterBase):
                 hits = [t // view.cache_block_size() for t in self.prefix_tokens(request)]
             cold = not any(hits[w] > 0 for w in candidates)
             self._cold[request.request_id] = cold
-            add(o.no_hit_lru_weight, self._no_hit_lru_scores(candidates) if cold else (lambda w: 0.5))
+            if cold:
+                score = self._no_hit_lru_scores(candidates)
+                add(o.no_hit_lru_weight, [score(w) for w in candidates])
+            else:
+                add(o.no_hit_lru_weight, [0.5] * len(candidates))
         if o.session_affinity_weight > 0:
             pod = self._session_target(request, candidates, view.now_s)
-            add(o.session_affinity_weight, lambda w: 1.0 if w == pod else 0.0)
+            add(o.session_affinity_weight, [1.0 if w == pod else 0.0 for w in candidates])
         if approx is not None:
             self._pending_uncached = (request.request_id, uncached)
-        return candidates, totals
+        return candidates, dict(zip(candidates, sums))
 
     def route(self, request: Request, view: ClusterView) -> int:
         candidates, totals = self.scores(request, view)

@@ -65,16 +65,7 @@ class ApproxPrefixIndex:
         if last is not None and last[0] == request.request_id:
             return last[1], last[2]
         keys = self.keys(request)
-        index = self.history.index
-        counts = [0] * self._view.num_workers
-        for key in keys:
-            held = index.holders(key)
-            if not held:
-                break
-            while held:
-                low = held & -held
-                counts[low.bit_length() - 1] += 1
-                held ^= low
+        counts = self.history.index.leading_counts(keys)
         self._last = (request.request_id, counts, len(keys))
         return counts, len(keys)
 

@@ -7,7 +7,7 @@ Upstream read: WukLab/preble @8e7906a3 (2024-05-24): `preble/global_scheduler_wi
 
 from __future__ import annotations
 
-import statistics
+from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Hashable
 from typing import Literal
@@ -37,11 +37,18 @@ class PrebleOptions(RouterOptions):
 class _Node:
     """A node of Preble's token radix tree: a run of request keys (16-token blocks; a request's partial last block
     is its own tail key). `context_length` = tokens from the root through this node; `ref[g]` = requests routed to
-    GPU g through this node and not finished (upstream `TreeNode.ref_counter`)."""
+    GPU g through this node and not finished (upstream `TreeNode.ref_counter`).
 
-    __slots__ = ("keys", "tokens", "parent", "children", "context_length", "ref", "depth", "seq")
+    Its GPU allocation (upstream `gpu_allocations[node]`) is kept lazily (see `PrebleRouter._assign_subtree`):
+    `alloc` (None: none yet) as last written at epoch `stamp`, unless an ancestor's `tag`, put on all its
+    descendants at a later epoch `tag_stamp`, overrides it. `win`: nodes of the window's histogram in this subtree,
+    this node included (where a subtree move must write allocations at once). `slot`: its row in the window's
+    table (`policies.preble_window.WindowTable`), -1 outside the window."""
 
-    def __init__(self, keys, tokens, parent, context_length, num_gpus, depth, seq):
+    __slots__ = ("keys", "tokens", "parent", "children", "context_length", "ref", "depth", "seq",
+                 "alloc", "stamp", "tag", "tag_stamp", "win", "slot")
+
+    def __init__(self, keys, tokens, parent, context_length, num_gpus, depth, seq, stamp):
         self.keys = keys
         self.tokens = tokens
         self.parent = parent
@@ -50,6 +57,12 @@ class _Node:
         self.ref = [0] * num_gpus
         self.depth = depth
         self.seq = seq
+        self.alloc: set[int] | None = None
+        self.stamp = stamp
+        self.tag: set[int] | None = None
+        self.tag_stamp = -1
+        self.win = 0
+        self.slot = -1
 
     @property
     def context_so_far(self) -> int:
@@ -61,6 +74,36 @@ class _Node:
 
     def __repr__(self) -> str:
         return f"_Node(seq={self.seq}, tokens={self.tokens}, context={self.context_length})"
+
+
+class _Allocations:
+    """Upstream `gpu_allocations` as a mapping (node -> GPU set; a node never allocated is absent), read through the
+    nodes' lazy allocations (`_Node`). Writing a node's set is the router's own write."""
+
+    def __init__(self, router: PrebleRouter) -> None:
+        self._router = router
+
+    def get(self, node: _Node, default=None):
+        gpus = self._router.resolve(node)
+        return default if gpus is None else gpus
+
+    def __getitem__(self, node: _Node) -> set[int]:
+        gpus = self._router.resolve(node)
+        if gpus is None:
+            raise KeyError(node)
+        return gpus
+
+    def __setitem__(self, node: _Node, gpus: set[int]) -> None:
+        self._router.write_alloc(node, gpus)
+
+    def __contains__(self, node: _Node) -> bool:
+        return self._router.resolve(node) is not None
+
+    def items(self):
+        return [(node, gpus) for node in self._router.nodes() if (gpus := self._router.resolve(node)) is not None]
+
+    def values(self):
+        return [gpus for _, gpus in self.items()]
 
 
 def _common(a, b, start: int) -> int:
@@ -142,12 +185,21 @@ class PrebleRouter(RouterBase):
         n = self.num_workers
         opts = self.options
         self._seq = 0
+        self._stamp = 0
+        """The epoch of allocation writes: a subtree move opens a new one (`_assign_subtree`)."""
         self.root = self._new_node([], 0, None, 0, 0)
-        self.alloc: dict[_Node, set[int]] = {}
-        """Upstream `gpu_allocations`: node -> GPUs it is allocated to. NOTE: a set here may be shared by several
-        nodes (a moved subtree shares one), so it is never changed in place: a change puts a new set."""
+        self.alloc = _Allocations(self)
+        """Upstream `gpu_allocations`: node -> GPUs it is allocated to (kept on the nodes, see `_Node`). NOTE: a set
+        may be shared by several nodes (a moved subtree shares one), so it is never changed in place: a change puts
+        a new set."""
         # the sliding-window histogram (upstream SlidingWindowHistogram), keyed by important node
-        self._window: deque = deque()  # (time_s, important node, leaf)
+        from policies.preble_window import WindowTable  # numpy, imported when a Preble router is built
+
+        self._window: deque = deque()  # (time_s, [important node], leaf)
+        self._boxes: dict[_Node, list[_Node]] = {}
+        """Per window node, the one-element list its window entries hold it in: a rename re-points the box."""
+        self._table = WindowTable(n, opts.prefill_token_s)
+        """The window's nodes as columns, for the load costs (kept in step with the tables below)."""
         self.prompt_sum: dict[_Node, int] = {}
         self.count: dict[_Node, int] = {}
         self.hit_tokens: dict[_Node, int] = {}
@@ -155,6 +207,8 @@ class PrebleRouter(RouterBase):
         self.miss_rate: dict[_Node, float] = {}
         self.out_tokens: dict[_Node, int] = {}
         self._tpots = [deque([opts.initial_tpot_s], maxlen=opts.tpot_samples) for _ in range(n)]
+        self._tpots_sorted = [[opts.initial_tpot_s] for _ in range(n)]
+        """Each GPU's TPOT window in ascending order (its median read off it, as statistics.median sorts it)."""
         self._tpot_median = [opts.initial_tpot_s] * n
         self.routed = [0] * n
         """Upstream `per_gpu_load`: requests routed to each GPU so far (never decremented)."""
@@ -169,7 +223,8 @@ class PrebleRouter(RouterBase):
     # ------------------------------------------------------------------ the tree
     def _new_node(self, keys, tokens, parent, context_length, depth) -> _Node:
         self._seq += 1
-        return _Node(keys, tokens, parent, context_length, self.num_workers, depth, self._seq)
+        # NOTE: stamped now, so that no earlier subtree move (an ancestor's tag) reaches a node made after it.
+        return _Node(keys, tokens, parent, context_length, self.num_workers, depth, self._seq, self._stamp)
 
     def request_keys(self, request: Request) -> tuple[list[Hashable], int]:
         """The prompt as tree keys: its full blocks, then its partial last block as a key of its own; and the
@@ -187,8 +242,10 @@ class PrebleRouter(RouterBase):
         splits: dict[_Node, _Node] = {}
         while pos < n and keys[pos] in node.children:
             child = node.children[keys[pos]]
-            m = _common(child.keys, keys, pos)
-            if m == len(child.keys):
+            length = len(child.keys)
+            # NOTE: the whole node's keys compared in C first (a resent conversation walks its earlier turns)
+            m = length if keys[pos:pos + length] == child.keys else _common(child.keys, keys, pos)
+            if m == length:
                 if pos + m == n:
                     return child, splits
                 node, pos, depth = child, pos + m, depth + 1
@@ -209,9 +266,12 @@ class PrebleRouter(RouterBase):
         parent = child.parent
         new = self._new_node(child.keys[:m], m * B, parent, parent.context_length + m * B, child.depth)
         new.ref = list(child.ref)
+        new.win = child.win  # the same window nodes below (the new node is not one yet)
         new.children = {child.keys[m]: child}
         child.keys = child.keys[m:]
         child.tokens -= m * B
+        if child.slot >= 0:
+            self._table.set_tokens(child)
         child.parent = new
         child.depth = new.depth + 1
         parent.children[new.keys[0]] = new
@@ -225,6 +285,50 @@ class PrebleRouter(RouterBase):
             node, pos = child, pos + len(child.keys)
         return node
 
+    # ------------------------------------------------------------------ allocations (lazy subtree moves)
+    def resolve(self, node: _Node) -> set[int] | None:
+        """`node`'s allocation now (None: never allocated): its own, unless an ancestor's subtree move came later."""
+        best_stamp, best = node.stamp, node.alloc  # NOTE: its own write wins a tie (it came after the move)
+        parent = node.parent
+        while parent is not None:
+            if parent.tag_stamp > best_stamp:
+                best_stamp, best = parent.tag_stamp, parent.tag
+            parent = parent.parent
+        return best
+
+    def path_allocs(self, leaf: _Node) -> tuple[list[_Node], list[set[int] | None]]:
+        """The path leaf -> root and each node's allocation now (`resolve`, in one walk)."""
+        path = []
+        node = leaf
+        while node is not None:
+            path.append(node)
+            node = node.parent
+        if not self._stamp:  # no subtree was ever moved: every node's own allocation is its allocation
+            return path, [node.alloc for node in path]
+        allocs = [None] * len(path)
+        carry_stamp, carry = -1, None
+        for i in range(len(path) - 1, -1, -1):
+            node = path[i]
+            allocs[i] = node.alloc if node.stamp >= carry_stamp else carry
+            if node.tag_stamp > carry_stamp:
+                carry_stamp, carry = node.tag_stamp, node.tag
+        return path, allocs
+
+    def write_alloc(self, node: _Node, gpus: set[int]) -> None:
+        """`node`'s own allocation is now `gpus` (and its row in the window's table, if it has one)."""
+        node.alloc, node.stamp = gpus, self._stamp
+        if node.slot >= 0:
+            self._table.set_alloc(node, gpus)
+
+    def nodes(self) -> list[_Node]:
+        """Every node of the tree, root first."""
+        out, stack = [], [self.root]
+        while stack:
+            node = stack.pop()
+            out.append(node)
+            stack.extend(node.children.values())
+        return out
+
     @staticmethod
     def important(node: _Node) -> _Node:
         while node.tokens <= node.context_length - node.tokens:  # not node.is_large(), inlined (per request)
@@ -233,12 +337,13 @@ class PrebleRouter(RouterBase):
 
     def _after_splits(self, splits: dict[_Node, _Node]) -> None:
         """Upstream `handle_split_nodes_gpu_allocations` then `handle_split_node_histogram`."""
+        stamp = self._stamp
         for child, new in splits.items():
-            self.alloc[new] = set(self.alloc.get(child, ()))
+            new.alloc, new.stamp = set(self.resolve(child) or ()), stamp
         for child, new in splits.items():
             if new.is_large() and not child.is_large():
                 self._rename(child, new)
-                for g in self.alloc.get(child, ()):
+                for g in self.resolve(child) or ():
                     data = self._ttft.pop((child, g), None)
                     if data is not None:
                         self._ttft[(new, g)] = data
@@ -246,10 +351,15 @@ class PrebleRouter(RouterBase):
     def _rename(self, old: _Node, new: _Node) -> None:
         if old not in self.prompt_sum:
             return
+        old.win -= 1  # `new` is old's parent: its count already holds the window node, now itself
         for table in (self.prompt_sum, self.count, self.miss_rate, self.hit_tokens, self.prompt_tokens,
                       self.out_tokens):
             table[new] = table.pop(old)
-        self._window = deque((t, new if node is old else node, leaf) for t, node, leaf in self._window)
+        self._table.remove(old)
+        self._table.add(new, self.count[new], self.miss_rate[new], self.out_tokens[new])  # last, as in the dicts
+        box = self._boxes.pop(old)
+        box[0] = new  # every window entry of `old` now names `new` (no pass over the window)
+        self._boxes[new] = box
 
     # ------------------------------------------------------------------ load cost
     def tpot(self, gpu: int) -> float:
@@ -264,27 +374,11 @@ class PrebleRouter(RouterBase):
         return self.prefill_cost(node) + node.ref[gpu] * self.out_tokens[node] * tpot
 
     def load_costs(self, min_count: int = 0) -> list[float]:
-        """Upstream `current_allocation_per_gpu` (min_count 0) / `..._with_atleast_min_load(2)`."""
-        cost = [0.0] * self.num_workers
-        tpots = [self.tpot(g) for g in range(self.num_workers)]
-        # NOTE: node_cost inlined (this runs per request over every node in the window); the same operations in
-        # the same order, so the same floats: prefill_cost(node) + ref[g] * out * tpot, summed in window order.
-        # The window's tables have the same keys in the same order (_window_add inserts a node into all of them,
-        # _rename and the expiry move or delete it from all), so they are walked side by side, not looked up.
-        prefill_token_s = self.options.prefill_token_s
-        alloc_get = self.alloc.get
-        for node, n, rate, out in zip(self.prompt_sum, self.count.values(), self.miss_rate.values(),
-                                      self.out_tokens.values()):
-            if n < min_count:
-                continue
-            gpus = alloc_get(node)
-            if not gpus:
-                continue
-            prefill = rate * n * prefill_token_s * node.tokens / len(gpus)
-            ref = node.ref
-            for g in gpus:
-                cost[g] += prefill + ref[g] * out * tpots[g]
-        return cost
+        """Upstream `current_allocation_per_gpu` (min_count 0) / `..._with_atleast_min_load(2)`: per GPU, over the
+        window's nodes counted at least `min_count` times and allocated to it, in window order,
+        `prefill_cost(node) + ref[g] * out * TPOT_g` (node_cost), summed in the window's order (numpy columns,
+        `WindowTable.load_costs`: the same floats)."""
+        return self._table.load_costs(min_count, [self.tpot(g) for g in range(self.num_workers)])
 
     # ------------------------------------------------------------------ decision
     def route(self, request: Request, view: ClusterView) -> int:
@@ -293,12 +387,10 @@ class PrebleRouter(RouterBase):
         self._after_splits(splits)
         if leaf.tokens < leaf.context_so_far:
             self.exploited += 1
-            node, holders = leaf, None
-            while node is not None:
-                holders = self.alloc.get(node)
+            holders = None
+            for holders in self.path_allocs(leaf)[1]:  # leaf -> root: the deepest node with an allocation
                 if holders:
                     break
-                node = node.parent
             # NOTE: holders are routable (a GPU that left is taken out of every allocation).
             candidates = sorted(holders) if holders else list(self.workers)
             if len(candidates) == 1:
@@ -323,58 +415,84 @@ class PrebleRouter(RouterBase):
         self._pending = None
         now = self.view.now_s
         self._sent_s[request.request_id] = now
-        self._belief[request.request_id] = self._believed(leaf, worker)
-        node = leaf
-        while node is not None:  # upstream update_gpu_allocation_for_parent and update_allocated_size, root included
-            gpus = self.alloc.get(node)
+        path, allocs = self.path_allocs(leaf)
+        self._belief[request.request_id] = self._believed(path, allocs, worker)
+        stamp = self._stamp
+        # upstream update_gpu_allocation_for_parent and update_allocated_size, root included. NOTE: every node of
+        # the path gets its allocation written (if unchanged, as it is), so that a window node's own is current.
+        table = self._table
+        for node, gpus in zip(path, allocs):
             if gpus is None:
-                self.alloc[node] = {worker}
+                gpus = {worker}
             elif worker not in gpus:
-                self.alloc[node] = gpus | {worker}
+                gpus = gpus | {worker}
+            node.alloc, node.stamp = gpus, stamp
             node.ref[worker] += 1
-            node = node.parent
+            if node.slot >= 0:
+                table.add_ref(node, worker, 1)
+                table.set_alloc(node, gpus)
         self._window_add(now, important, leaf, request.output_tokens)
         self.routed[worker] += 1
         if self.options.rebalancing and leaf.depth - important.depth < self.options.rebalancing_chain_length:
             self.rebalance(now)
 
-    def _believed(self, leaf: _Node, worker: int) -> int:
-        """Tokens Preble counts on `worker`: the path from the root while each node is allocated to it."""
-        path = []
-        node = leaf
-        while node is not self.root:
-            path.append(node)
-            node = node.parent
+    @staticmethod
+    def _believed(path: list[_Node], allocs: list[set[int] | None], worker: int) -> int:
+        """Tokens Preble counts on `worker`: the path from the root (`path`: leaf -> root, with its allocations)
+        while each node is allocated to it."""
         tokens = 0
-        for node in reversed(path):
-            if worker not in self.alloc.get(node, ()):
+        for i in range(len(path) - 2, -1, -1):  # the root (last) is not counted
+            gpus = allocs[i]
+            if not gpus or worker not in gpus:
                 break
-            tokens += node.tokens
+            tokens += path[i].tokens
         return tokens
 
     def _window_add(self, now: float, node: _Node, leaf: _Node, out_tokens: int) -> None:
         """Upstream `SlidingWindowHistogram.update`: count the request, then drop entries older than the window."""
-        self._window.append((now, node, leaf))
+        box = self._boxes.get(node)
+        if box is None:
+            box = self._boxes[node] = [node]
+        self._window.append((now, box, leaf))
+        if node not in self.prompt_sum:
+            up = node
+            while up is not None:
+                up.win += 1
+                up = up.parent
         self.prompt_sum[node] = self.prompt_sum.get(node, 0) + leaf.context_length
         self.count[node] = self.count.get(node, 0) + 1
         self.out_tokens[node] = out_tokens
         self.hit_tokens[node] = self.hit_tokens.get(node, 0) + leaf.context_so_far
         self.prompt_tokens[node] = self.prompt_tokens.get(node, 0) + leaf.context_length
         self.miss_rate[node] = 1 - self.hit_tokens[node] / self.prompt_tokens[node]
+        table = self._table
+        if node.slot < 0:
+            table.add(node, self.count[node], self.miss_rate[node], out_tokens)
+        else:
+            table.set_stats(node, self.count[node], self.miss_rate[node], out_tokens)
         start = now - self.options.window_s
         window = self._window
         while window and window[0][0] < start:
-            _, old, old_leaf = window.popleft()
+            _, box, old_leaf = window.popleft()
+            old = box[0]
             # NOTE: upstream reads the leaf's sizes now, not as they were added (a later split changes them)
             self.prompt_sum[old] -= old_leaf.context_length
             self.count[old] -= 1
             self.hit_tokens[old] -= old_leaf.context_so_far
             self.prompt_tokens[old] -= old_leaf.context_length
             if self.prompt_sum[old] <= 0:
-                for table in (self.prompt_sum, self.count, self.miss_rate, self.hit_tokens, self.prompt_tokens,
-                              self.out_tokens):
-                    del table[old]
-                self.alloc[old] = set()  # upstream: "reset the gpu allocation outside the time window"
+                for column in (self.prompt_sum, self.count, self.miss_rate, self.hit_tokens, self.prompt_tokens,
+                               self.out_tokens):
+                    del column[old]
+                del self._boxes[old]  # its last entry (prompt_sum is the sum of its entries' context lengths)
+                up = old
+                while up is not None:
+                    up.win -= 1
+                    up = up.parent
+                table.remove(old)
+                old.alloc, old.stamp = set(), self._stamp  # upstream: "reset the gpu allocation outside the time window"
+            else:
+                table.set_count(old, self.count[old])
 
     # ------------------------------------------------------------------ membership
     def after_set_workers(self, left, joined, renewed) -> None:
@@ -382,17 +500,27 @@ class PrebleRouter(RouterBase):
         if gone:
             # NOTE: allocation sets may be shared between nodes and are never changed in place: new sets are put.
             # One new set per old one, so that nodes sharing a set still share one (the old sets are kept here).
+            # Own allocations and subtree moves' tags alike: whichever a node's allocation comes from loses them.
             changed: dict[int, tuple[set[int], set[int]]] = {}
-            for node, gpus in self.alloc.items():
-                if gpus & gone:
-                    entry = changed.get(id(gpus))
-                    if entry is None:
-                        entry = changed[id(gpus)] = (gpus, gpus - gone)
-                    self.alloc[node] = entry[1]
+
+            def without(gpus: set[int] | None) -> set[int] | None:
+                if not gpus or not gpus & gone:
+                    return gpus
+                entry = changed.get(id(gpus))
+                if entry is None:
+                    entry = changed[id(gpus)] = (gpus, gpus - gone)
+                return entry[1]
+
+            for node in self.nodes():
+                node.alloc = without(node.alloc)
+                node.tag = without(node.tag)
+                if node.slot >= 0:
+                    self._table.set_alloc(node, node.alloc)
             self._ttft = {key: data for key, data in self._ttft.items() if key[1] not in gone}
         seed = self.options.initial_tpot_s
         for g in renewed:
             self._tpots[g] = deque([seed], maxlen=self.options.tpot_samples)
+            self._tpots_sorted[g] = [seed]
             self._tpot_median[g] = seed
 
     # ------------------------------------------------------------------ feedback
@@ -406,13 +534,22 @@ class PrebleRouter(RouterBase):
         keys, _ = self.request_keys(request)
         node = self.find(keys)
         self._ttft_add(now, self.important(node), worker, first - sent)
+        table = self._table
         while node is not self.root:  # upstream dec_ref_counter stops below the root
             node.ref[worker] -= 1
+            if node.slot >= 0:
+                table.add_ref(node, worker, -1)
             node = node.parent
         if request.output_tokens > 1 and now > first:
-            window = self._tpots[worker]
-            window.append((now - first) / (request.output_tokens - 1))
-            self._tpot_median[worker] = statistics.median(window)
+            window, ordered = self._tpots[worker], self._tpots_sorted[worker]
+            tpot = (now - first) / (request.output_tokens - 1)
+            if len(window) == window.maxlen:
+                del ordered[bisect_left(ordered, window[0])]  # the sample the append drops
+            window.append(tpot)
+            insort(ordered, tpot)
+            # statistics.median(window), read off the sorted copy: the middle sample, or the mean of the two
+            k = len(ordered)
+            self._tpot_median[worker] = ordered[k // 2] if k % 2 else (ordered[k // 2 - 1] + ordered[k // 2]) / 2
 
     def _ttft_add(self, now: float, node: _Node, gpu: int, ttft_s: float) -> None:
         data = self._ttft.setdefault((node, gpu), deque())
@@ -456,48 +593,57 @@ class PrebleRouter(RouterBase):
                 if last is not None and now - last < opts.min_rebalancing_interval_s:
                     return
                 self._last_rebalance_s = now
-            tpot = self.tpot(larger)
-            # NOTE: node_cost(node, larger, tpot) inlined (the same operations in the same order), the window's
-            # tables walked side by side as in load_costs.
-            alloc_get, prefill_token_s = self.alloc.get, opts.prefill_token_s
-            candidates = []
-            for node, n, rate, out in zip(self.prompt_sum, self.count.values(), self.miss_rate.values(),
-                                          self.out_tokens.values()):
-                if n > 1 and node.tokens > node.context_length - node.tokens:  # is_large(), inlined
-                    gpus = alloc_get(node, ())
-                    if larger in gpus:
-                        candidates.append((rate * n * prefill_token_s * node.tokens / len(gpus)
-                                           + node.ref[larger] * out * tpot, node.seq, node))
-            candidates.sort(key=lambda c: (c[0], c[1]))
+            # Large nodes of the window counted more than once and allocated to `larger`, by node_cost on it
+            # (ascending; ties by creation order): the window's columns (`WindowTable.steal_candidates`).
+            candidates = self._table.steal_candidates(larger, self.tpot(larger))
             if len(candidates) == 1:
-                moved, _, node = candidates[0]
+                moved, node = candidates[0]
                 moved /= 2  # the node's load is split in two
-                if smaller not in self.alloc[node] and self.overloaded(node, larger, now):
+                if smaller not in node.alloc and self.overloaded(node, larger, now):
                     larger_cost -= moved
                     smaller_cost += moved
-                    self.alloc[node] = self.alloc[node] | {smaller}
+                    self.write_alloc(node, node.alloc | {smaller})
                     self._ttft.pop((node, larger), None)
             else:
-                for moved, _, node in candidates:
+                rows: list[int] = []  # the window rows the moves write, written at once after them
+                for moved, node in candidates:
                     if larger_cost - moved < smaller_cost + moved:
                         break
                     larger_cost -= moved
                     smaller_cost += moved
-                    self.alloc[node] = {smaller}
-                    self._assign_subtree(node, smaller)
+                    node.alloc, node.stamp = {smaller}, self._stamp  # a window node: its row below
+                    rows.append(node.slot)
+                    self._assign_subtree(node, smaller, rows)
                     if larger_cost < high * smaller_cost:
                         break
+                if rows:
+                    self._table.set_rows_to_one_gpu(rows, smaller)
             ranked[0] = (larger, larger_cost)
             ranked[-1] = (smaller, smaller_cost)
             ranked = ranked[1:]
 
-    def _assign_subtree(self, node: _Node, gpu: int) -> None:
+    def _assign_subtree(self, node: _Node, gpu: int, rows: list[int]) -> None:
+        """Every node below `node` is allocated to `gpu` alone (upstream `update_gpu_allocation_for_subtree`).
+
+        Lazily: the move is a tag on `node`, of a new epoch, that every node below it reads as its allocation until
+        the node's own is written again (`resolve`); the window's nodes below it, which the load costs read
+        directly, get theirs written now (the subtrees holding one are found by their `win` counts), their table
+        rows appended to `rows` for the caller to write (`WindowTable.set_rows_to_one_gpu`). A move
+        visits the paths down to the window's nodes, not the whole subtree (upstream's walk, and kvsim's before,
+        visited ~87 nodes a move on the conversation trace)."""
+        if not node.children:
+            return  # nothing below (a node made later is stamped after the move: no tag would reach it)
         only = {gpu}  # one set for the whole subtree: sets in `alloc` are never changed in place
-        alloc = self.alloc
-        stack = list(node.children.values())
-        pop, extend = stack.pop, stack.extend
+        self._stamp += 1
+        stamp = self._stamp
+        node.tag, node.tag_stamp = only, stamp
+        stack = [child for child in node.children.values() if child.win]
+        pop = stack.pop
         while stack:
             child = pop()
-            alloc[child] = only
-            if child.children:
-                extend(child.children.values())
+            if child.slot >= 0:  # in the window
+                child.alloc, child.stamp = only, stamp
+                rows.append(child.slot)
+            for below in child.children.values():
+                if below.win:
+                    stack.append(below)

@@ -3,9 +3,9 @@ prefix-closed membership search (`held_prefix`) that it, routers' in-flight bloc
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Hashable, Iterable, Sequence
-from itertools import repeat
-from operator import or_
+from itertools import repeat, takewhile
 
 
 def held_prefix(held, hashes: Sequence[Hashable]) -> int:
@@ -51,8 +51,16 @@ class WorkerMaskIndex:
 
     def add_all(self, keys: Sequence[Hashable], worker: int) -> None:
         masks = self._masks
-        # NOTE: one C-level pass: each key's mask OR this worker's bit.
-        masks.update(zip(keys, map(or_, map(masks.get, keys, repeat(0)), repeat(1 << worker))))
+        get = masks.get
+        bit = 1 << worker
+        # NOTE: a loop: Python 3.11's beats the C passes of map over bound methods (7.8 against 11 us, 188 keys).
+        for key in keys:
+            masks[key] = get(key, 0) | bit
+
+    def masks_for_update(self) -> dict[Hashable, int]:
+        """The key -> mask dict itself, for an owner that sets bits in its own loop (the routing history, whose
+        records add keys it knows no worker bit of, in the loop that locates them): set semantics, no zero mask."""
+        return self._masks
 
     def remove(self, key: Hashable, worker: int) -> None:
         self.remove_pairs(((key, worker),))
@@ -95,6 +103,18 @@ class WorkerMaskIndex:
 
     def holders(self, key: Hashable) -> int:
         return self._masks.get(key, 0)
+
+    def leading_counts(self, keys: Sequence[Hashable]) -> list[int]:
+        """Per worker, how many of `keys` it holds among the leading keys that some worker holds (llm-d's
+        approximate match: the walk stops at the first key nobody holds, and every holder counts each key)."""
+        counts = [0] * self.num_workers
+        # NOTE: the keys' holder sets counted in C: a Python step per distinct set and worker, not per key.
+        for mask, times in Counter(takewhile(bool, map(self._masks.get, keys, repeat(0)))).items():
+            while mask:
+                low = mask & -mask
+                counts[low.bit_length() - 1] += times
+                mask ^= low
+        return counts
 
     def depths(self, keys: Sequence[Hashable]) -> list[int]:
         """Per worker, how many of `keys` it holds from the first up to its first miss."""

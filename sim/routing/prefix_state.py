@@ -5,12 +5,19 @@ from __future__ import annotations
 import heapq
 import random
 from collections.abc import Hashable, Sequence
+from itertools import chain, groupby
+from operator import itemgetter
 
 from sim.routing.interface import ClusterView, PrefixStateSpec
 from sim.engines.interface import CacheEvent
 from sim.routing.prefix_index import WorkerMaskIndex
 from sim.routing.routing_history import RoutingHistory
 from sim.workloads.request import Request
+
+
+_kind = itemgetter(0)
+_hashes = itemgetter(1)
+"""`CacheEvent.kind` and `.block_hashes` (a NamedTuple: read by position, in C)."""
 
 
 class ExactState:
@@ -138,17 +145,15 @@ class EventFedState:
                 self._apply_one(index, worker, event.kind, event.block_hashes)
             return
         # NOTE: lossless: consecutive events of one kind are applied as one run (vLLM emits a removed event per
-        # evicted block); runs keep their order, since a hash may be removed and stored again within one step.
+        # evicted block); runs keep their order, since a hash may be removed and stored again within one step. The
+        # grouping and the runs' hashes are read in C (a batch may hold thousands of one-block events).
         self.events_applied += len(events)
-        kind, run = None, []
-        for event in events:
-            if event.kind != kind:
-                if run:
-                    self._apply_one(index, worker, kind, run)
-                kind, run = event.kind, []
-            run.extend(event.block_hashes)
-        if kind is not None:
-            self._apply_one(index, worker, kind, run)
+        if len(events) == 1:
+            event = events[0]
+            self._apply_one(index, worker, event.kind, event.block_hashes)
+            return
+        for kind, group in groupby(events, _kind):
+            self._apply_one(index, worker, kind, list(chain.from_iterable(map(_hashes, group))))
 
     @staticmethod
     def _apply_one(index: WorkerMaskIndex, worker: int, kind: str, hashes: Sequence) -> None:

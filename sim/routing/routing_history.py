@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections import Counter, OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Hashable, Sequence
-from itertools import compress, repeat
-from operator import eq
 
 from sim.routing.prefix_index import WorkerMaskIndex
 
@@ -80,29 +78,41 @@ class RoutingHistory:
         if not ordered:
             return
         run_of = self._run_of[worker]
-        # NOTE: a repeat moves to the back (most recent): its old run loses a live entry (counted in C).
-        moved = Counter(map(run_of.get, ordered))
-        new_entries = moved.pop(None, 0)
-        stale_runs = []
-        for number, count in moved.items():
-            run = scope[number]
-            run.live -= count
-            if not run.live:
-                del scope[number]
-            elif run.live * 2 < len(run.keys) - run.start:
-                stale_runs.append((number, run))
-        self._held[worker] += new_entries
-        self._scope_entries[scope_id] += new_entries
         number = self._next_run
         self._next_run += 1
-        run_of.update(zip(ordered, repeat(number)))
+        # NOTE: one loop over the keys (Python 3.11's loop beats C passes of map over bound methods): each key is
+        # located in the new run; a repeat moves to the back (most recent), so its old run loses a live entry; a
+        # new entry also gets the worker's bit in the index (a repeat has it: live entries are the index's bits).
+        get = run_of.get
+        masks = self.index.masks_for_update()
+        held = masks.get
+        bit = 1 << worker
+        moved: dict[int, int] = {}
+        new_entries = 0
+        for key in ordered:
+            old = get(key)
+            if old is None:
+                new_entries += 1
+                masks[key] = held(key, 0) | bit
+            else:
+                moved[old] = moved.get(old, 0) + 1
+            run_of[key] = number
+        stale_runs = []
+        for old_number, count in moved.items():
+            run = scope[old_number]
+            run.live -= count
+            if not run.live:
+                del scope[old_number]
+            elif run.live * 2 < len(run.keys) - run.start:
+                stale_runs.append((old_number, run))
+        self._held[worker] += new_entries
+        self._scope_entries[scope_id] += new_entries
         for old_number, run in stale_runs:
             # NOTE: a run mostly stale keeps only its live keys, so memory stays within twice the live entries
             # (a history with no TTL and no capacity would otherwise keep every key ever recorded).
-            run.keys = list(compress(run.keys, map(eq, map(run_of.get, run.keys), repeat(old_number))))
+            run.keys = [key for key in run.keys if get(key) == old_number]
             run.start = 0
         scope[number] = _Run(now_s, worker, ordered)
-        self.index.add_all(keys, worker)
         if self.check_interval_s == 0:
             self._prune(scope_id)
 
@@ -171,8 +181,8 @@ class RoutingHistory:
                 if run.live == len(keys) - start:  # no stale place left: a slice
                     live = keys[start:]
                 else:
-                    # NOTE: the run's live entries are its keys still located in it (C-level passes).
-                    live = list(compress(keys, map(eq, map(run_of.get, keys), repeat(number))))
+                    get = run_of.get  # the run's live entries are its keys still located in it
+                    live = [key for key in keys if get(key) == number]
                 del scope[number]
             else:
                 if run.live == len(keys) - start:
@@ -188,7 +198,9 @@ class RoutingHistory:
                             live.append(key)
                 run.start = start
                 run.live -= left
-            deque(map(run_of.__delitem__, live), maxlen=0)
+            # NOTE: loops, not map over bound methods or slot wrappers (slower on Python 3.11).
+            for key in live:
+                del run_of[key]
             held[worker] -= len(live)
             left -= len(live)
             self.index.remove_all(live, worker)

@@ -8,11 +8,14 @@ which the 63 keys ending at blocks 1, 3, ..., 125 are the prefix's -> a holder m
 
 from __future__ import annotations
 
+import statistics
 from collections import Counter
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from policies.aibrix import AibrixLeastKvCacheRouter, AibrixPrefixCacheRouter
+from policies.aibrix import AibrixLeastKvCacheRouter, AibrixPrefixCacheRouter, sample_stdev
 from sim.engines.interface import EngineLoad
 from sim.workloads.request import Request
 from tests.support.router_fakes import FakeView, build, prompt, send
@@ -216,3 +219,9 @@ def test_least_kv_cache_reads_the_scrape_interval_option():
     view = FakeView(2, scraped=[EngineLoad(kv_usage=0.2), EngineLoad(kv_usage=0.4)])
     r = build(AibrixLeastKvCacheRouter, n=2, view=view, scrape_interval_s=0.5)
     assert r.route(prompt(1, 0), view) == 0 and view.scrape_intervals == [0.5, 0.5]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 10**6), min_size=2, max_size=16))
+def test_sample_stdev_is_statistics_stdev_to_the_last_bit(counts):
+    assert sample_stdev(counts) == statistics.stdev(counts)

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from policies.preble import PrebleRouter as P
-from tests.support.router_fakes import FakeView, build, prompt, send
+from sim.workloads.request import Request
+from tests.support.router_fakes import B, FakeView, build, prompt, send
 
 
 def fresh(n=2, **options):
@@ -136,3 +139,97 @@ def test_same_seed_same_choices_and_the_believed_prefix_is_the_allocated_path():
     req = prompt(100, 0)
     send(r, req, view)
     assert r.believed_prefix_tokens(req) == 2032  # the prefix node is allocated to w; the leaf is new
+
+
+# ------------------------------------------------------------------ lazy subtree moves against the eager walk
+class _EagerPreble(P):
+    """The naive model: a subtree move writes every node below (upstream `update_gpu_allocation_for_subtree`)."""
+
+    def _assign_subtree(self, node, gpu, rows):
+        only = {gpu}
+        stack = list(node.children.values())
+        while stack:
+            child = stack.pop()
+            self.write_alloc(child, only)
+            stack.extend(child.children.values())
+
+
+def _allocations(router):
+    return sorted((node.seq, sorted(gpus)) for node, gpus in router.alloc.items())
+
+
+def _load_costs(router, min_count):
+    """The load costs as a loop over the window's tables (the code before the numpy columns): the same floats."""
+    cost = [0.0] * router.num_workers
+    for node, n in router.count.items():
+        gpus = router.alloc.get(node)
+        if n < min_count or not gpus:
+            continue
+        prefill = router.miss_rate[node] * n * router.options.prefill_token_s * node.tokens / len(gpus)
+        for g in gpus:
+            cost[g] += prefill + node.ref[g] * router.out_tokens[node] * router.tpot(g)
+    return cost
+
+
+def _steal_candidates(router, gpu):
+    """Rebalancing's candidates on `gpu` as a loop over the window's tables: (cost on it, node), cheapest first."""
+    tpot, found = router.tpot(gpu), []
+    for node, n in router.count.items():
+        gpus = router.alloc.get(node, set())
+        if n > 1 and node.is_large() and gpu in gpus:
+            found.append((router.miss_rate[node] * n * router.options.prefill_token_s * node.tokens / len(gpus)
+                          + node.ref[gpu] * router.out_tokens[node] * tpot, node.seq, node))
+    return [(cost, node) for cost, _, node in sorted(found, key=lambda c: (c[0], c[1]))]
+
+
+@settings(max_examples=60, deadline=None)
+@given(steps=st.lists(st.tuples(st.integers(0, 5), st.integers(1, 6), st.integers(0, 3), st.booleans()),
+                      min_size=5, max_size=60),
+       gpus=st.integers(2, 4), leave=st.booleans())
+def test_lazy_subtree_moves_allocate_as_the_eager_walk(steps, gpus, leave):
+    # Prompts of 6 prefixes, each continued to several depths (nested important nodes), some completed, the clock
+    # moving so that window entries expire; rebalancing from the first request, so subtrees move often.
+    options = dict(rebalance_after_requests_per_gpu=0, high_load_threshold=1.1, window_s=20.0)
+    routers = [build(cls, n=gpus, **options) for cls in (P, _EagerPreble)]
+    views = [r.view for r in routers]
+    live = []
+    for i, (prefix, depth, done, later) in enumerate(steps):
+        blocks = 40 * depth + i % 7
+        req = Request(i, blocks * B + 5, 32, tuple(("p", prefix, j) for j in range(blocks)), prefix_id=prefix)
+        picks = []
+        for r, view in zip(routers, views):
+            picks.append(send(r, req, view))
+            if later:
+                view.now_s += 4.0
+        assert picks[0] == picks[1]
+        live.append((req, picks[0]))
+        for _ in range(min(done, len(live))):
+            old, w = live.pop(0)
+            for r in routers:
+                r.on_first_token(old, w)
+                r.on_complete(old, w)
+        assert _allocations(routers[0]) == _allocations(routers[1])
+        assert [n.alloc for n in routers[0].prompt_sum] == [routers[1].alloc[n] for n in routers[1].prompt_sum]
+        for min_count in (0, 2):
+            assert routers[0].load_costs(min_count) == _load_costs(routers[0], min_count)
+        r = routers[0]
+        for g in range(gpus):
+            assert r._table.steal_candidates(g, r.tpot(g)) == _steal_candidates(r, g)
+        if leave and i == len(steps) // 2:
+            for r in routers:
+                r.set_workers(tuple(range(1, gpus)), tuple(range(1, gpus)))
+            assert _allocations(routers[0]) == _allocations(routers[1])
+
+
+def test_the_tpot_median_follows_statistics_median_as_samples_come_and_go():
+    import statistics
+
+    r, view = fresh(n=1, tpot_samples=5)
+    for i in range(12):
+        req = Request(i, 100 * B, 2 + i % 4, tuple(("p", i, j) for j in range(100)))
+        send(r, req, view)
+        r.on_first_token(req, 0)
+        view.now_s += 0.01 * (1 + (i * 7) % 5)
+        r.on_complete(req, 0)
+        assert r.tpot(0) == statistics.median(r._tpots[0])
+    assert len(r._tpots[0]) == 5

@@ -10,7 +10,7 @@ import simpy
 
 from policies.kv_aware import KvAwareRouter
 from sim.cluster.reuse import ReuseLedger
-from sim.engines.interface import EngineLoad
+from sim.engines.interface import CacheEvent, EngineLoad
 from sim.routing.interface import PrefixStateSpec
 from sim.routing.prefix_index import WorkerMaskIndex
 from sim.routing.replicas import ReplicatedRouter
@@ -289,3 +289,18 @@ def test_an_approximate_router_forgets_what_it_sent_to_a_worker_that_left():
     assert r.prefix_tokens(req)[2] == 148 * B
     r.set_workers((0, 1), (0, 1))
     assert r.prefix_tokens(req) == [0, 0, 0]
+
+
+def test_events_of_one_batch_apply_in_order_a_clear_included():
+    # One published batch: worker 0 stores a prompt, clears its cache, then stores another prompt's first blocks.
+    # Runs of one kind are applied together, in the batch's order: only the last store is left.
+    view = FakeView(2)
+    state = view.prefix_state(PrefixStateSpec(mode="events"))
+    a, b = prompt(1, 7), prompt(2, 8)
+    batch = [CacheEvent("stored", a.block_hashes[:3]), CacheEvent("stored", a.block_hashes[3:5]),
+             CacheEvent("cleared"), CacheEvent("stored", b.block_hashes[:2]), CacheEvent("removed", b.block_hashes[1:2])]
+    for listener in view.listeners[0]:
+        listener(batch, 0.0)
+    assert state.match_tokens(a) == [0, 0]
+    assert state.match_tokens(b) == [B, 0]
+    assert state.events_applied == 5
