@@ -20,7 +20,7 @@ from sim.routing.interface import Router
 from sim.scaling import Autoscaler
 from sim.scenario import Scenario, ScenarioError
 from sim.timing.build import build_time_model
-from sim.workloads.request import Request, computed_block_hashes
+from sim.workloads.request import Request
 
 
 class Cluster(WorkersView):
@@ -124,8 +124,7 @@ class Cluster(WorkersView):
             self.fleet.dispatched(request, worker)
         self.dispatched(worker, 1)
         ledger = self._ledger
-        available, captured = (-1, -1) if ledger is None else ledger.dispatch(
-            computed_block_hashes(request, ledger.block_size), request.prompt_tokens, worker)
+        available, captured = (-1, -1) if ledger is None else ledger.book(request, worker)
         believed = self.router.believed_prefix_tokens(request)
         held = -1 if believed is None else self.cached_prefix_tokens(worker, request)
         self._pending[request.request_id] = (env.now, on_done, (available, captured,
@@ -138,8 +137,7 @@ class Cluster(WorkersView):
         """`request` went to a worker another process simulates (a split replay): book its reuse history only, so
         that every process's reuse available is over the whole stream."""
         if self._ledger is not None:
-            self._ledger.dispatch(computed_block_hashes(request, self._ledger.block_size), request.prompt_tokens,
-                                  worker)
+            self._ledger.book(request, worker)
 
     def _after(self, delay_s: float, action) -> None:
         if delay_s > 0:

@@ -36,7 +36,7 @@ from sim.results.records import RequestRecord, WorkerCounters
 from sim.routing.interface import PdChoice, PdStage
 from sim.scenario import Scenario, ScenarioError
 from sim.timing.build import build_time_model
-from sim.workloads.request import Request, computed_block_hashes
+from sim.workloads.request import Request
 
 
 class PoolView(WorkersView):
@@ -156,8 +156,7 @@ class DisaggregatedCluster:
         if ledger is not None:
             worker = (self.num_prefill_workers + choice.decode_worker if choice.prefill_worker is None
                       else choice.prefill_worker)
-            pending.reuse = ledger.dispatch(computed_block_hashes(prefill_request, ledger.block_size),
-                                            request.prompt_tokens, worker)
+            pending.reuse = ledger.book(prefill_request, worker)
         if choice.prefill_worker is None:
             self._dispatch_decode(pending, choice.decode_worker, remote=False)
             return done

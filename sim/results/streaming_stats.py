@@ -14,6 +14,7 @@ from sim.results.stats import NAN, ratio
 from sim.results.summary import HitCounts, RequestRates, SessionCounts, SessionFigures, turn_bucket
 
 _BIN_RATIO = 1.01
+_log = math.log
 _LOG_RATIO = math.log(_BIN_RATIO)
 _MIN_MS = 0.01
 
@@ -214,35 +215,84 @@ class StreamingStats(HitCounts, RequestRates):
         self.sessions = SessionSpans(self.max_open_sessions)
 
     def add(self, r: RequestRecord) -> None:
-        HitCounts.add(self, r)
-        self.available_tokens = booked_add(self.available_tokens, r.available_tokens)
-        self.captured_tokens = booked_add(self.captured_tokens, r.captured_tokens)
+        # NOTE: one call per finished request of a replay (a million of them in the synthetic replay), so the
+        # counters of `HitCounts.add`, the SLO's, the histograms' and the record's properties are spelled out here,
+        # with the same arithmetic in the same order (the summaries stay byte-identical); `test_streaming_stats`
+        # checks it against the counters of `HitCounts`, `Slo` and `LogHistogram` one by one.
+        cached = r.cached_tokens
+        shareable = r.shareable_tokens
+        cpu_cached = r.cpu_cached_tokens
+        shared_cached = r.shared_cached_tokens
+        prompt = r.prompt_tokens
+        self.requests += 1
+        self.shared_hit_requests += shared_cached > 0
+        self.shared_cached_tokens += shared_cached
+        self.hit_requests += cached > 0
+        self.full_hit_requests += shareable > 0 and cached >= shareable
+        self.cpu_hit_requests += cpu_cached > 0
+        self.prompt_tokens += prompt
+        self.cached_tokens += cached
+        self.cpu_cached_tokens += cpu_cached
+        available, captured = r.available_tokens, r.captured_tokens
+        booked = self.available_tokens
+        self.available_tokens = -1 if booked < 0 or available < 0 else booked + available
+        booked = self.captured_tokens
+        self.captured_tokens = -1 if booked < 0 or captured < 0 else booked + captured
         if r.believed_tokens >= 0:
             self.view_checked += 1
             self.view_false_hits += r.believed_tokens > r.held_tokens
         self.preemptions += r.num_preemptions
-        self.output_tokens += r.output_tokens
-        self.slo_met_requests += self.slo.met_by(r)
-        self.ttft_slo_met += self.slo.ttft_met(r)
-        self.tpot_slo_met += self.slo.tpot_met(r)
-        self.e2e_slo_met += self.slo.e2e_met(r)
-        self.first_sent_s = min(self.first_sent_s, r.sent_s)
-        self.last_finished_s = max(self.last_finished_s, r.finished_s)
-        ttft_bin = LogHistogram.bin_of(r.ttft_s * 1000)
-        self.ttft_ms.add_to_bin(ttft_bin)
-        self.e2e_ms.add(r.e2e_s * 1000)
-        if (tpot_s := r.tpot_s) is not None:
-            self.tpot_ms.add(tpot_s * 1000)
-        self.requests_per_worker[r.worker] += 1
-        self.prompt_tokens_per_worker[r.worker] += r.prompt_tokens
-        key = int(r.sent_s // self.bin_s)
+        output = r.output_tokens
+        self.output_tokens += output
+        sent_s, first_s, finished_s = r.sent_s, r.first_token_s, r.finished_s
+        slo = self.slo
+        if slo.ttft_ms is None and slo.tpot_ms is None and slo.e2e_ms is None:  # not slo.is_set: all met
+            self.slo_met_requests += 1
+            self.ttft_slo_met += 1
+            self.tpot_slo_met += 1
+            self.e2e_slo_met += 1
+        else:
+            self.slo_met_requests += slo.met_by(r)
+            self.ttft_slo_met += slo.ttft_met(r)
+            self.tpot_slo_met += slo.tpot_met(r)
+            self.e2e_slo_met += slo.e2e_met(r)
+        if sent_s < self.first_sent_s:  # min(first_sent_s, sent_s), NaN and ties alike
+            self.first_sent_s = sent_s
+        if finished_s > self.last_finished_s:
+            self.last_finished_s = finished_s
+        value_ms = (first_s - sent_s) * 1000  # r.ttft_s
+        ttft_bin = int(_log(value_ms / _MIN_MS) / _LOG_RATIO) if value_ms > _MIN_MS else 0  # LogHistogram.bin_of
+        h = self.ttft_ms
+        counts = h.counts
+        counts[ttft_bin] = counts.get(ttft_bin, 0) + 1
+        h.total += 1
+        value_ms = (finished_s - sent_s) * 1000  # r.e2e_s
+        k = int(_log(value_ms / _MIN_MS) / _LOG_RATIO) if value_ms > _MIN_MS else 0
+        h = self.e2e_ms
+        counts = h.counts
+        counts[k] = counts.get(k, 0) + 1
+        h.total += 1
+        if output > 1:  # r.tpot_s is not None
+            value_ms = (finished_s - first_s) / (output - 1) * 1000
+            k = int(_log(value_ms / _MIN_MS) / _LOG_RATIO) if value_ms > _MIN_MS else 0
+            h = self.tpot_ms
+            counts = h.counts
+            counts[k] = counts.get(k, 0) + 1
+            h.total += 1
+        worker = r.worker
+        self.requests_per_worker[worker] += 1
+        self.prompt_tokens_per_worker[worker] += prompt
+        key = int(sent_s // self.bin_s)
         b = self.bins.get(key)
         if b is None:
             b = self.bins[key] = TimeBin()
         b.requests += 1
-        b.prompt_tokens += r.prompt_tokens
-        b.cached_tokens += r.cached_tokens
-        b.ttft_ms.add_to_bin(ttft_bin)
+        b.prompt_tokens += prompt
+        b.cached_tokens += cached
+        h = b.ttft_ms
+        counts = h.counts
+        counts[ttft_bin] = counts.get(ttft_bin, 0) + 1
+        h.total += 1
         if r.session_id is not None:
             turn = turn_bucket(r.turn)
             if turn not in self.turns:

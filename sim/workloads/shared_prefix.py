@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import random
 from bisect import bisect_right
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from itertools import accumulate
+from functools import partial
+from itertools import accumulate, islice, repeat
+from operator import mul
 
 from sim.workloads.request import BlockHash, Request, shareable_tokens
-from sim.workloads.spec import SharedPrefixSpec, sample_length
+from sim.workloads.spec import Length, SharedPrefixSpec, sample_length
 from sim.workloads.traces import TraceRequest
 
 
@@ -62,6 +64,16 @@ class SharedPrefixRequests:
                        prefix_id=prefix_id, prefix_tokens=prefix_tokens, warmup=warmup, token_runs=runs)
 
 
+def length_sampler(length: Length, rng: random.Random) -> Callable[[], int]:
+    """`sample_length(length, rng)` as a function of no argument: the same draws from `rng`, in the same order, at
+    less cost per call (a fixed length draws nothing; a uniform one is `rng.randint`, already within its bounds)."""
+    if isinstance(length, int):
+        return repeat(length).__next__
+    if length.kind == "uniform":
+        return partial(rng.randint, length.low, length.high)
+    return partial(sample_length, length, rng)
+
+
 def iter_shared_prefix_requests(spec: SharedPrefixSpec, *, block_size: int, seed: int,
                                 num_requests: int | None = None) -> Iterator[Request]:
     """The requests of `spec`, lazily: warm-ups (one per prefix, in prefix order, flagged), then `num_requests`
@@ -74,27 +86,32 @@ def iter_shared_prefix_requests(spec: SharedPrefixSpec, *, block_size: int, seed
     maker = SharedPrefixRequests(block_size=block_size)
     prefix_len_rng = rng_for(seed, "prefix-lengths")
     prefix_tokens = [sample_length(spec.prefix_tokens, prefix_len_rng) for _ in range(spec.prefixes)]
-    tails, outputs = rng_for(seed, "tail-lengths"), rng_for(seed, "output-lengths")
+    tail = length_sampler(spec.tail_tokens, rng_for(seed, "tail-lengths"))
+    output = length_sampler(spec.output_tokens, rng_for(seed, "output-lengths"))
+    make = maker.make
     rid = 0
-
-    def make(p: int, warm: bool) -> Request:
-        prompt = prefix_tokens[p] + sample_length(spec.tail_tokens, tails)
-        return maker.make(rid, p, prefix_tokens=prefix_tokens[p], prompt_tokens=prompt,
-                          output_tokens=sample_length(spec.output_tokens, outputs), warmup=warm)
-
     for p in range(spec.prefixes):
         for _ in range(spec.warmup_per_prefix):
-            yield make(p, True)
+            # NOTE: the tail is drawn before the output (their streams are separate, but keep the order anyway).
+            prompt = prefix_tokens[p] + tail()
+            yield make(rid, p, prefix_tokens=prefix_tokens[p], prompt_tokens=prompt, output_tokens=output(),
+                       warmup=True)
             rid += 1
     draw = rng_for(seed, "prefixes")
-    cum_weights = list(accumulate(spec.popularity_weights())) if spec.popularity != "uniform" else None
-    for _ in range(spec.num_requests if num_requests is None else num_requests):
-        if cum_weights is None:
-            p = draw.randrange(spec.prefixes)
-        else:
-            # NOTE: `draw.choices(range(prefixes), cum_weights=cum_weights)[0]` spelled out (the same draw, faster).
-            p = bisect_right(cum_weights, draw.random() * cum_weights[-1], 0, spec.prefixes - 1)
-        yield make(p, False)
+    n = spec.num_requests if num_requests is None else num_requests
+    if spec.popularity == "uniform":
+        prefixes = map(draw.randrange, repeat(spec.prefixes, n))
+    else:
+        # NOTE: `draw.choices(range(prefixes), cum_weights=cum_weights)[0]` spelled out (the same draw, faster):
+        # bisect_right(cum_weights, draw.random() * total, 0, prefixes - 1) for each request, the loop in C.
+        cum_weights = list(accumulate(spec.popularity_weights()))
+        total = cum_weights[-1]
+        draws = map(mul, islice(iter(draw.random, None), n), repeat(total))
+        prefixes = map(bisect_right, repeat(cum_weights), draws, repeat(0), repeat(spec.prefixes - 1))
+    for p in prefixes:
+        prefix = prefix_tokens[p]
+        prompt = prefix + tail()
+        yield make(rid, p, prefix_tokens=prefix, prompt_tokens=prompt, output_tokens=output())
         rid += 1
 
 
