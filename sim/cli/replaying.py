@@ -25,7 +25,6 @@ from sim.results.report import request_rows
 from sim.workloads.session_inference import DEFAULT_COMMON_REQUESTS
 from sim.workloads.session_traces import SESSION_TIMINGS
 from sim.workloads.trace_formats import SESSION_FORMATS, TRACE_FORMATS
-from sim.results.figures import replay_figure
 from sim.results.report import csv_bytes, write_atomic
 from sim.scenario import Scenario, ScenarioError
 from sim.scenario import cpu_kv_gib as cpu_kv_gib_of
@@ -509,6 +508,8 @@ def replay(trace_file, trace_path, workers, kv_tokens, kv_blocks, kv_bytes, rout
     console.print(f"{st.requests} requests in {wall_s:.2f} s wall = {st.requests / wall_s:.0f} requests/s")
     console.data([row], list(row))
     if out_dir:
+        from sim.results.figures import replay_figure  # NOTE: here: matplotlib only when a figure is written
+
         out = Path(out_dir)
         write_atomic(out / "summary.csv", csv_bytes([row], list(row)))
         write_atomic(out / "workers.csv", csv_bytes(worker_rows, list(worker_rows[0])))
