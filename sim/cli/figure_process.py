@@ -23,6 +23,10 @@ import click
 _CHILD = """
 import json, pickle, sys
 sys.path[:] = json.loads(sys.argv[1])
+import matplotlib.artist
+# NOTE: matplotlib writes a property table into the docstring of every Artist class's `set` as it defines them, a
+# fifth of its import here; this process only draws, so it skips them (docstrings only: the same pixels and bytes).
+matplotlib.artist.kwdoc = lambda artist: ""
 from sim.results import figures
 figures._pyplot()
 name, args, kwargs = pickle.load(sys.stdin.buffer)
