@@ -8,7 +8,7 @@ on the same data, so the same bytes as drawing here. When anything goes wrong wi
 an import error, arguments that do not pickle), the figure is drawn in this process instead, as before, and its error
 (if it has one) is raised here. The command's click context ends a child that was not used.
 
-No child is started when matplotlib is already loaded (a notebook, a test session: drawing here costs no import).
+No child is started when matplotlib is already loaded (a notebook, a test session: drawing here costs little more).
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ class Painter:
 def painter(will_draw: bool) -> Painter:
     """A `Painter` for the current command, whose child (when `will_draw` and matplotlib is not loaded yet) is ended
     with the command's click context, however the command ends."""
-    result = Painter(start=will_draw and "matplotlib.pyplot" not in sys.modules)
+    result = Painter(start=will_draw and "matplotlib" not in sys.modules)
     ctx = click.get_current_context(silent=True)
     if ctx is not None:
         ctx.call_on_close(result.close)
