@@ -35,7 +35,8 @@ if TYPE_CHECKING:  # the contract's types only: policies never import the cluste
 class AutoscalerOptions(BaseModel):
     """Options every autoscaler has (none yet: each rule names its own interval as its product does)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    # NOTE: defer_build, as sim.config.ConfigModel: only the options of the routers a command uses are built.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, defer_build=True)
 
 
 class AutoscalerBase:

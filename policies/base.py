@@ -26,7 +26,8 @@ def session_key(request: Request) -> Hashable | None:
 class RouterOptions(BaseModel):
     """Options every router has."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    # NOTE: defer_build, as sim.config.ConfigModel: only the options of the routers a command uses are built.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, defer_build=True)
 
     replicas: int = Field(1, ge=1, description="Router replicas; each request goes to a random one, each keeps its own state (index, load counts).")
     processing_s: float = Field(0.0, ge=0, description="The router's own time per request (parse, tokenise, match, score), added to the hop.")

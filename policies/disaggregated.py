@@ -22,7 +22,8 @@ from sim.workloads.request import Request
 class PdRouterOptions(BaseModel):
     """Options every disaggregated router has."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    # NOTE: defer_build, as sim.config.ConfigModel: only the options of the routers a command uses are built.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, defer_build=True)
 
     processing_s: float = Field(0.0, ge=0, description="The router's own time per routing decision (each stage it routes), added to the hop.")
 

@@ -3,6 +3,7 @@ flat layout lists packages explicitly, so a new folder must be added there or `p
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tomllib
@@ -42,3 +43,22 @@ def test_the_command_line_loads_neither_scipy_nor_matplotlib_until_a_command_nee
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'scipy', 'matplotlib', 'optuna', 'distributed'}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_a_replay_loads_matplotlib_only_to_write_its_figure(tmp_path):
+    # Issue 27 (start-up): a short replay's whole command is mostly imports; numpy and matplotlib (~0.4 s here) are
+    # loaded only to draw replay.png, by a second process (sim.cli.figure_process) while the replay runs, and rich's
+    # progress bars only when stderr is a terminal.
+    trace = REPO / "tests" / "fixtures" / "traces" / "conversation_head400.jsonl"
+    code = ("import sys\nfrom sim.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'numpy', 'matplotlib', 'scipy', 'optuna', "
+            "'distributed'}), 'rich.progress' in sys.modules)")
+    replay = ["replay", str(trace), "--limit", "20", "--workers", "2", "--jobs", "1"]
+    env = {**os.environ, "TTY_COMPATIBLE": "0"}
+    printed = subprocess.run([sys.executable, "-c", code, *replay], capture_output=True, text=True, check=True,
+                             env=env, cwd=REPO).stdout
+    assert printed.splitlines()[-1] == "[] False"
+    written = subprocess.run([sys.executable, "-c", code, *replay, "--out", str(tmp_path)], capture_output=True,
+                             text=True, check=True, env=env, cwd=REPO).stdout
+    assert written.splitlines()[-1] == "[] False"
+    assert (tmp_path / "replay.png").stat().st_size > 0

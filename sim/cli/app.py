@@ -7,20 +7,18 @@ import math
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
-from pydantic import ValidationError
 from rich.console import Console
-from rich.progress import (
-    BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TaskProgressColumn, TextColumn, TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 
 from sim.cli.render import console  # noqa: F401 - what every command prints through (prose, tables, rows)
 from sim.cli.root import main  # noqa: F401 - the group every command module registers on
 from sim.config import GIB, key_values, suggestion
-from sim.studies.reference import Measurement, load_reference, reference_path
 from sim.scenario import Scenario, ScenarioError, SloSpec, load_scenario
+
+if TYPE_CHECKING:  # imported where used: a command that reads no reference, or draws no bar, loads neither
+    from sim.studies.reference import Measurement
 
 err_console = Console(stderr=True)
 
@@ -124,6 +122,8 @@ def slo_option(ctx: click.Context, param: click.Parameter, value: str | None) ->
     the allowed keys or values."""
     if value is None:
         return None
+    from pydantic import ValidationError
+
     allowed = ", ".join(SloSpec.model_fields)
     try:
         items = key_values(value, f"KEY=MS with KEY one of {allowed}")
@@ -568,6 +568,8 @@ def reference_measurements(scenario: Scenario, scenario_path: Path) -> list[Meas
     """The scenario's measured reference: empty without one, or with a one-line warning on stderr when its file is
     missing (a copied scenario runs, without measurements); a file that is there but cannot be read is a one-line
     error."""
+    from sim.studies.reference import load_reference, reference_path
+
     ref_path = reference_path(scenario, scenario_path)
     if ref_path is None:
         return []
@@ -625,12 +627,22 @@ def progress_bar(label: str, total: int | None = None) -> Iterator[Callable[...,
     """A progress bar on stderr (bar, done/total, rate, elapsed and ETA; with no total a spinner), drawn only when
     stderr is a terminal. Yields `step(advance=1, note=None, completed=None, total=None)`: advance by `advance` (or
     set `completed`, and `total` when a study learns it), show `note` beside the bar."""
+    if not err_console.is_terminal:
+        # NOTE: nobody watches (stderr is a file or a pipe): rich's bar would draw nothing, so neither it nor its
+        # module is built (a short command's start-up).
+        yield _no_step
+        return
+    from rich.progress import (
+        BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TaskProgressColumn, TextColumn, TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
     columns = ([TextColumn(label), BarColumn(), MofNCompleteColumn(), TaskProgressColumn(),
                 TextColumn("{task.fields[rate]}"),
                 TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.description}")]
                if total is not None else
                [SpinnerColumn(), TextColumn(label), TimeElapsedColumn(), TextColumn("{task.description}")])
-    with Progress(*columns, console=err_console, transient=True, disable=not err_console.is_terminal) as bar:
+    with Progress(*columns, console=err_console, transient=True) as bar:
         task = bar.add_task("", total=total, rate="")
 
         def step(advance: int = 1, note: str | None = None, completed: int | None = None,
@@ -642,6 +654,11 @@ def progress_bar(label: str, total: int | None = None) -> Iterator[Callable[...,
             bar.update(task, rate=f"{speed:.2f}/s" if speed else "", **{k: v for k, v in update.items() if v is not None})
 
         yield step
+
+
+def _no_step(advance: int = 1, note: str | None = None, completed: int | None = None,
+             total: int | None = None) -> None:
+    """`progress_bar`'s step when no bar is drawn."""
 
 
 def checked_out_dir(out_dir: str | None) -> Path | None:

@@ -17,6 +17,7 @@ from sim.cli.app import (
     on_peer_fetch, peer_fetch_option, gpu_price_option, on_gpu_price,
     router_list, scenario_option, setup_text, slo_option, with_slo,
 )
+from sim.cli.figure_process import painter
 from sim.cli.autoscaling import autoscaled, autoscaling_options, on_autoscaling, show_fleet, write_fleet_files
 from sim.cli.render import Table, format_option
 from sim.cli.app import on_pd, pd_options
@@ -25,7 +26,6 @@ from sim.results.report import request_rows
 from sim.workloads.session_inference import DEFAULT_COMMON_REQUESTS
 from sim.workloads.session_traces import SESSION_TIMINGS
 from sim.workloads.trace_formats import SESSION_FORMATS, TRACE_FORMATS
-from sim.results.figures import replay_figure
 from sim.results.report import csv_bytes, write_atomic
 from sim.scenario import Scenario, ScenarioError
 from sim.scenario import cpu_kv_gib as cpu_kv_gib_of
@@ -389,6 +389,8 @@ def replay(trace_file, trace_path, workers, kv_tokens, kv_blocks, kv_bytes, rout
     if trace is None:
         raise UsageExit("give the trace to replay: TRACE or --trace FILE")
     checked_out_dir(out_dir)
+    # NOTE: started now, so that matplotlib loads on the other core while the trace replays.
+    figure = painter(will_draw=bool(out_dir))
     if write_requests and not out_dir:
         raise UsageExit("--requests writes DIR/requests.csv: give --out DIR")
     try:
@@ -512,8 +514,8 @@ def replay(trace_file, trace_path, workers, kv_tokens, kv_blocks, kv_bytes, rout
         out = Path(out_dir)
         write_atomic(out / "summary.csv", csv_bytes([row], list(row)))
         write_atomic(out / "workers.csv", csv_bytes(worker_rows, list(worker_rows[0])))
-        write_atomic(out / "replay.png", replay_figure(st, title=f"{Path(trace).name}: {workers} workers, "
-                                                                  f"{scenario.router.name}"))
+        write_atomic(out / "replay.png", figure.png("replay_figure", st, title=f"{Path(trace).name}: {workers} "
+                                                                             f"workers, {scenario.router.name}"))
         turns = turn_files(sessions)
         for name, data in turns.items():
             write_atomic(out / name, data)

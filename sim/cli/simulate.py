@@ -9,7 +9,6 @@ from pathlib import Path
 
 import click
 
-from sim.studies.analytic import formula_hit_rate
 from sim.cli.app import (
     ARRIVAL_CURVE_FORM, arrival_curve_option, on_arrival_curve,
     CPU_KV_DETAIL, CPU_KV_HELP, ENGINE_HELP, SLO_HELP, capacity_text, checked_out_dir, console, engine_list,
@@ -24,7 +23,6 @@ from sim.cli.autoscaling import autoscaled, autoscaling_options, on_autoscaling,
 from sim.cli.render import Table, format_option
 from sim.cli.app import on_pd, pd_options
 from sim.cli.turn_table import show_turns, turn_files
-from sim.results.figures import engine_figure, hit_rate_figure, ttft_cdf_figure
 from sim.results.output_set import write_output_set
 from sim.results.report import aggregate, csv_bytes, request_rows, summary_columns, write_atomic
 from sim.scenario import ScenarioError
@@ -82,6 +80,7 @@ def sweep(ctx, scenario_path, prefixes, workers, concurrency, routers, engines, 
     --resume.
     """
     from sim.cli.study_runs import resume_command, run_sweep_points
+    from sim.studies.analytic import formula_hit_rate
     from sim.studies.sweep import sweep_points
 
     base, path = load_or_exit(scenario_path, gpu, shared_prefix="sweep")
@@ -175,6 +174,8 @@ def sweep(ctx, scenario_path, prefixes, workers, concurrency, routers, engines, 
         console.print(f"request hit rate vs measured over {len(errors)} points: RMSE {100 * rmse:.2f} pp, "
                       f"max |error| {100 * max(abs(e) for e in errors):.2f} pp")
     if out is not None:
+        from sim.results.figures import engine_figure, hit_rate_figure, ttft_cdf_figure  # NOTE: matplotlib here only
+
         files = {"summary.csv": csv_bytes(rows, columns)}
         shown = {k: v for k, v in reference.items()
                  if k[0] in {p.workers for p in points} and k[2] in {p.concurrency for p in points}}
@@ -248,6 +249,7 @@ def run_command(scenario_file, scenario_path, prefixes, workers, concurrency, ro
     """
     from sim.runner import run
     from sim.results.summary import summarize
+    from sim.studies.analytic import formula_hit_rate
 
     scenario_path = positional_or_option(scenario_file, scenario_path, "SCENARIO", "--scenario")
     out = checked_out_dir(out_dir)

@@ -13,9 +13,10 @@ import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import numpy as np
+if TYPE_CHECKING:  # imported where used: a replay's summary takes no percentile of a list, and numpy is 40-60 ms
+    import numpy as np
 
 NAN = float("nan")
 
@@ -32,6 +33,8 @@ def per_second(count: float, span_s: float) -> float:
 
 def percentile(values: Sequence[float] | np.ndarray, q: float) -> float:
     """The q-th percentile (0..100) of `values`, numpy's linear interpolation; NaN when there are none."""
+    import numpy as np
+
     return float(np.percentile(np.asarray(values), q)) if len(values) else NAN
 
 
@@ -109,6 +112,7 @@ def repeats_to_separate(a: Interval, b: Interval, confidence: float = 0.95, at_m
         return math.inf
     if spread == 0:
         return 2.0
+    import numpy as np
     from scipy.stats import t  # NOTE: here, as in t_interval
 
     n = np.arange(2, at_most + 1)
