@@ -182,8 +182,10 @@ class StickyRouter(RouterBase):
             return
         client, connection = taken
         client.release(connection, self.view.now_s, self.options.max_requests_per_connection)
-        if client is not self.shared and not client.connections:
-            del self.session_pools[request.session_id]  # an ended session's client holds nothing
+        if client is not self.shared and not client.connections \
+                and self.session_pools.get(request.session_id) is client:
+            # an ended session's client holds nothing; a second request of the session may have ended it already
+            del self.session_pools[request.session_id]
 
     def pods(self) -> list[int]:
         """The pod of each open connection of the shared client, in pool order."""
