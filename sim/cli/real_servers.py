@@ -107,6 +107,19 @@ def measure(endpoints, prefixes, concurrency, requests, scenario_path, router, p
         raise click.ClickException(f"{setup['failed_requests']} request(s) failed after retries; first: {first}")
 
 
+def _check(c, tolerances, failed: list) -> str:
+    """The check column of comparison `c` ('' when no tolerance names its metric; a run that is one of a group of
+    repeats is checked as the group); a comparison outside a tolerance is appended to `failed`."""
+    if not any(t.metric == c.metric for t in tolerances):
+        return ""
+    if getattr(c, "in_repeats", False):
+        return "repeats"
+    if any(t.violated_by(c) for t in tolerances):
+        failed.append(c)
+        return "FAIL"
+    return "ok"
+
+
 def _spec(metric: str) -> str:
     return ".3f" if metric in ("request_hit_rate", "full_hit_rate", "token_hit_rate") else ".1f"
 
@@ -148,7 +161,6 @@ def validate(run_files, run_paths, scenario_path, routing, ttft_source, toleranc
     the machine's own spread is not counted as kvsim's error.
     """
     from sim.servers.run_csv import RunFileError, read_run
-    from sim.studies.repeats import repeat_groups
     from sim.studies.validate import compare_runs
 
     runs = positional_or_option(run_files, run_paths, "RUN.csv...", "--runs")
@@ -167,18 +179,13 @@ def validate(run_files, run_paths, scenario_path, routing, ttft_source, toleranc
         comparisons, grouped = compare_runs(base, loaded, routing=routing, ttft_source=ttft_source)
     except (ScenarioError, ValueError) as err:
         raise click.ClickException(str(err)) from None
-    in_groups = {r.name for g in repeat_groups(loaded) for r in g}
     table = Table(title=f"measured vs kvsim ({routing} routing, {ttft_source} TTFT, base scenario {base.name})")
     for col in ("run", "metric", "measured", "predicted", "error", "relative", "check"):
         table.add_column(col, justify="left" if col in ("run", "metric", "check") else "right",
                          key=col in ("run", "metric"))
     failed = []
     for c in comparisons:
-        checked = any(t.metric == c.metric for t in tolerances)
-        bad = [] if c.run in in_groups else [t for t in tolerances if t.violated_by(c)]
-        check = "" if not checked else ("repeats" if c.run in in_groups else "FAIL" if bad else "ok")
-        if bad:
-            failed.append(c)
+        check = _check(c, tolerances, failed)
         spec = _spec(c.metric)
         table.add_row(c.run, c.metric, fmt(c.measured, spec), fmt(c.predicted, spec), fmt(c.error, "+" + spec),
                       fmt(100 * c.relative_error, "+.1f") + " %", check)
@@ -190,10 +197,7 @@ def validate(run_files, run_paths, scenario_path, routing, ttft_source, toleranc
             rtable.add_column(col, justify="left" if col in ("runs", "metric", "check") else "right",
                               key=col in ("runs", "metric"))
         for c in grouped:
-            bad = [t for t in tolerances if t.violated_by(c)]
-            check = "" if not any(t.metric == c.metric for t in tolerances) else ("FAIL" if bad else "ok")
-            if bad:
-                failed.append(c)
+            check = _check(c, tolerances, failed)
             spec = _spec(c.metric)
             lo, hi = c.predicted_interval
             rtable.add_row(c.run, c.metric, fmt(c.measured, spec),

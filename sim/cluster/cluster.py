@@ -56,11 +56,7 @@ class Cluster(WorkersView):
         nics = []  # each worker's device NIC, for G2 peer fetch
         tiers = TierLinks(scenario, scenario.engine)
         for dev in scenario.cluster.devices():
-            device = Device(env, dev.name, speed=dev.speed, sharing_efficiency=dev.sharing_efficiency,
-                            num_workers=dev.workers, cores=dev.cores, host_load=dev.host_load,
-                            idle_load=dev.idle_load, step_occupancy=dev.step_occupancy, pause_s=dev.pause_s,
-                            pause_fraction=dev.pause_fraction,
-                            seed=scenario.seed + len(self.devices))
+            device = Device.of_spec(env, dev, seed=scenario.seed + len(self.devices))
             time_model = build_time_model(scenario.device_time_model(dev), scenario.model)
             self.devices.append(device)
             # NOTE: the workers sharing a device share its links.

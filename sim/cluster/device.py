@@ -16,10 +16,10 @@ Each effect is a parameter fitted from measurement (docs/time/device-sharing.md)
   fraction f of the time, for random pauses (exponential, mean p) between random runs (exponential, mean
   p (1 - f) / f), during which no step progresses. Both grow with the device's oversubscription
   o = (n (1 + h) - cores) / cores, as a scheduler's period grows with the tasks it runs: f = pause_fraction x o (at
-  most 0.95), p = pause_s x o. Two servers on 2 cores stall less often and for less long than three. 0 (the default): never. The steady share
-  sets the median; the pauses are the tail a shared CPU shows, where a request now and then waits out a stall of
-  hundreds of milliseconds while most requests never meet one. A request reaching the device meets the alternation
-  afresh (`admit`): a new request wakes host processes that must be scheduled.
+  most 0.95), p = pause_s x o. Two servers on 2 cores stall less often and for less long than three. 0 (the
+  default): never. The steady share sets the median; the pauses are the tail a shared CPU shows, where a request now
+  and then waits out a stall of hundreds of milliseconds while most requests never meet one. A request reaching the
+  device meets the alternation afresh (`admit`): a new request wakes host processes that must be scheduled.
 
 `sharing_efficiency` (< 1: switching costs part of the device) multiplies the share while the device is shared. With
 the defaults (h = b = 0, u = 1, efficiency 1, no pauses) a step progresses at `speed * min(1, cores / k)`: processor
@@ -29,8 +29,12 @@ sharing by time slices, as before these parameters existed (to the last bit).
 from __future__ import annotations
 
 import random
+from typing import TYPE_CHECKING
 
 import simpy
+
+if TYPE_CHECKING:
+    from sim.scenario import DeviceSpec
 
 _RUNNING, _PAUSED = True, False
 
@@ -69,8 +73,6 @@ class Device:
         self.host_load = host_load
         self.idle_load = idle_load
         self.step_occupancy = step_occupancy
-        self.pause_s = pause_s
-        self.pause_fraction = pause_fraction
         oversubscription = max(0.0, num_workers * (1.0 + host_load) - cores) / cores
         self._paused_fraction = min(0.95, pause_fraction * oversubscription)
         self._pause_mean_s = pause_s * oversubscription
@@ -81,6 +83,14 @@ class Device:
         self._jobs: dict[simpy.Event, float] = {}
         self._last_update_s = 0.0
         self._generation = 0
+
+    @classmethod
+    def of_spec(cls, env: simpy.Environment, spec: DeviceSpec, *, seed: int) -> Device:
+        """The device a scenario's `cluster.deployments` entry describes (`seed`: its pauses')."""
+        return cls(env, spec.name, speed=spec.speed, sharing_efficiency=spec.sharing_efficiency,
+                   num_workers=spec.workers, cores=spec.cores, host_load=spec.host_load, idle_load=spec.idle_load,
+                   step_occupancy=spec.step_occupancy, pause_s=spec.pause_s, pause_fraction=spec.pause_fraction,
+                   seed=seed)
 
     @property
     def exclusive(self) -> bool:
@@ -108,7 +118,6 @@ class Device:
             return
         self._advance()
         self._phase = None
-        self._phase_end_s = 0.0
         self._reschedule()
 
     def load(self, steps: int) -> float:
@@ -117,7 +126,9 @@ class Device:
 
     def share(self, steps: int) -> float:
         """Progress per second of each of `steps` steps in flight while the device runs (between its pauses)."""
-        load = self.load(steps)
+        return self._share(self.load(steps))
+
+    def _share(self, load: float) -> float:
         if load <= self.cores:
             return self.speed
         # = speed * efficiency / (1 + u * (L / cores - 1)), written so that u = 1, h = b = 0 gives
@@ -126,9 +137,10 @@ class Device:
         return self.speed * self.sharing_efficiency * self.cores / shared
 
     def _rate(self) -> float:
-        if self._phase is _PAUSED and self.load(len(self._jobs)) > self.cores:
+        load = self.load(len(self._jobs))
+        if self._phase is _PAUSED and load > self.cores:
             return 0.0
-        return self.share(len(self._jobs))
+        return self._share(load)
 
     def _advance(self) -> None:
         now = self.env.now
@@ -150,17 +162,17 @@ class Device:
             return
         now = self.env.now
         f = self._paused_fraction
-        if self._phase is None:
+        if self._phase is None:  # the stationary state at `now`, its remaining length drawn below
             self._phase = _PAUSED if self._random.random() < f else _RUNNING
+            self._phase_end_s = now
         elif now < self._phase_end_s - 1e-12:
             return
         else:
             self._phase = not self._phase
-        while True:
-            pause = self._pause_mean_s
+        pause = self._pause_mean_s
+        while True:  # phase after phase from the last one's end, up to the one under way at `now`
             mean = pause if self._phase is _PAUSED else pause * (1.0 - f) / f
-            start = max(self._phase_end_s, 0.0) if self._phase_end_s else now
-            self._phase_end_s = start + self._random.expovariate(1.0 / mean)
+            self._phase_end_s += self._random.expovariate(1.0 / mean)
             if self._phase_end_s > now:
                 return
             self._phase = not self._phase

@@ -100,11 +100,7 @@ class DisaggregatedCluster:
         tiers = {stage: TierLinks(scenario, spec) for stage, spec in engines.items()}
         for dev in scenario.cluster.devices():
             stage = pd.pool_of(len(self.workers))
-            device = Device(env, dev.name, speed=dev.speed, sharing_efficiency=dev.sharing_efficiency,
-                            num_workers=dev.workers, cores=dev.cores, host_load=dev.host_load,
-                            idle_load=dev.idle_load, step_occupancy=dev.step_occupancy, pause_s=dev.pause_s,
-                            pause_fraction=dev.pause_fraction,
-                            seed=scenario.seed + len(self.devices))
+            device = Device.of_spec(env, dev, seed=scenario.seed + len(self.devices))
             self.devices.append(device)
             time_model = build_time_model(scenario.device_time_model(dev), scenario.model)
             prefill = stage == "prefill"

@@ -37,6 +37,8 @@ class Comparison:
     metric: str
     measured: float
     predicted: float
+    in_repeats: bool = False
+    """The run is one of a group of repeats (`compare_runs`): the group's comparison is the one to check."""
 
     @property
     def error(self) -> float:
@@ -181,8 +183,9 @@ def _check_source(ttft_source: str) -> None:
         raise ValueError(f"ttft_source must be 'client' or 'server', got {ttft_source!r}")
 
 
-def _comparisons(name: str, measured: dict[str, float], predicted: dict[str, float]) -> list[Comparison]:
-    return [Comparison(name, m, measured[m], predicted[m]) for m in METRICS
+def _comparisons(name: str, measured: dict[str, float], predicted: dict[str, float], *,
+                 in_repeats: bool = False) -> list[Comparison]:
+    return [Comparison(name, m, measured[m], predicted[m], in_repeats) for m in METRICS
             if not (math.isnan(measured[m]) and math.isnan(predicted[m]))]
 
 
@@ -200,15 +203,17 @@ def compare_runs(base: Scenario, runs: list[Run], *, routing: str = "recorded", 
     """Every run compared (each simulated once), and every group of repeats (runs of one setup) compared as a group:
     the measured figure's range over the repeats against the predicted one (`sim.studies.repeats`)."""
     _check_source(ttft_source)
+    groups = repeat_groups(runs)
+    grouped_files = {r.csv_path for g in groups for r in g}
     per_run: list[Comparison] = []
     measured: dict[str, dict[str, float]] = {}
     predicted: dict[str, tuple[dict[str, float], dict[str, np.ndarray]]] = {}
     for run in runs:  # keyed by file: repeats in different directories may share a name
-        measured[str(run.csv_path)] = measured_figures(run, ttft_source=ttft_source)
-        predicted[str(run.csv_path)] = predicted_samples(base, run, routing=routing, ttft_source=ttft_source)
-        per_run += _comparisons(run.name, measured[str(run.csv_path)], predicted[str(run.csv_path)][0])
-    grouped = [c for group in repeat_groups(runs)
-               for c in compare_repeats(group, measured, predicted, metrics=METRICS)]
+        key = str(run.csv_path)
+        measured[key] = measured_figures(run, ttft_source=ttft_source)
+        predicted[key] = predicted_samples(base, run, routing=routing, ttft_source=ttft_source)
+        per_run += _comparisons(run.name, measured[key], predicted[key][0], in_repeats=run.csv_path in grouped_files)
+    grouped = [c for group in groups for c in compare_repeats(group, measured, predicted, metrics=METRICS)]
     return per_run, grouped
 
 

@@ -68,3 +68,26 @@ def test_a_tolerance_applies_beyond_the_range():
     assert not Tolerance.parse("ttft_p99_ms=25%").violated_by(above)
     assert not Tolerance.parse("ttft_p99_ms=25%").violated_by(
         RepeatComparison("g", "ttft_p99_ms", (100.0, 250.0), (240.0,), (math.nan, math.nan)))  # inside a wide spread
+
+
+def test_only_the_repeats_themselves_are_checked_as_a_group(tmp_path):
+    # Two repeats named `run` and a third `run` of another setup (another concurrency): the third is checked on its
+    # own, although it shares their name.
+    from sim.cli.real_servers import _check
+    from sim.studies.validate import Tolerance, compare_runs
+    from sim.scenario import load_scenario
+
+    paths = []
+    for d, concurrency in (("a", 4), ("b", 4), ("c", 8)):
+        (tmp_path / d).mkdir()
+        path = simulated_run_files(tmp_path / d, name="run", concurrency=concurrency)
+        paths.append(path)
+    runs = [read_run(p) for p in paths]
+    per_run, grouped = compare_runs(load_scenario()[0], runs)
+    flags = {(str(c.run), c.in_repeats) for c in per_run if c.metric == "ttft_p50_ms"}
+    assert sorted(c.in_repeats for c in per_run if c.metric == "ttft_p50_ms") == [False, True, True], flags
+    tolerances = [Tolerance.parse("ttft_p50_ms=50%")]
+    lone = next(c for c in per_run if c.metric == "ttft_p50_ms" and not c.in_repeats)
+    assert _check(lone, tolerances, []) == "ok"
+    assert {_check(c, tolerances, []) for c in per_run if c.metric == "ttft_p50_ms" and c.in_repeats} == {"repeats"}
+    assert len({c.run for c in grouped}) == 1
