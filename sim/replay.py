@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 import simpy
 
 from sim.cluster.arrivals import sessions as drive_sessions
+from sim.cluster.collector import fewer_collections
 from sim.results.cost import DeviceTime, cost_columns
 from sim.results.records import RequestRecord, WorkerCounters, prefix_cache_hit_rate, total_counters
 from sim.results.streaming_pd import PdTally
@@ -273,7 +274,8 @@ def _replay(scenario: Scenario, trace: Trace, *, bin_s: float, fast_forward: boo
 def _run(env: simpy.Environment, cluster, done: simpy.Event) -> None:
     """Run the replay to its end: until nothing is left or, with an autoscaler (which ticks for ever), until `done`
     (the driver, which waits for every request to complete)."""
-    env.run(until=done if getattr(cluster, "fleet", None) is not None else None)
+    with fewer_collections():
+        env.run(until=done if getattr(cluster, "fleet", None) is not None else None)
 
 
 def _replay_split(scenario: Scenario, open_trace: Callable[[], Trace], groups: list[frozenset[int]], *,

@@ -12,6 +12,7 @@ import simpy
 from policies import AUTOSCALERS, PD_ROUTERS, ROUTERS
 from sim.cluster.arrivals import closed_loop, one_at_a_time, poisson, sessions, timed
 from sim.cluster.cluster import Cluster
+from sim.cluster.collector import fewer_collections
 from sim.cluster.disaggregated import DisaggregatedCluster
 from sim.config import Problem, ProblemsError, suggestion
 from sim.results.cost import DeviceTime
@@ -222,7 +223,8 @@ def run(scenario: Scenario, stream: RequestStream | None = None, *, fast_forward
     done = env.process(experiment())
     fleet = getattr(cluster, "fleet", None)
     # NOTE: an autoscaler ticks for ever: an autoscaled run ends with its experiment.
-    env.run(until=done if fleet is not None else None)
+    with fewer_collections():
+        env.run(until=done if fleet is not None else None)
     if "end_s" not in marks:
         raise RuntimeError(f"scenario {scenario.name!r}: the simulation stopped before every request completed")
     end = cluster.counters()
