@@ -205,11 +205,11 @@ class Device:
     def _time_phase(self, load: float) -> None:
         """The phase under way spends the rest of its budget from its mark at `load`'s rate."""
         rate = self._switch_rate(load)
-        self._hazard_rate = 0.0 if rate == float("inf") else rate
         if rate == float("inf"):  # a pause at no oversubscription: over at once, a run starts
             self._phase = _RUNNING
             self._start_phase(load)
             return
+        self._hazard_rate = rate
         self._phase_end_s = self._phase_mark_s + self._hazard_left / rate if rate else float("inf")
 
     def _pause(self, load: float) -> None:

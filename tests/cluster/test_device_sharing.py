@@ -1,7 +1,9 @@
 """The device-sharing model (sim/cluster/device.py): narrated timings, and a property test against a naive model.
 
 Each step on a device of `cores`, with k steps in flight and host load h per stepping worker (load L = k(1 + h)),
-progresses at speed when L <= cores, else at speed * efficiency / (1 + u (L / cores - 1)).
+progresses at speed when L <= cores, else at speed * efficiency / (1 + u (L / cores - 1)). A pausing device stalls
+by the oversubscription of its load of the moment, o = max(0, L - cores) / cores: a fraction pause_fraction x o of the
+time, in pauses of mean pause_s x o.
 """
 
 from __future__ import annotations
@@ -216,3 +218,20 @@ def test_the_time_paused_follows_the_load():
     three = [_finish_times({n: (0.0, 30.0) for n in "abc"}, **PAUSING, seed=s)["a"] for s in range(40)]
     assert sum(two) / len(two) == pytest.approx(80.0, rel=0.03)
     assert sum(three) / len(three) == pytest.approx(180.0, rel=0.03)
+
+
+def test_an_admission_draws_its_phase_with_the_admitted_worker_stepping():
+    # One core, two workers, the idle one at b = 0.5: nothing stepping, L = 1 (o = 0, no pauses); one step, L = 1.5,
+    # o = 0.5: f = 0.125, p = 0.05 s, a run ends at 0.125 / (0.05 x 0.875) = 2.857/s (0.35 s of budget 1). A request
+    # admitted at 0 meets the chain afresh at the load of one step (_Draws: paused), so its step, starting at 0.02 at a
+    # share of 1 / 1.5, waits out the pause to 0.05, runs to 0.40 (0.233 done), pauses to 0.45, runs to 0.80 (0.467)
+    # and after the next pause needs 0.05 s: done at 0.90. Drawn at the load of the moment (nothing stepping: o = 0,
+    # running) it would have run from 0.02 and been done at 0.87.
+    env = simpy.Environment()
+    dev = Device(env, "d", num_workers=2, cores=1, idle_load=0.5, pause_s=0.1, pause_fraction=0.25)
+    dev._random = _Draws()
+    done: list[tuple[str, float]] = []
+    dev.admit()
+    env.process(_job(env, dev, 0.5, done, "a", 0.02))
+    env.run()
+    assert dict(done) == {"a": pytest.approx(0.90)}
