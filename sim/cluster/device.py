@@ -14,12 +14,20 @@ Each effect is a parameter fitted from measurement (docs/time/device-sharing.md)
   (MPS-like: a small model leaves a GPU underused, so k small steps cost less than k x one).
 - **pause_s**, **pause_fraction**: while the load exceeds the cores, the device also stops now and then: it pauses a
   fraction f of the time, for random pauses (exponential, mean p) between random runs (exponential, mean
-  p (1 - f) / f), during which no step progresses. Both grow with the device's oversubscription
-  o = (n (1 + h) - cores) / cores, as a scheduler's period grows with the tasks it runs: f = pause_fraction x o (at
-  most 0.95), p = pause_s x o. Two servers on 2 cores stall less often and for less long than three. 0 (the
-  default): never. The steady share sets the median; the pauses are the tail a shared CPU shows, where a request now
-  and then waits out a stall of hundreds of milliseconds while most requests never meet one. A request reaching the
-  device meets the alternation afresh (`admit`): a new request wakes host processes that must be scheduled.
+  p (1 - f) / f), during which no step progresses. Both grow with the device's oversubscription *now*,
+  o(L) = max(0, L - cores) / cores at its current load L, as a scheduler's period grows with the tasks it runs:
+  f = pause_fraction x o (at most 0.95), p = pause_s x o. Two servers with one request in flight (one worker
+  stepping, the other spinning idle) stall less often and for less long than with both stepping. 0 (the default):
+  never. The steady share sets the median; the pauses are the tail a shared CPU shows, where a request now and then
+  waits out a stall of hundreds of milliseconds while most requests never meet one. A request reaching the device
+  meets the alternation afresh (`admit`): a new request wakes host processes that must be scheduled.
+
+  The alternation is a two-state Markov chain whose switching rates follow the load (a run ends at rate
+  f / (p (1 - f)), a pause at 1 / p, both of the load of the moment; at o = 0 runs never end and a pause ends at
+  once, harmlessly, since an unshared device is never held by one). It is followed exactly with one draw per phase:
+  each phase starts with an Exp(1) budget of hazard and ends when the hazard accumulated at the rates of the loads it
+  meets has spent it. At a constant load that is the exponential phase of mean p or p (1 - f) / f; a change of load
+  mid-phase changes how fast the rest is spent (memorylessness: the same as redrawing the rest at the new rates).
 
 `sharing_efficiency` (< 1: switching costs part of the device) multiplies the share while the device is shared. With
 the defaults (h = b = 0, u = 1, efficiency 1, no pauses) a step progresses at `speed * min(1, cores / k)`: processor
@@ -73,11 +81,16 @@ class Device:
         self.host_load = host_load
         self.idle_load = idle_load
         self.step_occupancy = step_occupancy
-        oversubscription = max(0.0, num_workers * (1.0 + host_load) - cores) / cores
-        self._paused_fraction = min(0.95, pause_fraction * oversubscription)
-        self._pause_mean_s = pause_s * oversubscription
-        self._random = random.Random(seed) if pause_s > 0 and self._paused_fraction > 0 else None
-        self._phase: bool | None = None  # pausing: running or paused, until _phase_end_s; None: not pausing
+        self.pause_s = pause_s
+        self.pause_fraction = pause_fraction
+        self._random = random.Random(seed) if pause_s > 0 and pause_fraction > 0 and not self.exclusive else None
+        # A pausing device's phase: running or paused (None: none drawn yet, or drawn afresh at the next reschedule).
+        # Since _phase_mark_s it spends its hazard budget _hazard_left at _hazard_rate per second (the rate of the
+        # load since then); it ends at _phase_end_s = mark + left / rate (inf at rate 0).
+        self._phase: bool | None = None
+        self._phase_mark_s = 0.0
+        self._hazard_left = 0.0
+        self._hazard_rate = 0.0
         self._phase_end_s = 0.0
         self.busy_s = 0.0
         self._jobs: dict[simpy.Event, float] = {}
@@ -113,12 +126,14 @@ class Device:
         stationary state (paused with probability f, for a remaining exponential pause): a new request
         wakes host processes that must themselves be scheduled, so the stalls fall on admissions, not only on the
         steps already running (two servers at one request in flight: server TTFT p90 41-57 ms, p99 178-251 ms, where
-        one server's are 13-35 and 15-53)."""
+        one server's are 13-35 and 15-53). The fresh phase is drawn at the load with the admitted request's worker
+        stepping."""
         if self._random is None:
             return
         self._advance()
         self._phase = None
-        self._reschedule()
+        # the admitted request's worker is counted as stepping (it is about to), unless all are
+        self._reschedule(min(len(self._jobs) + 1, self.num_workers))
 
     def load(self, steps: int) -> float:
         """The device's load with `steps` of its workers stepping (cores' worth)."""
@@ -153,33 +168,67 @@ class Device:
                 for job in jobs:
                     jobs[job] -= progress
         self._last_update_s = now
+        self._follow_phases()
 
-    def _pause(self) -> None:
-        """The pausing device's phase now. The alternation runs on in time whether or not steps are in flight
-        (stationary at its first use, then phase after phase), so that the steps of one request meet the pauses of
-        one timeline; a pause stops only steps of a shared device (`_rate`)."""
-        if self._random is None:
+    def _pause_phases(self, load: float) -> tuple[float, float]:
+        """(f, p) at `load`: the fraction of the time paused and the mean pause (s), 0 and 0 when not oversubscribed."""
+        oversubscription = max(0.0, load - self.cores) / self.cores
+        return min(0.95, self.pause_fraction * oversubscription), self.pause_s * oversubscription
+
+    def _switch_rate(self, load: float) -> float:
+        """How fast the phase under way ends at `load` (per second): a run's f / (p (1 - f)), a pause's 1 / p."""
+        f, p = self._pause_phases(load)
+        if self._phase is _PAUSED:
+            return 1.0 / p if p else float("inf")
+        return f / (p * (1.0 - f)) if f else 0.0
+
+    def _follow_phases(self) -> None:
+        """Bring the pausing device's phases up to now at the load they ran under (before a change of load): the
+        phases that ended by now, each drawn at this load, then the hazard the one under way has spent since its mark.
+        The alternation runs on in time whether or not steps are in flight, so that the steps of one request meet the
+        pauses of one timeline; a pause stops only steps of a shared device (`_rate`)."""
+        if self._random is None or self._phase is None:
             return
         now = self.env.now
-        f = self._paused_fraction
-        if self._phase is None:  # the stationary state at `now`, its remaining length drawn below
-            self._phase = _PAUSED if self._random.random() < f else _RUNNING
-            self._phase_end_s = now
-        elif now < self._phase_end_s - 1e-12:
-            return
-        else:
+        while self._phase_end_s <= now + 1e-12:  # phase after phase from the last one's end
+            self._phase_mark_s = self._phase_end_s
             self._phase = not self._phase
-        pause = self._pause_mean_s
-        while True:  # phase after phase from the last one's end, up to the one under way at `now`
-            mean = pause if self._phase is _PAUSED else pause * (1.0 - f) / f
-            self._phase_end_s += self._random.expovariate(1.0 / mean)
-            if self._phase_end_s > now:
-                return
-            self._phase = not self._phase
+            self._start_phase(self.load(len(self._jobs)))
+        if self._hazard_rate:
+            self._hazard_left -= (now - self._phase_mark_s) * self._hazard_rate
+        self._phase_mark_s = now
 
-    def _reschedule(self) -> None:
+    def _start_phase(self, load: float) -> None:
+        self._hazard_left = self._random.expovariate(1.0)
+        self._time_phase(load)
+
+    def _time_phase(self, load: float) -> None:
+        """The phase under way spends the rest of its budget from its mark at `load`'s rate."""
+        rate = self._switch_rate(load)
+        if rate == float("inf"):  # a pause at no oversubscription: over at once, a run starts
+            self._phase = _RUNNING
+            self._start_phase(load)
+            return
+        self._hazard_rate = rate
+        self._phase_end_s = self._phase_mark_s + self._hazard_left / rate if rate else float("inf")
+
+    def _pause(self, load: float) -> None:
+        """The pausing device's phase from now on at `load` (after a change of load, or afresh after `admit`)."""
+        if self._random is None:
+            return
+        self._phase_mark_s = self.env.now
+        if self._phase is None:  # afresh: the stationary state at `load`, with a budget of its own
+            f, _ = self._pause_phases(load)
+            self._phase = _PAUSED if self._random.random() < f else _RUNNING
+            self._start_phase(load)
+        else:
+            self._time_phase(load)
+
+    def _reschedule(self, pause_steps: int | None = None) -> None:
+        """Wake at the next completion or phase end. `pause_steps`: the steps in flight the phase is timed at (default:
+        those in flight; `admit` counts its worker's)."""
         self._generation += 1
-        self._pause()
+        self._pause(self.load(len(self._jobs) if pause_steps is None else pause_steps))
         if not self._jobs:
             return
         generation = self._generation

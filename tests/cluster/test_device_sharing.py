@@ -1,7 +1,9 @@
 """The device-sharing model (sim/cluster/device.py): narrated timings, and a property test against a naive model.
 
 Each step on a device of `cores`, with k steps in flight and host load h per stepping worker (load L = k(1 + h)),
-progresses at speed when L <= cores, else at speed * efficiency / (1 + u (L / cores - 1)).
+progresses at speed when L <= cores, else at speed * efficiency / (1 + u (L / cores - 1)). A pausing device stalls
+by the oversubscription of its load of the moment, o = max(0, L - cores) / cores: a fraction pause_fraction x o of the
+time, in pauses of mean pause_s x o.
 """
 
 from __future__ import annotations
@@ -154,3 +156,82 @@ def test_no_pauses_on_a_device_that_is_not_shared():
     # Two cores, one step, nothing idle: load 1 <= 2, the device never pauses.
     assert _finish_times({"a": (0.0, 1.0)}, num_workers=2, cores=2, host_load=0.5, pause_s=1.0,
                          pause_fraction=0.5) == {"a": pytest.approx(1.0)}
+
+
+class _Draws:
+    """A stand-in for a pausing device's random stream: every stationary draw 0.0 (paused if f > 0), every phase's
+    hazard budget 1.0, so that the phases are the rule's arithmetic."""
+
+    def random(self) -> float:
+        return 0.0
+
+    def expovariate(self, _rate: float) -> float:
+        return 1.0
+
+
+def _finish_times_drawn(jobs, **device) -> dict[str, float]:
+    env = simpy.Environment()
+    dev = Device(env, "d", **device)
+    dev._random = _Draws()
+    done: list[tuple[str, float]] = []
+    for name, (start, work) in jobs.items():
+        env.process(_job(env, dev, work, done, name, start))
+    env.run()
+    return dict(done)
+
+
+PAUSING = dict(num_workers=3, cores=1, pause_s=0.1, pause_fraction=0.25)
+
+
+def test_a_device_at_low_load_stalls_less_than_at_high_load():
+    # One core, three workers, no host or idle load: k steps carry L = k, oversubscription o = k - 1, so a pause
+    # lasts p = 0.1 o and takes f = 0.25 o of the time; a run ends at rate f / (p (1 - f)), a pause at 1 / p, and each
+    # phase spends a budget of 1 (_Draws). One step: o = 0, runs never end.
+    # Two steps of 0.5 (share 1/2), o = 1: runs end at 0.25 / 0.075 = 3.33/s (0.3 s), pauses at 10/s (0.1 s): run
+    # 0-0.3, pause, 0.4-0.7, pause, 0.8-1.1 (0.45 done), pause, then 0.1 s more: 1.3 s, 25 % of it paused.
+    # Three steps of 0.5 (share 1/3), o = 2: runs and pauses both end at 5/s (0.2 s): 7 cycles of 0.4 s do
+    # 7 x 0.0667 = 0.467, then 0.1 s more: 2.9 s, half of it paused. The old rule took o = 2 from the three workers
+    # whatever the load, so the two steps paused as the three did: 1 s of running in five runs of 0.2 s behind five
+    # pauses (the first drawn paused), 2 s.
+    assert _finish_times_drawn({"a": (0.0, 1.0)}, **PAUSING) == {"a": pytest.approx(1.0)}
+    assert _finish_times_drawn({"a": (0.0, 0.5), "b": (0.0, 0.5)}, **PAUSING) == {
+        "a": pytest.approx(1.3), "b": pytest.approx(1.3)}
+    assert _finish_times_drawn({"a": (0.0, 0.5), "b": (0.0, 0.5), "c": (0.0, 0.5)}, **PAUSING) == {
+        "a": pytest.approx(2.9), "b": pytest.approx(2.9), "c": pytest.approx(2.9)}
+
+
+def test_a_load_change_mid_phase_spends_the_rest_of_the_budget_at_the_new_rate():
+    # As above: a and b (0.5 each) from 0, their run ending at 3.33/s; c arrives at 0.15 s, when the run has spent
+    # half its budget (0.15 x 3.33): the rest, 0.5, at three steps' 5/s: the run ends at 0.25 s, not 0.3. By then a
+    # and b have done 0.075 + 0.1 / 3 = 0.1083; pauses and runs of 0.2 s follow (each run 0.0667 per step): a and b
+    # finish after 5 more runs plus 0.0583 x 3 = 0.175 s: 0.25 + 5 x 0.4 + 0.2 + 0.175 = 2.625 s. Then c alone
+    # (o = 0, no pauses) has 0.5 - 0.1 / 3 - 0.3917 = 0.075 left: 2.7 s.
+    t = _finish_times_drawn({"a": (0.0, 0.5), "b": (0.0, 0.5), "c": (0.15, 0.5)}, **PAUSING)
+    assert t == {"a": pytest.approx(2.625), "b": pytest.approx(2.625), "c": pytest.approx(2.7)}
+
+
+def test_the_time_paused_follows_the_load():
+    # Long steps with the real stream: the share of the time paused is f of the load they run at, 25 % with two
+    # steps (two 30 s steps at share 1/2: 60 / 0.75 = 80 s), 50 % with three (90 / 0.5 = 180 s); the old rule's 50 %
+    # for both would give 120 s for the two.
+    two = [_finish_times({"a": (0.0, 30.0), "b": (0.0, 30.0)}, **PAUSING, seed=s)["a"] for s in range(40)]
+    three = [_finish_times({n: (0.0, 30.0) for n in "abc"}, **PAUSING, seed=s)["a"] for s in range(40)]
+    assert sum(two) / len(two) == pytest.approx(80.0, rel=0.03)
+    assert sum(three) / len(three) == pytest.approx(180.0, rel=0.03)
+
+
+def test_an_admission_draws_its_phase_with_the_admitted_worker_stepping():
+    # One core, two workers, the idle one at b = 0.5: nothing stepping, L = 1 (o = 0, no pauses); one step, L = 1.5,
+    # o = 0.5: f = 0.125, p = 0.05 s, a run ends at 0.125 / (0.05 x 0.875) = 2.857/s (0.35 s of budget 1). A request
+    # admitted at 0 meets the chain afresh at the load of one step (_Draws: paused), so its step, starting at 0.02 at a
+    # share of 1 / 1.5, waits out the pause to 0.05, runs to 0.40 (0.233 done), pauses to 0.45, runs to 0.80 (0.467)
+    # and after the next pause needs 0.05 s: done at 0.90. Drawn at the load of the moment (nothing stepping: o = 0,
+    # running) it would have run from 0.02 and been done at 0.87.
+    env = simpy.Environment()
+    dev = Device(env, "d", num_workers=2, cores=1, idle_load=0.5, pause_s=0.1, pause_fraction=0.25)
+    dev._random = _Draws()
+    done: list[tuple[str, float]] = []
+    dev.admit()
+    env.process(_job(env, dev, 0.5, done, "a", 0.02))
+    env.run()
+    assert dict(done) == {"a": pytest.approx(0.90)}
