@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 from itertools import chain, repeat
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from typing import BinaryIO
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,14 +86,34 @@ def check_hash_ids(ids: list, n_in: int, trace_block_tokens: int, path: Path, li
                          f"needs ceil({n_in}/{trace_block_tokens}) = {-(-n_in // trace_block_tokens)}")
 
 
-def sub_block_hashes(ids: list[int], per_block: int, num_blocks: int) -> tuple[int, ...]:
+def sub_block_hashes(ids: list[int], per_block: int, num_blocks: int) -> tuple[Hashable, ...]:
     """The first `num_blocks` engine-block hashes of trace blocks `ids`, each split into `per_block` sub-blocks."""
+    if len(set(ids)) != len(ids):
+        return _hashes_past_a_repeat(ids, per_block, num_blocks)
     if per_block == 1:
         return tuple(ids[:num_blocks])
     # NOTE: sub-block j of trace block h is the int h * per_block + j: unique, and cheaper to hash than a
     # tuple (trace ids are non-negative; kvsim's own synthetic keys are tuples, so they never collide).
     starts = [h * per_block for h in ids[: -(-num_blocks // per_block)]]
     return tuple(chain.from_iterable(map(range, starts, [s + per_block for s in starts])))[:num_blocks]
+
+
+def _hashes_past_a_repeat(ids: list[int], per_block: int, num_blocks: int) -> tuple[Hashable, ...]:
+    """`sub_block_hashes` of a prompt that repeats a trace id. A trace's ids are prefix hashes, so a repeat names a
+    block at another position, hence another block, as vLLM's chained hashes (and Dynamo's mocker, which chains the
+    ids) have it; keyed by the id alone it would be the same block twice in one prompt. Up to the first repeat the
+    keys are the plain ones (the prompt shares them with every prompt of the same leading ids); from it on each trace
+    block's key chains every id up to it, so two prompts share a block exactly when their ids agree up to it."""
+    seen: set[int] = set()
+    first = next(i for i, h in enumerate(ids) if h in seen or seen.add(h))
+    out = list(sub_block_hashes(ids[:first], per_block, min(num_blocks, first * per_block)))
+    link = hash(tuple(ids[:first]))
+    for h in ids[first:]:
+        if len(out) >= num_blocks:
+            break
+        link = hash((link, h))
+        out.extend(("past a repeat", link, j) for j in range(per_block))
+    return tuple(out[:num_blocks])
 
 
 def read_mooncake(path: str | Path, *, block_size: int, trace_block_tokens: int = TRACE_BLOCK_TOKENS,

@@ -38,6 +38,38 @@ def test_sub_blocks_keep_the_chain_and_drop_the_partial_block():
     assert same.request.block_hashes == tuple(range(13))
 
 
+def test_a_repeated_trace_id_is_another_block_from_the_repeat_on(tmp_path):
+    # A trace's ids are prefix hashes: the third block of [4, 5, 4] is not the first (vLLM chains its hashes, and
+    # Dynamo's mocker chains the ids). Keyed by the id alone it was the same block twice in one prompt, which the
+    # pool's batch free left held: "a popped block carries a hash it is not registered under" a few requests on.
+    rows = [[4, 5, 4], [4, 5, 4, 7], [4, 5], [4, 6, 4]]
+    path = tmp_path / "repeats.jsonl"
+    path.write_text("".join(json.dumps({"timestamp": i, "input_length": 512 * len(ids), "output_length": 2,
+                                        "hash_ids": ids}) + "\n" for i, ids in enumerate(rows)))
+    a, b, c, d = (t.request.block_hashes for t in read_mooncake(path, block_size=256))
+    assert a[:4] == c == (8, 9, 10, 11)  # up to the repeat: the plain keys, shared with [4, 5]
+    assert len(set(a)) == 6 and a[4:] == b[4:6]  # past it: new blocks, shared by prompts of the same leading ids
+    assert b[6:] != (14, 15) and len(set(b)) == 8  # a block after a repeat chains every id before it
+    assert d[:2] == (8, 9) and d[2:4] == (12, 13) and set(d[4:]).isdisjoint(a)  # [4, 6, 4]: another path
+
+
+def test_a_trace_that_repeats_ids_replays_as_dynamos_mocker_does(tmp_path):
+    # 50 requests of ids [1, 2, 1], then 50 of their own, one worker of 128 blocks of 64 tokens: the mocker's
+    # prefix_cache_reused_ratio on this file (run_mocker.py, vLLM backend) is 0.469583: 49 repeats with 23 of their
+    # 24 blocks cached (1,472 tokens: a full hit recomputes the last block), over 100 prompts of 1,536 tokens.
+    rows = [{"timestamp": i * 1000, "input_length": 1536, "output_length": 4, "hash_ids": [1, 2, 1]} for i in range(50)]
+    rows += [{"timestamp": 60000 + i * 1000, "input_length": 1536, "output_length": 4,
+              "hash_ids": [100 + 3 * i, 101 + 3 * i, 102 + 3 * i]} for i in range(50)]
+    path = tmp_path / "repeats.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["replay", str(path), "--workers", "1", "--kv-blocks", "128", "--router",
+                                       "round-robin", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    row = next(csv.DictReader((out / "summary.csv").open()))
+    assert float(row["prefix_reuse"]) == pytest.approx(49 * 1472 / (100 * 1536), abs=1e-6)
+
+
 def test_every_request_shares_the_first_block_of_the_conversation_trace():
     reqs = [t.request for t in read_mooncake(CONVERSATION, block_size=64, limit=50)]
     assert all(r.block_hashes[:8] == tuple(range(8)) for r in reqs)
