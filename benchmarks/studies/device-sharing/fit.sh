@@ -7,25 +7,26 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../../.." && pwd)"
 out="${1:-$here/results}"
-kvsim="${KVSIM:-$repo/.venv/bin/kvsim}"
+# KVSIM may be a command with arguments (e.g. `env PYTHONPATH=DIR .venv/bin/kvsim`): split on spaces.
+read -r -a kvsim <<< "${KVSIM:-$repo/.venv/bin/kvsim}"
 fx="$repo/tests/fixtures/real-vllm-sharing"
 mkdir -p "$out"
 runs() { local f; for f in "$@"; do printf -- '--runs\n%s\n' "$f"; done; }
 # Stage 1, the time model: one server (its device is never shared: 1 x (1 + host_load) <= 2 cores).
 mapfile -t one < <(runs "$fx"/short/w1-n7-c1-r*.csv "$fx"/short/w1-n7-c4-r*.csv)
-"$kvsim" calibrate --scenario "$here/start.yaml" "${one[@]}" --ttft server \
+"${kvsim[@]}" calibrate --scenario "$here/start.yaml" "${one[@]}" --ttft server \
   --fit time_model.step_overhead_s,time_model.seq_overhead_s,time_model.compute_efficiency \
   --metrics ttft_p50,e2e_p50,throughput_rps \
   --jobs "${JOBS:-2}" --out "$out/stage1.yaml" --report "$out/stage1-residuals.csv"
 # Stage 2, the sharing: three servers, the time model of stage 1 kept; host_load is measured (start.yaml).
 mapfile -t three < <(runs "$fx"/short/w3-n7-c1-r*.csv "$fx"/short/w3-n7-c4-r*.csv)
-"$kvsim" calibrate --scenario "$out/stage1.yaml" "${three[@]}" --ttft server \
+"${kvsim[@]}" calibrate --scenario "$out/stage1.yaml" "${three[@]}" --ttft server \
   --fit device.cpu.idle_load,device.cpu.sharing_efficiency,device.cpu.pause_s,device.cpu.pause_fraction \
   --metrics ttft_p50,ttft_p90,ttft_p99,e2e_p50,e2e_p90,throughput_rps \
   --jobs "${JOBS:-2}" --out "$out/fitted.yaml" --report "$out/fit-residuals.csv"
 for set in short short-starved long; do
   [[ -d "$fx/$set" ]] || continue
-  "$kvsim" validate --scenario "$out/fitted.yaml" --ttft server "$fx/$set"/*.csv --out "$out/validate-$set.csv" \
+  "${kvsim[@]}" validate --scenario "$out/fitted.yaml" --ttft server "$fx/$set"/*.csv --out "$out/validate-$set.csv" \
     | grep -v '^wrote ' > "$out/validate-$set.txt" || true
 done
 echo "wrote $out"
