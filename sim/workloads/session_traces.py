@@ -61,7 +61,7 @@ import math
 from array import array
 from collections import Counter
 from dataclasses import dataclass, replace
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from pathlib import Path
 
 from sim.workloads.arrival_curve import RateCurve, warp_mean_rps
@@ -519,7 +519,7 @@ class SessionTrace:
             output_block_hashes=output_hashes, output_key=output_key, num_context_tokens=context,
         )
 
-    def _chain_names(self, handle, i: int, turn: TurnLine, num_blocks: int) -> tuple[list[int], int]:
+    def _chain_names(self, handle, i: int, turn: TurnLine, num_blocks: int) -> tuple[list[Hashable], int]:
         """The names of the first `num_blocks` engine blocks of request `i`'s prompt and output, and its first child's
         prompt tokens (0: no linked child). Block q is named by the first request of `i`'s first-child chain
         (`i`, its first child, that one's first child, ...) whose **full** trace blocks cover it, as the chain's
@@ -527,13 +527,16 @@ class SessionTrace:
         turn has at the same place. The walk stops where the chain does, or at a child whose prompt does not extend
         its parent's full trace blocks; blocks past it stay unnamed here."""
         tb, k = self.trace_block_tokens, self._per_block
-        names: list[int] = []
+        names: list[Hashable] = []
         child_tokens = 0
         member, idx = turn, i
         while member is not None:
             covered = min(num_blocks, member.input_length // tb * k)
             ids = member.hash_ids
-            names.extend(ids[q // k] * k + q % k if k > 1 else ids[q] for q in range(len(names), covered))
+            if len(set(ids)) != len(ids):  # a repeated id: keys past it chain the ids (`sub_block_hashes`)
+                names.extend(sub_block_hashes(ids, k, covered)[len(names):covered])
+            else:
+                names.extend(ids[q // k] * k + q % k if k > 1 else ids[q] for q in range(len(names), covered))
             c = self.first_child[idx]
             if c < 0 or (len(names) >= num_blocks and idx != i):
                 break

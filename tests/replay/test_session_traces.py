@@ -171,6 +171,39 @@ def test_engine_blocks_smaller_than_the_trace_blocks_keep_parent_and_child_linke
     assert trace.unlinked == 1
 
 
+def test_a_session_that_repeats_a_trace_id_keeps_its_blocks_distinct_and_linked(tmp_path):
+    # ids [7, 8, 7, ...]: the third trace block is another block (`sub_block_hashes` chains the ids past a repeat),
+    # in the prompt's own hashes and in the names its chain gives its outputs and partial block alike; keyed by the
+    # id alone one prompt held block 7 twice and the KV-aware router's active blocks raised KeyError: 7.
+    rows = []
+    for s in range(4):
+        own = [7, 8, 7] + [1000 * s + 10 + j for j in range(5)]
+        rows.append({"id": 10 * s, "parent": None, "timestamp_s": s, "input_length": 16 * 8 - 5, "output_length": 40,
+                     "hash_ids": own})
+        # the child: the parent's 123 tokens, its 40 outputs and 30 new ones, under the parent's 7 full trace blocks
+        new_ids = [1000 * s + 100 + j for j in range(-(-(16 + 40 + 30) // 16))]
+        rows.append({"id": 10 * s + 1, "parent": 10 * s, "timestamp_s": s + 0.5, "input_length": 123 + 40 + 30,
+                     "output_length": 8, "hash_ids": own[:7] + new_ids})
+    path = tmp_path / "repeats.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    trace = SessionTrace(path, block_size=16)
+    requests = requests_by_id(trace)
+    for rid, r in requests.items():
+        blocks = r.block_hashes + r.output_block_hashes
+        assert len(set(blocks)) == len(blocks)
+        pid = trace.parent_of(rid)
+        if pid is not None:
+            parent = requests[pid]
+            linked = parent.block_hashes + parent.output_block_hashes
+            assert r.block_hashes[:len(linked)] == linked
+    first, other = requests[0], requests[2]  # request ids are line numbers: sessions 0 and 1 start on lines 0 and 2
+    assert first.block_hashes[:3] == other.block_hashes[:3]  # [7, 8, 7]: the same path, the same blocks
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["replay", str(path), "--trace-format", "kvsim", "--workers", "2",
+                                       "--kv-blocks", "200", "--router", "kv-aware", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+
+
 # -- timing ---------------------------------------------------------------------------------------------------
 
 
