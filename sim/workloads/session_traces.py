@@ -533,10 +533,9 @@ class SessionTrace:
         while member is not None:
             covered = min(num_blocks, member.input_length // tb * k)
             ids = member.hash_ids
-            if len(set(ids)) != len(ids):  # a repeated id: keys past it chain the ids (`sub_block_hashes`)
-                names.extend(sub_block_hashes(ids, k, covered)[len(names):covered])
-            else:
-                names.extend(ids[q // k] * k + q % k if k > 1 else ids[q] for q in range(len(names), covered))
+            # NOTE: the keys the prompt's own blocks take (`sub_block_hashes`, a repeated id included), from where
+            # the names so far end
+            names.extend(sub_block_hashes(ids, k, covered)[len(names):])
             c = self.first_child[idx]
             if c < 0 or (len(names) >= num_blocks and idx != i):
                 break

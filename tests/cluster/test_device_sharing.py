@@ -23,9 +23,15 @@ def _job(env, dev, work_s, done, name, start=0.0):
     done.append((name, env.now))
 
 
-def _finish_times(jobs, **device) -> dict[str, float]:
+def _finish_times(jobs, *, draws=None, admit=False, **device) -> dict[str, float]:
+    """When each job (name -> (start s, work s)) finishes on one device. `draws`: a stand-in for the device's pause
+    stream (`_Draws`); `admit`: a request reaches the device at time 0, before any job starts."""
     env = simpy.Environment()
     dev = Device(env, "d", **device)
+    if draws is not None:
+        dev._random = draws
+    if admit:
+        dev.admit()
     done: list[tuple[str, float]] = []
     for name, (start, work) in jobs.items():
         env.process(_job(env, dev, work, done, name, start))
@@ -169,17 +175,6 @@ class _Draws:
         return 1.0
 
 
-def _finish_times_drawn(jobs, **device) -> dict[str, float]:
-    env = simpy.Environment()
-    dev = Device(env, "d", **device)
-    dev._random = _Draws()
-    done: list[tuple[str, float]] = []
-    for name, (start, work) in jobs.items():
-        env.process(_job(env, dev, work, done, name, start))
-    env.run()
-    return dict(done)
-
-
 PAUSING = dict(num_workers=3, cores=1, pause_s=0.1, pause_fraction=0.25)
 
 
@@ -193,10 +188,10 @@ def test_a_device_at_low_load_stalls_less_than_at_high_load():
     # 7 x 0.0667 = 0.467, then 0.1 s more: 2.9 s, half of it paused. The old rule took o = 2 from the three workers
     # whatever the load, so the two steps paused as the three did: 1 s of running in five runs of 0.2 s behind five
     # pauses (the first drawn paused), 2 s.
-    assert _finish_times_drawn({"a": (0.0, 1.0)}, **PAUSING) == {"a": pytest.approx(1.0)}
-    assert _finish_times_drawn({"a": (0.0, 0.5), "b": (0.0, 0.5)}, **PAUSING) == {
+    assert _finish_times({"a": (0.0, 1.0)}, **PAUSING, draws=_Draws()) == {"a": pytest.approx(1.0)}
+    assert _finish_times({"a": (0.0, 0.5), "b": (0.0, 0.5)}, **PAUSING, draws=_Draws()) == {
         "a": pytest.approx(1.3), "b": pytest.approx(1.3)}
-    assert _finish_times_drawn({"a": (0.0, 0.5), "b": (0.0, 0.5), "c": (0.0, 0.5)}, **PAUSING) == {
+    assert _finish_times({"a": (0.0, 0.5), "b": (0.0, 0.5), "c": (0.0, 0.5)}, **PAUSING, draws=_Draws()) == {
         "a": pytest.approx(2.9), "b": pytest.approx(2.9), "c": pytest.approx(2.9)}
 
 
@@ -206,7 +201,7 @@ def test_a_load_change_mid_phase_spends_the_rest_of_the_budget_at_the_new_rate()
     # and b have done 0.075 + 0.1 / 3 = 0.1083; pauses and runs of 0.2 s follow (each run 0.0667 per step): a and b
     # finish after 5 more runs plus 0.0583 x 3 = 0.175 s: 0.25 + 5 x 0.4 + 0.2 + 0.175 = 2.625 s. Then c alone
     # (o = 0, no pauses) has 0.5 - 0.1 / 3 - 0.3917 = 0.075 left: 2.7 s.
-    t = _finish_times_drawn({"a": (0.0, 0.5), "b": (0.0, 0.5), "c": (0.15, 0.5)}, **PAUSING)
+    t = _finish_times({"a": (0.0, 0.5), "b": (0.0, 0.5), "c": (0.15, 0.5)}, **PAUSING, draws=_Draws())
     assert t == {"a": pytest.approx(2.625), "b": pytest.approx(2.625), "c": pytest.approx(2.7)}
 
 
@@ -227,11 +222,6 @@ def test_an_admission_draws_its_phase_with_the_admitted_worker_stepping():
     # share of 1 / 1.5, waits out the pause to 0.05, runs to 0.40 (0.233 done), pauses to 0.45, runs to 0.80 (0.467)
     # and after the next pause needs 0.05 s: done at 0.90. Drawn at the load of the moment (nothing stepping: o = 0,
     # running) it would have run from 0.02 and been done at 0.87.
-    env = simpy.Environment()
-    dev = Device(env, "d", num_workers=2, cores=1, idle_load=0.5, pause_s=0.1, pause_fraction=0.25)
-    dev._random = _Draws()
-    done: list[tuple[str, float]] = []
-    dev.admit()
-    env.process(_job(env, dev, 0.5, done, "a", 0.02))
-    env.run()
-    assert dict(done) == {"a": pytest.approx(0.90)}
+    t = _finish_times({"a": (0.02, 0.5)}, draws=_Draws(), admit=True, num_workers=2, cores=1, idle_load=0.5,
+                      pause_s=0.1, pause_fraction=0.25)
+    assert t == {"a": pytest.approx(0.90)}
