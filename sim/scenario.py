@@ -104,6 +104,7 @@ class DeviceSpec(ConfigModel):
     idle_load: float = Field(0.0, ge=0, le=4, allow_inf_nan=False, description="Cores' worth a worker without a step in flight keeps taking on this device (a vLLM CPU worker spins on its queue; 0 on a GPU). Fitted by kvsim calibrate (device.<name>.idle_load).")
     pause_s: float = Field(0.0, ge=0, le=10, allow_inf_nan=False, description="Mean length (s) of the pauses a shared device makes (no step progresses) per unit of oversubscription at its load of the moment, (L - cores) / cores with L = k (1 + host_load) + (workers - k) idle_load for k workers stepping: exponential, a fraction of the time (pause_fraction x the oversubscription) while its load exceeds its cores; the tail of a shared CPU. Seeded by the scenario's seed. Fitted by kvsim calibrate (device.<name>.pause_s).")
     pause_fraction: float = Field(0.0, ge=0, lt=1, allow_inf_nan=False, description="Fraction of the time a shared device pauses per unit of oversubscription at its load of the moment (0: never; see pause_s). Fitted by kvsim calibrate (device.<name>.pause_fraction).")
+    handoff_s: float = Field(0.0, ge=0, le=2, allow_inf_nan=False, description="Wait (s) at the start of each step of a shared device per unit of oversubscription (its load with the step's worker stepping): the hand-overs between a worker and its engine loop waiting for time slices; no progress meanwhile (0: none). Fitted by kvsim calibrate (device.<name>.handoff_s).")
     step_occupancy: float = Field(1.0, gt=0, le=1, description="Fraction of the device one step keeps busy once steps outnumber its cores: 1 = strict time slicing (k steps on one GPU each at 1/k), < 1 = concurrent kernels whose throughput saturates (MPS-like; each at 1/(1 + occupancy x (k - 1))). Fitted by kvsim calibrate (device.<name>.step_occupancy).")
     time_model: TimeModelSpec | None = Field(None, description="This device class's own step-time model (default: the scenario's).")
     hardware: str | None = Field(None, description="This device's hardware profile under a roofline time model (default: the time model's).")
@@ -315,7 +316,7 @@ class CalibrationSpec(ConfigModel):
 
     parameters: list[str] | None = Field(
         None,
-        description="Parameters to fit: time_model.<field>, cluster.<field>_s, device.<name>.speed|sharing_efficiency|host_load|idle_load|step_occupancy|pause_s|pause_fraction. "
+        description="Parameters to fit: time_model.<field>, cluster.<field>_s, device.<name>.speed|sharing_efficiency|host_load|idle_load|step_occupancy|pause_s|pause_fraction|handoff_s. "
                     "Default: the time model's own (Scenario.calibration_parameters).",
     )
     fitted_on: list[str] = Field(default_factory=list, description="Measured points the fit used (workers/prefixes/concurrency: metrics).")

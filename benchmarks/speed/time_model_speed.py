@@ -31,7 +31,7 @@ def _time_slicing(scenario: Scenario) -> Scenario:
     data = scenario.model_dump()
     for dep in data["cluster"]["deployments"]:
         for d in dep["devices"]:
-            d.update(host_load=0.0, idle_load=0.0, step_occupancy=1.0, pause_s=0.0, pause_fraction=0.0)
+            d.update(host_load=0.0, idle_load=0.0, step_occupancy=1.0, pause_s=0.0, pause_fraction=0.0, handoff_s=0.0)
     return validate_scenario(data, source=f"{scenario.name}, strict time slicing")
 
 

@@ -50,7 +50,7 @@ def _holdout(ctx: click.Context, param: click.Parameter, value: str | None):
               help="For --runs: fit the client-timed TTFT, or the server's queue + time to first token.")
 @click.option("--fit", "fit_params", default=None,
               help="Parameters to fit, comma-separated (time_model.<field>, cluster.request_overhead_s, "
-                   "device.<name>.speed, device.<name>.sharing_efficiency, device.<name>.host_load, device.<name>.idle_load, device.<name>.step_occupancy, device.<name>.pause_s, device.<name>.pause_fraction). Default: the scenario's calibration.parameters, else the time model's own (linear: base_s, prefill_token_s, decode_seq_s; roofline: step_overhead_s, compute_ and memory_efficiency; both with cluster.request_overhead_s).")
+                   "device.<name>.speed, device.<name>.sharing_efficiency, device.<name>.host_load, device.<name>.idle_load, device.<name>.step_occupancy, device.<name>.pause_s, device.<name>.pause_fraction, device.<name>.handoff_s). Default: the scenario's calibration.parameters, else the time model's own (linear: base_s, prefill_token_s, decode_seq_s; roofline: step_overhead_s, compute_ and memory_efficiency; both with cluster.request_overhead_s).")
 @click.option("--metrics", "metric_names", default=None,
               help="Fit only these measured figures, comma-separated (e.g. ttft_p50,ttft_hit_p50,throughput_rps; "
                    "any of ttft[_hit|_miss]_p50|p90|p99, e2e_p50|p90|p99, tpot_p50|p90|p99, throughput_rps); the "

@@ -29,6 +29,12 @@ Each effect is a parameter fitted from measurement (docs/time/device-sharing.md)
   meets has spent it. At a constant load that is the exponential phase of mean p or p (1 - f) / f; a change of load
   mid-phase changes how fast the rest is spent (memorylessness: the same as redrawing the rest at the new rates).
 
+- **handoff_s**: while the load exceeds the cores, each step starts with a wait of `handoff_s` x o (at the load with
+  its worker stepping) in which it makes no progress: a step hands work between processes (the engine loop to its
+  worker and back, vLLM's shared-memory queues), and on oversubscribed cores each hand-over waits for a time slice.
+  The wait is per step, so it costs a decode step (small work) as much as a prefill (large): shared servers decode
+  slower, relative to their prefill, than a share of the cores alone gives. While it waits the worker counts as idle.
+
 `sharing_efficiency` (< 1: switching costs part of the device) multiplies the share while the device is shared. With
 the defaults (h = b = 0, u = 1, efficiency 1, no pauses) a step progresses at `speed * min(1, cores / k)`: processor
 sharing by time slices, as before these parameters existed (to the last bit).
@@ -58,14 +64,15 @@ class Device:
     def __init__(self, env: simpy.Environment, name: str, *, speed: float = 1.0, sharing_efficiency: float = 1.0,
                  num_workers: int = 1, cores: int = 1, host_load: float = 0.0, idle_load: float = 0.0,
                  step_occupancy: float = 1.0, pause_s: float = 0.0, pause_fraction: float = 0.0,
-                 seed: int = 0) -> None:
+                 handoff_s: float = 0.0, seed: int = 0) -> None:
         if speed <= 0:
             raise ValueError(f"device {name}: speed must be > 0, got {speed}")
         if not 0 < sharing_efficiency <= 1:
             raise ValueError(f"device {name}: sharing_efficiency must be in (0, 1], got {sharing_efficiency}")
         if cores < 1:
             raise ValueError(f"device {name}: cores must be >= 1, got {cores}")
-        for field, value in (("host_load", host_load), ("idle_load", idle_load), ("pause_s", pause_s)):
+        for field, value in (("host_load", host_load), ("idle_load", idle_load), ("pause_s", pause_s),
+                             ("handoff_s", handoff_s)):
             if not value >= 0:
                 raise ValueError(f"device {name}: {field} must be >= 0, got {value}")
         if not 0 < step_occupancy <= 1:
@@ -83,6 +90,7 @@ class Device:
         self.step_occupancy = step_occupancy
         self.pause_s = pause_s
         self.pause_fraction = pause_fraction
+        self.handoff_s = handoff_s
         self._random = random.Random(seed) if pause_s > 0 and pause_fraction > 0 and not self.exclusive else None
         # A pausing device's phase: running or paused (None: none drawn yet, or drawn afresh at the next reschedule).
         # Since _phase_mark_s it spends its hazard budget _hazard_left at _hazard_rate per second (the rate of the
@@ -94,6 +102,7 @@ class Device:
         self._phase_end_s = 0.0
         self.busy_s = 0.0
         self._jobs: dict[simpy.Event, float] = {}
+        self._job_workers: dict[simpy.Event, int | None] = {}  # each step's worker (None: not named)
         self._last_update_s = 0.0
         self._generation = 0
 
@@ -103,25 +112,43 @@ class Device:
         return cls(env, spec.name, speed=spec.speed, sharing_efficiency=spec.sharing_efficiency,
                    num_workers=spec.workers, cores=spec.cores, host_load=spec.host_load, idle_load=spec.idle_load,
                    step_occupancy=spec.step_occupancy, pause_s=spec.pause_s, pause_fraction=spec.pause_fraction,
-                   seed=seed)
+                   handoff_s=spec.handoff_s, seed=seed)
 
     @property
     def exclusive(self) -> bool:
         """True when every worker on the device always gets full speed (its load never exceeds the cores)."""
         return self.num_workers * max(1.0 + self.host_load, self.idle_load) <= self.cores
 
-    def run(self, work_s: float) -> simpy.Event:
-        """An event that fires when `work_s` seconds of full-speed work are done on this device."""
+    def run(self, work_s: float, worker: int | None = None) -> simpy.Event:
+        """An event that fires when `work_s` seconds of full-speed work are done on this device for `worker` (its
+        index: `admit` and the hand-over count it as stepping; None: a step of no worker in particular)."""
         if self.exclusive:
             self.busy_s += work_s / self.speed
             return self.env.timeout(work_s / self.speed)
         done = self.env.event()
         self._advance()
-        self._jobs[done] = work_s
-        self._reschedule()
+        wait_s = self.handoff_s * self._oversubscription(self._load_with(worker)) if self.handoff_s else 0.0
+        if wait_s > 0:  # waiting for its turn, the worker counts as idle
+            self.env.timeout(wait_s).callbacks.append(lambda _event: self._start(done, work_s, worker))
+        else:
+            self._start(done, work_s, worker, advanced=True)
         return done
 
-    def admit(self) -> None:
+    def _start(self, done: simpy.Event, work_s: float, worker: int | None, advanced: bool = False) -> None:
+        if not advanced:
+            self._advance()
+        self._jobs[done] = work_s
+        self._job_workers[done] = worker
+        self._reschedule()
+
+    def _load_with(self, worker: int | None) -> float:
+        """The device's load now with `worker` counted as stepping (it is about to)."""
+        steps = len(self._jobs)
+        if worker is None:  # not named: one more step, unless all are stepping
+            return self.load(min(steps + 1, self.num_workers))
+        return self.load(steps if worker in self._job_workers.values() else steps + 1)
+
+    def admit(self, worker: int | None = None) -> None:
         """A request reaches one of this device's workers. A pausing device's alternation starts afresh from its
         stationary state (paused with probability f, for a remaining exponential pause): a new request
         wakes host processes that must themselves be scheduled, so the stalls fall on admissions, not only on the
@@ -132,8 +159,8 @@ class Device:
             return
         self._advance()
         self._phase = None
-        # the admitted request's worker is counted as stepping (it is about to), unless all are
-        self._reschedule(min(len(self._jobs) + 1, self.num_workers))
+        # the admitted request's worker is counted as stepping (it is about to)
+        self._reschedule(self._load_with(worker))
 
     def load(self, steps: int) -> float:
         """The device's load with `steps` of its workers stepping (cores' worth)."""
@@ -170,9 +197,12 @@ class Device:
         self._last_update_s = now
         self._follow_phases()
 
+    def _oversubscription(self, load: float) -> float:
+        return max(0.0, load - self.cores) / self.cores
+
     def _pause_phases(self, load: float) -> tuple[float, float]:
         """(f, p) at `load`: the fraction of the time paused and the mean pause (s), 0 and 0 when not oversubscribed."""
-        oversubscription = max(0.0, load - self.cores) / self.cores
+        oversubscription = self._oversubscription(load)
         return min(0.95, self.pause_fraction * oversubscription), self.pause_s * oversubscription
 
     def _switch_rate(self, load: float) -> float:
@@ -224,11 +254,11 @@ class Device:
         else:
             self._time_phase(load)
 
-    def _reschedule(self, pause_steps: int | None = None) -> None:
-        """Wake at the next completion or phase end. `pause_steps`: the steps in flight the phase is timed at (default:
-        those in flight; `admit` counts its worker's)."""
+    def _reschedule(self, pause_load: float | None = None) -> None:
+        """Wake at the next completion or phase end. `pause_load`: the load the phase is timed at (default: the
+        current one; `admit` counts its worker as stepping)."""
         self._generation += 1
-        self._pause(self.load(len(self._jobs) if pause_steps is None else pause_steps))
+        self._pause(self.load(len(self._jobs)) if pause_load is None else pause_load)
         if not self._jobs:
             return
         generation = self._generation
@@ -245,6 +275,6 @@ class Device:
         # NOTE: float subtraction leaves crumbs; a job within a nanosecond of done is done.
         finished = [job for job, left in self._jobs.items() if left <= 1e-9]
         for job in finished:
-            del self._jobs[job]
+            del self._jobs[job], self._job_workers[job]
             job.succeed()
         self._reschedule()

@@ -74,7 +74,7 @@ class Worker:
         """The request reaches the engine's queue (at `arrival_s`, which is now)."""
         self.num_changes += 1
         state = self.engine.add_request(request, worker=self.index, arrival_s=arrival_s)
-        self.device.admit()
+        self.device.admit(self.index)
         self._arrived()
         return state
 
@@ -82,7 +82,7 @@ class Worker:
         """A request this worker prefills for another (P/D): it keeps its KV after its finish until released."""
         self.num_changes += 1
         state = self.engine.add_remote_decode(request, worker=self.index, arrival_s=arrival_s)
-        self.device.admit()
+        self.device.admit(self.index)
         self._arrived()
         return state
 
@@ -97,7 +97,7 @@ class Worker:
         """A request another worker prefilled reaches the engine's queue (P/D: its prompt KV comes from `source`)."""
         self.num_changes += 1
         state = self.engine.add_remote_prefilled(request, worker=self.index, arrival_s=arrival_s, source=source)
-        self.device.admit()
+        self.device.admit(self.index)
         self._arrived()
         return state
 
@@ -156,7 +156,7 @@ class Worker:
                 continue  # the engine found nothing left to do (its loop went idle)
             if plan.stall_s:
                 yield env.timeout(plan.stall_s)  # the forward pass waits for flushed KV copies
-            yield self.device.run(step_seconds(plan))
+            yield self.device.run(step_seconds(plan), self.index)
             self.num_steps += 1
             outcome = update_from_output(plan, env.now)
             self.num_changes += 1  # finishes and frees, before anyone hears of them

@@ -136,7 +136,7 @@ def parameter_bounds(name: str) -> tuple[float, float]:
         if leaf.endswith(suffix):
             return BOUNDS[suffix]
     raise ValueError(f"cannot fit {name!r}: only times (..._s), efficiencies (..._efficiency) and a device's speed, "
-                     f"sharing_efficiency, host_load, idle_load, step_occupancy, pause_s and pause_fraction are fitted")
+                     f"sharing_efficiency, host_load, idle_load, step_occupancy, pause_s, pause_fraction and handoff_s are fitted")
 
 
 def read_parameter(scenario: Scenario, name: str) -> float:

@@ -225,3 +225,60 @@ def test_an_admission_draws_its_phase_with_the_admitted_worker_stepping():
     t = _finish_times({"a": (0.02, 0.5)}, draws=_Draws(), admit=True, num_workers=2, cores=1, idle_load=0.5,
                       pause_s=0.1, pause_fraction=0.25)
     assert t == {"a": pytest.approx(0.90)}
+
+
+def _worker_steps(env, dev, worker, steps, done):
+    # one worker's steps back to back (`steps`: their work), as its engine loop runs them
+    for i, work_s in enumerate(steps):
+        yield dev.run(work_s, worker)
+        done.append((f"{worker}.{i}", env.now))
+
+
+def _step_times(plan, **device) -> dict[str, float]:
+    """When each step of each worker (worker -> its steps' work) finishes on one device."""
+    env = simpy.Environment()
+    dev = Device(env, "d", **device)
+    done: list[tuple[str, float]] = []
+    for worker, steps in plan.items():
+        env.process(_worker_steps(env, dev, worker, steps, done))
+    env.run()
+    return dict(done)
+
+
+def test_a_step_on_an_oversubscribed_device_first_waits_its_handoff():
+    # One core, two workers, the idle one spinning (b = 1): one step carries L = 2, o = 1, so it waits
+    # handoff_s x 1 = 0.1 s, then runs its 1 s of work at 1/2: done at 2.1 s. Both stepping: each waits 0.1 s
+    # (counted idle meanwhile: L = 2 for each's wait), then both run at 1/2 (L = 2): done at 2.1 s too.
+    device = dict(num_workers=2, cores=1, idle_load=1.0, handoff_s=0.1)
+    assert _step_times({0: [1.0]}, **device) == {"0.0": pytest.approx(2.1)}
+    assert _step_times({0: [1.0], 1: [1.0]}, **device) == {"0.0": pytest.approx(2.1), "1.0": pytest.approx(2.1)}
+
+
+def test_the_handoff_is_per_step_so_small_steps_pay_it_most():
+    # As above: ten steps of 0.1 s (a decode) cost ten waits, 10 x (0.1 + 0.2) = 3.0 s, where one step of the
+    # same 1 s of work (a prefill) costs one: 2.1 s. Without the handoff both take 2.0 s.
+    device = dict(num_workers=2, cores=1, idle_load=1.0, handoff_s=0.1)
+    assert _step_times({0: [0.1] * 10}, **device)["0.9"] == pytest.approx(3.0)
+    assert _step_times({0: [0.1] * 10}, **{**device, "handoff_s": 0.0})["0.9"] == pytest.approx(2.0)
+
+
+def test_no_handoff_while_the_load_is_within_the_cores():
+    # Two cores, two workers with host load 0.5 (shared once both step: 3 > 2). One step alone: L = 1.5 <= 2, no
+    # wait, done at 1.0 s. Two: the first to start (worker 0) meets L = 1.5, no wait; the second meets L = 3 (o = 0.5),
+    # waits 0.05 s; from 0.05 s both run at 2/3: worker 0's 0.95 s left take 1.425 s (done 1.475), by when worker 1 has
+    # done 0.95 of its 1 s; alone at full speed for the rest: done 1.525 s.
+    device = dict(num_workers=2, cores=2, host_load=0.5, handoff_s=0.1)
+    assert _step_times({0: [1.0]}, **device) == {"0.0": pytest.approx(1.0)}
+    assert _step_times({0: [1.0], 1: [1.0]}, **device) == {"0.0": pytest.approx(1.475), "1.0": pytest.approx(1.525)}
+
+
+def test_a_stepping_workers_own_next_step_is_not_counted_twice():
+    # One core, two workers, b = 0. Worker 0 runs two 1 s steps; when its first ends (L = 0 for a moment: nothing
+    # stepping) its second meets L = 1, o = 0: no wait; alone it runs at full speed: 1.0 and 2.0 s. Named, the worker's
+    # step is counted once; a step of no worker in particular counts one more (min(k + 1, workers)).
+    device = dict(num_workers=2, cores=1, handoff_s=0.1)
+    assert _step_times({0: [1.0, 1.0]}, **device) == {"0.0": pytest.approx(1.0), "0.1": pytest.approx(2.0)}
+    env = simpy.Environment()
+    dev = Device(env, "d", num_workers=2, cores=1, handoff_s=0.1)
+    dev.run(5.0, 0)
+    assert dev._load_with(0) == 1.0 and dev._load_with(1) == 2.0 and dev._load_with(None) == 2.0

@@ -36,20 +36,21 @@ SHORTFALLS = {  # (set, setup) -> {metric: the bound it is held to instead (its 
     ("short-starved", "w1-n7-c1"): {"ttft_p99_ms": 0.40},
     ("short-starved", "w1-n7-c8"): {"ttft_p50_ms": 0.35},
     ("short-starved", "w1-n7-c16"): {"ttft_p50_ms": 0.45},
-    # two servers (held out): the p99 too short at 8 and 16 (the stalls follow the steps in flight, which stop growing
-    # at 2 of 2; the measured tail goes on growing with the requests); the servers faster than measured
-    ("short", "w2-n7-c2"): {"throughput_rps": 0.65},
-    ("short", "w2-n7-c4"): {"throughput_rps": 0.50},
-    ("short", "w2-n7-c8"): {"ttft_p99_ms": 0.65, "throughput_rps": 0.60},
-    ("short", "w2-n7-c16"): {"ttft_p99_ms": 0.45},
-    ("long", "w2-n7-c1"): {"ttft_p50_ms": 0.95, "ttft_p99_ms": 0.85},
-    ("long", "w2-n7-c4"): {"ttft_p50_ms": 1.20},
-    ("long", "w2-n7-c8"): {"ttft_p50_ms": 1.25},
-    # three servers: the median TTFT too high (fitted at 1 and 4)
-    ("short", "w3-n7-c1"): {"ttft_p50_ms": 0.60},
-    ("short", "w3-n7-c2"): {"ttft_p50_ms": 0.45},
-    ("short", "w3-n7-c4"): {"ttft_p50_ms": 0.60},
-    ("short", "w3-n7-c16"): {"ttft_p50_ms": 1.00},
+    # two servers (held out): the p99 too long at 2 (kvsim's admissions meet its long pauses; the measured
+    # long stalls fall on one server's decode, not on its first token) and too short at 8 (the KV-bound queue of a
+    # server drains faster than measured); throughput at 2 still over-predicted
+    ("short", "w2-n7-c2"): {"ttft_p99_ms": 0.85, "throughput_rps": 0.40},
+    ("short", "w2-n7-c8"): {"ttft_p99_ms": 0.40},
+    # the long prompts at two servers: the medians about twice the measured (the real servers barely slow down with
+    # long prompts: 3.3 requests/s at concurrency 1 against one server's 4.0, where short prompts fall from 5.3 to 2.3)
+    ("long", "w2-n7-c1"): {"ttft_p50_ms": 1.25, "ttft_p99_ms": 0.80},
+    ("long", "w2-n7-c4"): {"ttft_p50_ms": 1.20, "ttft_p99_ms": 1.05},
+    ("long", "w2-n7-c8"): {"ttft_p50_ms": 1.05},
+    # three servers: the median TTFT too high (fitted at 1 and 4), the p99 at 2 too long
+    ("short", "w3-n7-c1"): {"ttft_p50_ms": 0.40},
+    ("short", "w3-n7-c2"): {"ttft_p50_ms": 0.35, "ttft_p99_ms": 0.70},
+    ("short", "w3-n7-c4"): {"ttft_p50_ms": 0.50},
+    ("short", "w3-n7-c16"): {"ttft_p50_ms": 1.55},
 }
 
 
@@ -90,12 +91,13 @@ def test_the_scenario_was_fitted_on_three_servers_at_1_and_4():
                                                                          for r in (1, 2)}
     devices = {d.workers: d for dep in scenario.cluster.deployments for d in dep.devices}
     assert devices[1].host_load == 0.92 and devices[1].cores == 2
-    # physically plausible: an idle server demands less than two cores (its worker spins on one, its EngineCore polls
-    # it; the fit gives 1.37, more than it is measured to get: two servers' workers use 1.28-1.41 cores between them at
-    # concurrency 1, so the fitted value is a claim on the cores, not their use); the share left while shared
-    # is most of it; stalls last tenths of a second and take a few percent of the time per unit of oversubscription
+    # physically plausible: an idle server demands at most a core (its worker spins on its queue, its EngineCore polls
+    # it; two servers' workers use 1.28-1.41 cores between them at concurrency 1, one stepping); the share left while
+    # shared is most of it; stalls last tenths of a second and take a few percent of the time per unit of
+    # oversubscription; a step's hand-overs wait milliseconds for their time slices (a scheduler's slice)
     d = devices[2]
-    assert 0 < d.idle_load < 2 and 0.5 < d.sharing_efficiency <= 1 and 0.05 < d.pause_s < 1 and d.pause_fraction < 0.2
+    assert 0 < d.idle_load <= 1 and 0.5 < d.sharing_efficiency <= 1 and 0.05 < d.pause_s < 1 and d.pause_fraction < 0.2
+    assert 0.0005 < d.handoff_s < 0.01
 
 
 @pytest.mark.slow
@@ -118,9 +120,9 @@ def test_every_repeated_setup_within_its_goal_or_known_shortfall(which, groups):
 @pytest.mark.slow
 def test_two_servers_held_out_ttft_mostly_within_the_goals(groups):
     # the held-out server count: the median TTFT within 25 % of the measured range at every concurrency, the p99
-    # within 35 % at 1, 2 and 4 (not at 8 and 16: SHORTFALLS)
+    # within 35 % at 1, 4 and 16 (not at 2 and 8: SHORTFALLS)
     def within(metric, goal):
         return [c for c in (1, 2, 4, 8, 16)
                 if abs(groups[("short", f"w2-n7-c{c}")][metric].relative_error) <= goal]
     assert within("ttft_p50_ms", 0.25) == [1, 2, 4, 8, 16]
-    assert within("ttft_p99_ms", 0.35) == [1, 2, 4]
+    assert within("ttft_p99_ms", 0.35) == [1, 4, 16]

@@ -21,7 +21,7 @@ mapfile -t one < <(runs "$fx"/short/w1-n7-c1-r*.csv "$fx"/short/w1-n7-c4-r*.csv)
 # Stage 2, the sharing: three servers, the time model of stage 1 kept; host_load is measured (start.yaml).
 mapfile -t three < <(runs "$fx"/short/w3-n7-c1-r*.csv "$fx"/short/w3-n7-c4-r*.csv)
 "${kvsim[@]}" calibrate --scenario "$out/stage1.yaml" "${three[@]}" --ttft server \
-  --fit device.cpu.idle_load,device.cpu.sharing_efficiency,device.cpu.pause_s,device.cpu.pause_fraction \
+  --fit device.cpu.idle_load,device.cpu.sharing_efficiency,device.cpu.pause_s,device.cpu.pause_fraction,device.cpu.handoff_s \
   --metrics ttft_p50,ttft_p90,ttft_p99,e2e_p50,e2e_p90,throughput_rps \
   --jobs "${JOBS:-2}" --out "$out/fitted.yaml" --report "$out/fit-residuals.csv"
 for set in short short-starved long; do
