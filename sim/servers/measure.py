@@ -253,6 +253,7 @@ def measure(cfg: MeasureConfig, progress: Callable[[], None] | None = None) -> t
                        e2e_ms=c.e2e_s * 1000, end_s=end, output_tokens=c.output_tokens,
                        server_ttft_ms=c.server_ttft_ms if c.server_ttft_ms is not None else "",
                        server_queue_ms=c.server_queue_ms if c.server_queue_ms is not None else "",
+                       server_generation_ms=c.server_generation_ms if c.server_generation_ms is not None else "",
                        attempts=c.attempts, error="")
         except EndpointError as err:
             end = time.perf_counter() - t_start

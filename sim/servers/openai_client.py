@@ -57,6 +57,9 @@ class Completion:
     e2e_s: float
     server_ttft_ms: float | None
     server_queue_ms: float | None
+    server_generation_ms: float | None
+    """vLLM's per-request metrics: its last output token's time less its first's, as its front end (the API server)
+    processed them; with the client's e2e it tells decode on the server from delivery to the client."""
     attempts: int
 
 
@@ -114,7 +117,7 @@ def _attempt(endpoint: Endpoint, body: bytes, timeout_s: float) -> Completion:
         output_tokens=int(usage.get("completion_tokens", n_out)),
         ttft_s=ttft_s, e2e_s=e2e_s,
         server_ttft_ms=metrics.get("time_to_first_token_ms"), server_queue_ms=metrics.get("queue_time_ms"),
-        attempts=1,
+        server_generation_ms=metrics.get("generation_time_ms"), attempts=1,
     )
 
 

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 REQUIRED_COLUMNS = ("request_id", "warmup", "prefix_id", "worker", "prompt_tokens", "cached_tokens", "ttft_ms",
                     "e2e_ms", "start_s", "end_s")
-OPTIONAL_COLUMNS = ("output_tokens", "server_ttft_ms", "server_queue_ms", "attempts", "error")
+OPTIONAL_COLUMNS = ("output_tokens", "server_ttft_ms", "server_queue_ms", "server_generation_ms", "attempts", "error")
 
 
 class RunFileError(ValueError):
@@ -136,6 +136,8 @@ class RunRow:
     error: str = ""
     server_ttft_ms: float | None = None
     server_queue_ms: float | None = None
+    server_generation_ms: float | None = None
+    """vLLM's last output token less its first on the server (written by `kvsim measure` since 2026-12-03)."""
 
     @property
     def is_hit(self) -> bool:
@@ -256,7 +258,7 @@ def read_run(csv_path: str | Path) -> Run:
             except ValueError as err:
                 raise RunFileError(f"{path}:{line}: column {col}: {err}") from None
         values["error"] = (raw.get("error") or "").strip()
-        for col in ("server_ttft_ms", "server_queue_ms"):
+        for col in ("server_ttft_ms", "server_queue_ms", "server_generation_ms"):
             text = (raw.get(col) or "").strip()
             try:
                 values[col] = finite_float(text, least=0) if text else None

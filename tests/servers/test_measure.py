@@ -40,6 +40,8 @@ def test_measure_writes_the_run_and_the_stream_matches_the_simulated_one(tmp_pat
         assert all(r.cached_tokens == 0 for r in run.rows if r.warmup)
         assert {r.cached_tokens for r in run.measured} <= {0, 64}
         assert all(r.ttft_ms > 0 and r.e2e_ms >= r.ttft_ms for r in run.measured)
+        # vLLM's per-request metrics as the stub sends them: queue, time to first token, first to last token
+        assert {(r.server_queue_ms, r.server_ttft_ms, r.server_generation_ms) for r in run.rows} == {(0.1, 1.0, 2.5)}
         side = json.loads(out.with_suffix(".json").read_text())
         total_queries = sum(c["queries"] for c in side["counters_measured"])
         assert total_queries == 20 * 104
@@ -63,6 +65,7 @@ def test_transient_server_errors_are_retried():
         c = stream_completion(Endpoint.parse(s.url), model="stub-model", prompt_ids=[5] * 40, max_tokens=3,
                               retries=2, backoff_s=0.01)
         assert c.attempts == 3 and c.output_tokens == 3 and c.prompt_tokens == 40
+        assert (c.server_ttft_ms, c.server_queue_ms, c.server_generation_ms) == (1.0, 0.1, 2.5)
 
 
 def test_a_timeout_is_retried():

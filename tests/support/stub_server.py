@@ -180,7 +180,7 @@ class StubServer:
                 usage = {"choices": [], "usage": {"prompt_tokens": len(ids), "completion_tokens": n,
                                                   "prompt_tokens_details": {"cached_tokens": cached}}}
                 if state.engine == "vllm":  # vLLM's --enable-per-request-metrics; SGLang sends no timing
-                    usage["metrics"] = {"time_to_first_token_ms": 1.0, "queue_time_ms": 0.1}
+                    usage["metrics"] = {"time_to_first_token_ms": 1.0, "queue_time_ms": 0.1, "generation_time_ms": 2.5}
                 self.wfile.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
                 self.wfile.flush()
 
