@@ -165,9 +165,7 @@ class KvPool:
         self.private_pages -= moved  # duplicates go back to free, the rest now belongs to the tree
         node = tree.stamp_path(key, node)  # SGLang's match_prefix(key): the node the insert ended in
         req.cache_protected_len = key_len
-        if req.lock is not None:
-            tree.dec_lock_ref(req.lock)
-        tree.inc_lock_ref(node)
+        tree.move_lock(req.lock, node)
         req.lock = req.last_node = node
 
     def checkpoint_kv_cache(self, req: SglangRequest) -> None:

@@ -139,9 +139,10 @@ class RadixCache:
             self._events.append(CacheEvent("cleared"))
 
     def page_aligned(self, key: Tokens) -> Tokens:
-        if self.page_size == 1:
+        P = self.page_size
+        if P == 1 or key.length % P == 0:
             return key
-        return key.slice(0, len(key) // self.page_size * self.page_size)
+        return key.slice(0, key.length // P * P)
 
     def child_key(self, key: Tokens, offset: int = 0) -> Hashable:
         return key.page_key(offset, self.page_size)
@@ -337,6 +338,31 @@ class RadixCache:
             self._update_leaf_status(node)
             node = node.parent
         return delta
+
+    def move_lock(self, old: TreeNode | None, new: TreeNode) -> None:
+        """`dec_lock_ref(old)` (if any), then `inc_lock_ref(new)`: the same holders, sizes and leaves after. Where
+        `old` is on `new`'s path (a checkpoint moves a request's lock down the path it extends), the nodes from `old`
+        up lose and regain a holder, so only those below it, down to `new`, are touched."""
+        if old is None:
+            self.inc_lock_ref(new)
+            return
+        node, root = new, self.root_node
+        below: list[TreeNode] = []
+        if not self.has_host_tier:  # NOTE: a host tier's leaves also hang on its tiers: moved the plain way
+            while node is not old and node is not root:
+                below.append(node)
+                node = node.parent
+        if node is not old:  # `old` is on another branch
+            self.dec_lock_ref(old)
+            self.inc_lock_ref(new)
+            return
+        for node in below:  # `inc_lock_ref`'s step on each
+            if node.lock_ref == 0:
+                n = node.key.length
+                self.evictable_size_ -= n
+                self.protected_size_ += n
+            node.lock_ref += 1
+            self._update_leaf_status(node)
 
     def evictable_size(self) -> int:
         return self.evictable_size_

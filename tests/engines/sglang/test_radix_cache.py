@@ -319,3 +319,42 @@ def test_insert_below_a_locked_node_is_insert_from_the_root(ops, policy, page_si
                 assert end is got[1]
             tree.check_invariants()
         assert _dump(trees[0]) == _dump(trees[1])
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["insert", "lock", "move", "unlock", "evict"]), SEQ, st.integers(0, 40)),
+                max_size=30),
+       st.sampled_from(["lru", "lfu", "mru"]), st.sampled_from([1, 2]))
+def test_move_lock_is_dec_then_inc(ops, policy, page_size):
+    """`move_lock(old, new)` (a checkpoint's lock moving down its path, or to another branch) leaves the same holders,
+    sizes and evictable leaves as `dec_lock_ref(old)` then `inc_lock_ref(new)`, so later evicts take the same nodes."""
+    trees = [RadixCache(page_size=page_size, eviction_policy=policy) for _ in range(2)]
+    held: list[list] = [[], []]
+    for tree in trees:
+        tree.enable_events()
+    for kind, seq, n in ops:
+        key = Tokens(seq)
+        for t, (tree, locks) in enumerate(zip(trees, held)):
+            if kind == "insert":
+                tree.insert(key)
+            elif kind == "lock":
+                locks.append(tree.match_prefix(key)[1])
+                tree.inc_lock_ref(locks[-1])
+            elif kind == "move" and locks:
+                i = n % len(locks)
+                new = tree.insert(key)[1]
+                if t == 0:
+                    tree.move_lock(locks[i], new)
+                else:
+                    tree.dec_lock_ref(locks[i])
+                    tree.inc_lock_ref(new)
+                locks[i] = new
+            elif kind == "unlock" and locks:
+                tree.dec_lock_ref(locks.pop(n % len(locks)))
+            elif kind == "evict":
+                tree.evict(n)
+            tree.check_invariants()
+        assert _dump(trees[0]) == _dump(trees[1])
+        assert trees[0].take_events() == trees[1].take_events()
+        assert (trees[0].evictable_size(), trees[0].protected_size()) == (trees[1].evictable_size(),
+                                                                         trees[1].protected_size())
