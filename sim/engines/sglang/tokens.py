@@ -217,6 +217,24 @@ _last_prompt: list = [None, 0, None]
 peeks, then the worker it goes to once more (a request is immutable, and held here, so `is` identifies it)."""
 
 
+def page_aligned_prompt(request: Request, block_size: int, page_size: int) -> Tokens:
+    """`prompt_tokens(request, block_size)` cut to whole pages of `page_size` (`RadixCache.page_aligned`), built once
+    for a router's peeks at every worker (the same object each time, so its run ends are located once too)."""
+    memo = _last_aligned
+    if memo[0] is request and memo[1] == block_size and memo[2] == page_size:
+        return memo[3]
+    tokens = prompt_tokens(request, block_size)
+    length = tokens.length // page_size * page_size
+    if length != tokens.length:
+        tokens = tokens.slice(0, length)
+    memo[:] = request, block_size, page_size, tokens
+    return tokens
+
+
+_last_aligned: list = [None, 0, 0, None]
+"""The last (request, block size, page size, page-aligned prompt tokens) built (as `_last_prompt`)."""
+
+
 def output_tokens(request: Request, num_tokens: int) -> Tokens:
     """The first `num_tokens` sampled output tokens of `request`: unique to it (sampling is random), unless a later
     turn of its session resends them (`Request.output_key` names them then)."""
