@@ -145,7 +145,8 @@ class KvPool:
         """`RadixCache.checkpoint`: insert the request's KV up to `up_to` (page-aligned), free the duplicate part,
         split the leaf at the prompt's end, and move the request's lock to the end of what it inserted."""
         tree, P = self.tree, self.page_size
-        key = tree.page_aligned(req.fill_tokens(up_to))
+        # NOTE: `tree.page_aligned(req.fill_tokens(up_to))`, cut once: the aligned prefix of the fill.
+        key = req.fill_tokens(min(up_to, req.fill_len) // P * P)
         key_len = len(key)
         protected = req.cache_protected_len
         # NOTE: the request's lock holds the path of its first `protected` tokens (SGLang's `last_node`), so the

@@ -73,7 +73,9 @@ class Tokens:
 
     def _locate(self, offset: int) -> tuple[int, int]:
         """(index of the run holding token `offset`, tokens of that run before it)."""
-        ends = self._ends
+        ends = self._ends_list  # NOTE: `_ends` inlined: the tree's walks locate several times per node
+        if ends is None:
+            ends = self._ends_list = list(accumulate(map(_run_length, self.runs)))
         i = bisect_right(ends, offset)
         return i, offset - (ends[i - 1] if i else 0)
 
