@@ -314,28 +314,40 @@ class RadixCache:
     def inc_lock_ref(self, node: TreeNode) -> int:
         """Add a holder on `node` and its ancestors; returns the change in evictable tokens (<= 0)."""
         delta = 0
-        while node is not self.root_node:
-            if node.lock_ref == 0 and not node.evicted:
-                self.evictable_size_ -= len(node.key)
-                self.protected_size_ += len(node.key)
-                delta -= len(node.key)
-            node.lock_ref += 1
-            self._update_leaf_status(node)
+        root = self.root_node
+        # NOTE: a node's leaf status reads only whether it has holders (and its children and tiers, which a lock does
+        # not change), so only a node going from 0 to 1 holder is updated.
+        while node is not root:
+            if node.lock_ref == 0:
+                if not node.evicted:
+                    n = node.key.length
+                    self.evictable_size_ -= n
+                    self.protected_size_ += n
+                    delta -= n
+                node.lock_ref = 1
+                self._update_leaf_status(node)
+            else:
+                node.lock_ref += 1
             node = node.parent
         return delta
 
     def dec_lock_ref(self, node: TreeNode) -> int:
         """Drop a holder from `node` and its ancestors; returns the change in evictable tokens (>= 0)."""
         delta = 0
-        while node is not self.root_node:
-            if node.lock_ref == 1 and not node.evicted:
-                self.evictable_size_ += len(node.key)
-                self.protected_size_ -= len(node.key)
-                delta += len(node.key)
+        root = self.root_node
+        while node is not root:  # NOTE: only a node going from 1 to 0 holders changes leaf status (`inc_lock_ref`)
+            if node.lock_ref == 1:
+                if not node.evicted:
+                    n = node.key.length
+                    self.evictable_size_ += n
+                    self.protected_size_ -= n
+                    delta += n
+                node.lock_ref = 0
+                self._update_leaf_status(node)
             elif node.lock_ref < 1:
                 raise RuntimeError(f"{node!r}: lock released more often than taken")
-            node.lock_ref -= 1
-            self._update_leaf_status(node)
+            else:
+                node.lock_ref -= 1
             node = node.parent
         return delta
 
@@ -361,8 +373,10 @@ class RadixCache:
                 n = node.key.length
                 self.evictable_size_ -= n
                 self.protected_size_ += n
-            node.lock_ref += 1
-            self._update_leaf_status(node)
+                node.lock_ref = 1
+                self._update_leaf_status(node)
+            else:
+                node.lock_ref += 1
 
     def evictable_size(self) -> int:
         return self.evictable_size_
