@@ -27,7 +27,7 @@ from sim.engines.sglang.radix_cache import RadixCache
 from sim.engines.sglang.request_state import SglangRequest
 from sim.engines.sglang.scheduler import Scheduler, SchedulerLimits
 from sim.engines.sglang.spec import SglangEngineSpec
-from sim.engines.sglang.tokens import prompt_tokens
+from sim.engines.sglang.tokens import page_aligned_prompt, prompt_tokens
 from sim.workloads.request import BlockHash, Request
 
 
@@ -48,11 +48,15 @@ class SglangPrefixCache:
     def tokens(self, request: Request):
         return prompt_tokens(request, self._hash_block_size)
 
+    def aligned_tokens(self, request: Request):
+        """`tree.page_aligned(self.tokens(request))`, built once per request for all workers' peeks."""
+        return page_aligned_prompt(request, self._hash_block_size, self.tree.page_size)
+
     def peek_prefix_tokens(self, request: Request) -> int:
-        return self.tree.peek_prefix(self.tokens(request))
+        return self.tree.peek_prefix(self.aligned_tokens(request))
 
     def block_keys(self, request: Request) -> Sequence[BlockHash]:
-        key = self.tree.page_aligned(self.tokens(request))
+        key = self.aligned_tokens(request)
         P = self.tree.page_size
         return tuple(key.page_key(start, P) for start in range(0, len(key), P))
 

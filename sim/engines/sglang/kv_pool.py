@@ -145,7 +145,8 @@ class KvPool:
         """`RadixCache.checkpoint`: insert the request's KV up to `up_to` (page-aligned), free the duplicate part,
         split the leaf at the prompt's end, and move the request's lock to the end of what it inserted."""
         tree, P = self.tree, self.page_size
-        key = tree.page_aligned(req.fill_tokens(up_to))
+        # NOTE: `tree.page_aligned(req.fill_tokens(up_to))`, cut once: the aligned prefix of the fill.
+        key = req.fill_tokens(min(up_to, req.fill_len) // P * P)
         key_len = len(key)
         protected = req.cache_protected_len
         # NOTE: the request's lock holds the path of its first `protected` tokens (SGLang's `last_node`), so the
@@ -165,9 +166,7 @@ class KvPool:
         self.private_pages -= moved  # duplicates go back to free, the rest now belongs to the tree
         node = tree.stamp_path(key, node)  # SGLang's match_prefix(key): the node the insert ended in
         req.cache_protected_len = key_len
-        if req.lock is not None:
-            tree.dec_lock_ref(req.lock)
-        tree.inc_lock_ref(node)
+        tree.move_lock(req.lock, node)
         req.lock = req.last_node = node
 
     def checkpoint_kv_cache(self, req: SglangRequest) -> None:

@@ -16,7 +16,9 @@ Contract, as upstream:
   with holders is *protected*, otherwise *evictable*. `evictable_size + protected_size` = tokens in the tree.
 * `evict(n)` pops evictable leaves (no children, no holders) smallest priority first (`evict_policy`), frees
   whole nodes until at least n tokens are freed or none is left, and pushes a parent that becomes an evictable
-  leaf (so a cold branch is eaten from its tip towards the root).
+  leaf (so a cold branch is eaten from its tip towards the root). SGLang builds that heap from every evictable
+  leaf at each call; this tree keeps one lazy heap across calls (see `RadixCache.evict`): the same leaves go, in
+  the same order.
 Times are ticks of a logical clock: SGLang uses `time.monotonic()`, of which only the order matters.
 """
 
@@ -32,8 +34,14 @@ from sim.engines.sglang.tokens import Tokens
 
 
 _EVICT_SCANS = 4
+"""Leaves an evict finds by scanning for the minimum before it builds SGLang's heap (see `RadixCache.evict`; only
+for a policy whose priorities may fall, `mru`)."""
 _last_access_time = attrgetter("last_access_time")
-"""Leaves an evict finds by scanning for the minimum before it builds SGLang's heap (see `RadixCache.evict`)."""
+
+_PRIORITIES_NEVER_FALL = frozenset({"lru", "lfu", "fifo", "filo", "priority", "slru"})
+"""Policies under which a node's (priority, id) never decreases while it lives: access times only grow (ticks),
+hit counts and request priorities only rise (`+= 1`, `max`), creation times are fixed. Their trees keep a lazy heap
+of leaves across evicts (`RadixCache.evict`); `mru`'s `-last_access_time` falls at every access, so it scans."""
 
 
 def _eviction_order(priority: Callable[[TreeNode], object]) -> Callable[[TreeNode], tuple]:
@@ -47,7 +55,7 @@ class TreeNode:
     """A segment of tokens below its parent. The root holds nothing and is always locked."""
 
     __slots__ = ("children", "parent", "key", "lock_ref", "last_access_time", "creation_time", "hit_count",
-                 "priority", "id")
+                 "priority", "id", "in_heap")
 
     evicted = False
     """No device copy: never, in the plain tree (a class attribute; `HiTreeNode` holds it per node). A lock moves
@@ -64,6 +72,8 @@ class TreeNode:
         self.hit_count = 0
         self.priority = priority
         self.id = cache.next_node_id()
+        self.in_heap = False
+        """Whether the tree's lazy leaf heap holds an entry for this node (at most one: see `RadixCache.evict`)."""
 
     def __repr__(self) -> str:
         return f"TreeNode(id={self.id}, tokens={len(self.key)}, lock_ref={self.lock_ref})"
@@ -97,6 +107,10 @@ class RadixCache:
         self._events: list[CacheEvent] = []
         """Cache events not yet taken, in emission order (empty while not recording)."""
         self.evictable_leaves: set[TreeNode] = set()
+        self._leaf_heap: list[tuple[object, int, TreeNode]] | None = (
+            [] if eviction_policy in _PRIORITIES_NEVER_FALL and not self.has_host_tier else None)
+        """The lazy heap of `evict` ((priority, id, node) entries), or None where priorities may fall (`mru`) and in
+        a tree with a host tier (`HiRadixCache` has its own leaves and evict)."""
         self.num_evicted_tokens = 0
         self.reset()
 
@@ -117,13 +131,18 @@ class RadixCache:
         self.evictable_size_ = 0
         self.protected_size_ = 0
         self.evictable_leaves.clear()
+        if self._leaf_heap:
+            for _, _, node in self._leaf_heap:
+                node.in_heap = False
+            self._leaf_heap.clear()
         if self.records_events:
             self._events.append(CacheEvent("cleared"))
 
     def page_aligned(self, key: Tokens) -> Tokens:
-        if self.page_size == 1:
+        P = self.page_size
+        if P == 1 or key.length % P == 0:
             return key
-        return key.slice(0, len(key) // self.page_size * self.page_size)
+        return key.slice(0, key.length // P * P)
 
     def child_key(self, key: Tokens, offset: int = 0) -> Hashable:
         return key.page_key(offset, self.page_size)
@@ -213,9 +232,47 @@ class RadixCache:
     def evict(self, num_tokens: int) -> int:
         """Free whole evictable leaves, lowest priority first, until `num_tokens` are freed; returns the number."""
         # NOTE: SGLang builds a heap of every evictable leaf, pops the lowest (priority, id) and pushes a parent that
-        # the eviction leaves an unlocked leaf, so the heap always holds exactly `evictable_leaves` (nothing else
-        # changes during an evict). Most evicts free a leaf or two out of hundreds: the first _EVICT_SCANS are
-        # found by scanning the set for its minimum, and only a longer evict builds the heap, from the set as it is.
+        # the eviction leaves an unlocked leaf: each pop takes the lowest current (priority, id) of the evictable
+        # leaves. Rebuilding that heap (or scanning for its top) per call cost a pass over hundreds of leaves for
+        # an evict that mostly frees one, so the tree keeps one heap across calls, lazily:
+        #   * every evictable leaf has exactly one entry, whose priority is at most the node's current one
+        #     (`_update_leaf_status` pushes a node becoming a leaf unless it has an entry: `in_heap`; priorities
+        #     never fall, `_PRIORITIES_NEVER_FALL`, so an entry made earlier is not above the node's priority);
+        #   * other entries are stale: nodes that were since locked, gained a child or were evicted.
+        # A popped entry is dropped if its node is no evictable leaf, pushed again with the node's priority if
+        # that rose (the node's place is later), and otherwise is the lowest current (priority, id) of all leaves:
+        # every other leaf's current one is at least its entry's, which is above this one (ids are unique, so no
+        # two entries tie and no node is ever compared).
+        heap = self._leaf_heap
+        if heap is None:
+            return self._evict_scanning(num_tokens)
+        leaves = self.evictable_leaves
+        get_priority = self._priority
+        heappop, heappush = heapq.heappop, heapq.heappush
+        num_evicted = 0
+        while num_evicted < num_tokens and leaves:
+            entry = heappop(heap)
+            x = entry[2]
+            if x not in leaves:
+                x.in_heap = False
+                continue
+            priority = get_priority(x)
+            if priority != entry[0]:
+                heappush(heap, (priority, x.id, x))
+                continue
+            x.in_heap = False
+            num_evicted += len(x.key)
+            self._delete_leaf(x)  # pushes the parent if it is now an evictable leaf
+            if self.records_events:
+                self._record_remove(x)
+        self.num_evicted_tokens += num_evicted
+        return num_evicted
+
+    def _evict_scanning(self, num_tokens: int) -> int:
+        """`evict` for a policy whose priorities may fall (`mru`), where no heap entry can be kept across calls."""
+        # NOTE: SGLang's heap always holds exactly `evictable_leaves` (nothing else changes during an evict). Most
+        # evicts free a leaf or two out of hundreds: the first _EVICT_SCANS are found by scanning the set for its
+        # minimum, and only a longer evict builds the heap, from the set as it is.
         leaves = self.evictable_leaves
         num_evicted = 0
         for _ in range(_EVICT_SCANS):
@@ -257,30 +314,69 @@ class RadixCache:
     def inc_lock_ref(self, node: TreeNode) -> int:
         """Add a holder on `node` and its ancestors; returns the change in evictable tokens (<= 0)."""
         delta = 0
-        while node is not self.root_node:
-            if node.lock_ref == 0 and not node.evicted:
-                self.evictable_size_ -= len(node.key)
-                self.protected_size_ += len(node.key)
-                delta -= len(node.key)
-            node.lock_ref += 1
-            self._update_leaf_status(node)
+        root = self.root_node
+        # NOTE: a node's leaf status reads only whether it has holders (and its children and tiers, which a lock does
+        # not change), so only a node going from 0 to 1 holder is updated.
+        while node is not root:
+            if node.lock_ref == 0:
+                if not node.evicted:
+                    n = node.key.length
+                    self.evictable_size_ -= n
+                    self.protected_size_ += n
+                    delta -= n
+                node.lock_ref = 1
+                self._update_leaf_status(node)
+            else:
+                node.lock_ref += 1
             node = node.parent
         return delta
 
     def dec_lock_ref(self, node: TreeNode) -> int:
         """Drop a holder from `node` and its ancestors; returns the change in evictable tokens (>= 0)."""
         delta = 0
-        while node is not self.root_node:
-            if node.lock_ref == 1 and not node.evicted:
-                self.evictable_size_ += len(node.key)
-                self.protected_size_ -= len(node.key)
-                delta += len(node.key)
+        root = self.root_node
+        while node is not root:  # NOTE: only a node going from 1 to 0 holders changes leaf status (`inc_lock_ref`)
+            if node.lock_ref == 1:
+                if not node.evicted:
+                    n = node.key.length
+                    self.evictable_size_ += n
+                    self.protected_size_ -= n
+                    delta += n
+                node.lock_ref = 0
+                self._update_leaf_status(node)
             elif node.lock_ref < 1:
                 raise RuntimeError(f"{node!r}: lock released more often than taken")
-            node.lock_ref -= 1
-            self._update_leaf_status(node)
+            else:
+                node.lock_ref -= 1
             node = node.parent
         return delta
+
+    def move_lock(self, old: TreeNode | None, new: TreeNode) -> None:
+        """`dec_lock_ref(old)` (if any), then `inc_lock_ref(new)`: the same holders, sizes and leaves after. Where
+        `old` is on `new`'s path (a checkpoint moves a request's lock down the path it extends), the nodes from `old`
+        up lose and regain a holder, so only those below it, down to `new`, are touched."""
+        if old is None:
+            self.inc_lock_ref(new)
+            return
+        node, root = new, self.root_node
+        below: list[TreeNode] = []
+        if not self.has_host_tier:  # NOTE: a host tier's leaves also hang on its tiers: moved the plain way
+            while node is not old and node is not root:
+                below.append(node)
+                node = node.parent
+        if node is not old:  # `old` is on another branch
+            self.dec_lock_ref(old)
+            self.inc_lock_ref(new)
+            return
+        for node in below:  # `inc_lock_ref`'s step on each
+            if node.lock_ref == 0:
+                n = node.key.length
+                self.evictable_size_ -= n
+                self.protected_size_ += n
+                node.lock_ref = 1
+                self._update_leaf_status(node)
+            else:
+                node.lock_ref += 1
 
     def evictable_size(self) -> int:
         return self.evictable_size_
@@ -422,6 +518,9 @@ class RadixCache:
             self.evictable_leaves.discard(node)
         else:
             self.evictable_leaves.add(node)
+            if not node.in_heap and self._leaf_heap is not None:
+                node.in_heap = True
+                heapq.heappush(self._leaf_heap, (self._priority(node), node.id, node))
 
     # ------------------------------------------------------------------ events (SGLang's KVCacheEventRecorder)
     def enable_events(self) -> None:

@@ -131,7 +131,10 @@ def match_kv_cache(req: SglangRequest, tree: RadixCache, fill=None, *, max_prefi
     """`match_kv_cache` (`mem_cache/common.py`): match the request's tokens (capped at `max_prefix_len`) and adopt
     the hit as its prefix."""
     fill = req.fill_tokens() if fill is None else fill
-    key = fill if max_prefix_len is None else fill.slice(0, max_prefix_len)
+    # NOTE: the tree matches the page-aligned key (`page_aligned`): cut to it at once, not to the cap and then again.
+    P = tree.page_size
+    cap = len(fill) if max_prefix_len is None else min(max_prefix_len, len(fill))
+    key = fill.slice(0, cap // P * P)
     if tree.has_host_tier:
         # HiCache: the device prefix is the request's; the host-only part after it may be loaded at admission.
         req.prefix_len, req.last_node, req.host_hit_length, req.best_match_node = tree.match_prefix_tiers(key)

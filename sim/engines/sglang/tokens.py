@@ -73,7 +73,9 @@ class Tokens:
 
     def _locate(self, offset: int) -> tuple[int, int]:
         """(index of the run holding token `offset`, tokens of that run before it)."""
-        ends = self._ends
+        ends = self._ends_list  # NOTE: `_ends` inlined: the tree's walks locate several times per node
+        if ends is None:
+            ends = self._ends_list = list(accumulate(map(_run_length, self.runs)))
         i = bisect_right(ends, offset)
         return i, offset - (ends[i - 1] if i else 0)
 
@@ -215,6 +217,24 @@ def prompt_tokens(request: Request, block_size: int) -> Tokens:
 _last_prompt: list = [None, 0, None]
 """The last (request, block size, prompt tokens) built: every worker's cache builds a request's tokens when a router
 peeks, then the worker it goes to once more (a request is immutable, and held here, so `is` identifies it)."""
+
+
+def page_aligned_prompt(request: Request, block_size: int, page_size: int) -> Tokens:
+    """`prompt_tokens(request, block_size)` cut to whole pages of `page_size` (`RadixCache.page_aligned`), built once
+    for a router's peeks at every worker (the same object each time, so its run ends are located once too)."""
+    memo = _last_aligned
+    if memo[0] is request and memo[1] == block_size and memo[2] == page_size:
+        return memo[3]
+    tokens = prompt_tokens(request, block_size)
+    length = tokens.length // page_size * page_size
+    if length != tokens.length:
+        tokens = tokens.slice(0, length)
+    memo[:] = request, block_size, page_size, tokens
+    return tokens
+
+
+_last_aligned: list = [None, 0, 0, None]
+"""The last (request, block size, page size, page-aligned prompt tokens) built (as `_last_prompt`)."""
 
 
 def output_tokens(request: Request, num_tokens: int) -> Tokens:

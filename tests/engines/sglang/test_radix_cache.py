@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 from unittest import mock
 
 import pytest
@@ -199,16 +200,39 @@ def test_tree_matches_a_naive_trie_of_its_paths(ops, page_size):
     assert c.total_size() == 0
 
 
+class _SglangEvictTree(RadixCache):
+    """SGLang's `RadixCache.evict` as upstream: a heap built from every evictable leaf at each call."""
+
+    def evict(self, num_tokens: int) -> int:
+        get_priority = self._priority
+        heap = [(get_priority(node), node.id, node) for node in self.evictable_leaves]
+        heapq.heapify(heap)
+        num_evicted = 0
+        while num_evicted < num_tokens and heap:
+            _, _, x = heapq.heappop(heap)
+            num_evicted += len(x.key)
+            self._delete_leaf(x)
+            parent = x.parent
+            if len(parent.children) == 0 and parent.lock_ref == 0:
+                heapq.heappush(heap, (get_priority(parent), parent.id, parent))
+            if self.records_events:
+                self._record_remove(x)
+        self.num_evicted_tokens += num_evicted
+        return num_evicted
+
+
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["insert", "match", "evict", "lock", "unlock"]), SEQ, st.integers(1, 40)),
-                max_size=40),
+@given(st.lists(st.tuples(st.sampled_from(["insert", "match", "touch", "evict", "lock", "unlock"]), SEQ,
+                          st.integers(1, 40)), max_size=40),
        st.sampled_from(sorted(EVICTION_POLICIES)), st.sampled_from([1, 2]))
 @pytest.mark.slow
-def test_eviction_by_scanning_the_leaves_equals_sglangs_heap(ops, policy, page_size):
-    """An evict finds its first leaves by scanning for the minimum (priority, id) and builds SGLang's heap only past
-    `_EVICT_SCANS`: the same leaves leave in the same order whether it scans for all of them, none or the default."""
-    scans = (0, 10**6, radix_cache._EVICT_SCANS)
-    trees = [RadixCache(page_size=page_size, eviction_policy=policy) for _ in scans]
+def test_eviction_by_a_lazy_heap_or_scanning_equals_sglangs_heap(ops, policy, page_size):
+    """An evict pops the tree's lazy heap kept across calls (or, for `mru`, finds its first leaves by scanning for
+    the minimum (priority, id) and builds SGLang's heap past `_EVICT_SCANS`): the same leaves leave in the same order
+    as from SGLang's heap built at each call, whether the scan finds all of them, none or the default."""
+    scans = (None, 0, 10**6, radix_cache._EVICT_SCANS)
+    trees = [_SglangEvictTree(page_size=page_size, eviction_policy=policy)]
+    trees += [RadixCache(page_size=page_size, eviction_policy=policy) for _ in scans[1:]]
     locked: list[list] = [[] for _ in scans]
     for tree in trees:
         tree.enable_events()
@@ -220,19 +244,35 @@ def test_eviction_by_scanning_the_leaves_equals_sglangs_heap(ops, policy, page_s
                 tree.insert(key, priority=n % 3)
             elif kind == "match":
                 tree.match_prefix(key)
+            elif kind == "touch":
+                tree.touch_prefix(key)
             elif kind == "lock":
                 held.append(tree.match_prefix(key)[1])
                 tree.inc_lock_ref(held[-1])
             elif kind == "unlock" and held:
                 tree.dec_lock_ref(held.pop(n % len(held)))
             elif kind == "evict":
-                with mock.patch.object(radix_cache, "_EVICT_SCANS", k):
+                with mock.patch.object(radix_cache, "_EVICT_SCANS", k if k is not None else radix_cache._EVICT_SCANS):
                     freed.append(tree.evict(n))
             tree.check_invariants()
         assert len(set(freed)) <= 1
         events = [tree.take_events() for tree in trees]
-        assert events[1] == events[0] and events[2] == events[0]
+        assert all(e == events[0] for e in events[1:])
         assert len({(t.evictable_size(), t.protected_size(), t.num_evicted_tokens) for t in trees}) == 1
+
+
+def test_the_lazy_heap_skips_a_touched_leaf_to_its_new_place():
+    """Two leaves: `a` (older) then `b`. A match refreshes `a`, whose heap entry still has its old access time; the
+    evict pops that entry, finds the time moved, pushes `a` back, and takes `b` first, as SGLang's heap would."""
+    tree = RadixCache(eviction_policy="lru")
+    tree.insert(toks(("a", 4)))
+    tree.insert(toks(("b", 4)))
+    tree.match_prefix(toks(("a", 4)))
+    assert tree.evict(1) == 4
+    assert tree.peek_prefix(toks(("a", 4))) == 4 and tree.peek_prefix(toks(("b", 4))) == 0
+    # the root's child `a` keeps one live entry: the one pushed back (its first was popped)
+    assert [entry[2] for entry in tree._leaf_heap] == [tree.root_node.children[toks(("a", 4)).page_key(0, 1)]]
+    assert tree.evict(1) == 4 and tree.total_size() == 0 and not tree._leaf_heap
 
 
 def _dump(tree: RadixCache) -> list:
@@ -279,3 +319,42 @@ def test_insert_below_a_locked_node_is_insert_from_the_root(ops, policy, page_si
                 assert end is got[1]
             tree.check_invariants()
         assert _dump(trees[0]) == _dump(trees[1])
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["insert", "lock", "move", "unlock", "evict"]), SEQ, st.integers(0, 40)),
+                max_size=30),
+       st.sampled_from(["lru", "lfu", "mru"]), st.sampled_from([1, 2]))
+def test_move_lock_is_dec_then_inc(ops, policy, page_size):
+    """`move_lock(old, new)` (a checkpoint's lock moving down its path, or to another branch) leaves the same holders,
+    sizes and evictable leaves as `dec_lock_ref(old)` then `inc_lock_ref(new)`, so later evicts take the same nodes."""
+    trees = [RadixCache(page_size=page_size, eviction_policy=policy) for _ in range(2)]
+    held: list[list] = [[], []]
+    for tree in trees:
+        tree.enable_events()
+    for kind, seq, n in ops:
+        key = Tokens(seq)
+        for t, (tree, locks) in enumerate(zip(trees, held)):
+            if kind == "insert":
+                tree.insert(key)
+            elif kind == "lock":
+                locks.append(tree.match_prefix(key)[1])
+                tree.inc_lock_ref(locks[-1])
+            elif kind == "move" and locks:
+                i = n % len(locks)
+                new = tree.insert(key)[1]
+                if t == 0:
+                    tree.move_lock(locks[i], new)
+                else:
+                    tree.dec_lock_ref(locks[i])
+                    tree.inc_lock_ref(new)
+                locks[i] = new
+            elif kind == "unlock" and locks:
+                tree.dec_lock_ref(locks.pop(n % len(locks)))
+            elif kind == "evict":
+                tree.evict(n)
+            tree.check_invariants()
+        assert _dump(trees[0]) == _dump(trees[1])
+        assert trees[0].take_events() == trees[1].take_events()
+        assert (trees[0].evictable_size(), trees[0].protected_size()) == (trees[1].evictable_size(),
+                                                                         trees[1].protected_size())
