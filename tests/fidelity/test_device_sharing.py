@@ -26,6 +26,9 @@ from tests.support.run_fixture_checks import assert_counters_agree
 ROOT = FIXTURES / "real-vllm-sharing"
 SETS = ("short", "short-starved", "long")
 RUNS = {s: sorted((ROOT / s).glob("*.csv")) for s in SETS}
+# Measured again on 2026-12-03 with nothing else running (the sets above had other work on the machine at nice 19 /
+# SCHED_IDLE): two and three servers 1.3-1.8x as fast. Not fitted yet; docs/time/device-sharing.md has the comparison.
+QUIET = sorted((ROOT / "short-quiet").glob("*.csv"))
 SCENARIO = SCENARIOS / "tiny-cpu-shared.yaml"
 GOALS = {"ttft_p50_ms": 0.25, "ttft_p99_ms": 0.35, "throughput_rps": 0.35}
 FITTED_ON = {("short", f"w{w}-n7-c{c}") for w in (1, 3) for c in (1, 4)}  # stage 1 on w1, stage 2 on w3
@@ -73,6 +76,8 @@ def test_the_fixture_sets_are_complete():
     assert stems["short-starved"] == {f"w{w}-n7-c{c}-r{r}" for w in (1, 2, 3) for c in (1, 2, 4, 8, 16)
                                       for r in range(1, 3 if w == 1 else 2)}
     assert stems["long"] == {f"w{w}-n7-c{c}-r{r}" for w in (1, 2) for c in (1, 4, 8) for r in (1, 2)}
+    assert {p.stem for p in QUIET} == {f"w{w}-n7-c{c}-r{r}" for w in (1, 2, 3) for c in (1, 2, 4, 8, 16) for r in (1, 2)}
+    assert all(r.server_generation_ms is not None for p in QUIET for r in read_run(p).rows)
     for which in SETS:
         for path in RUNS[which]:
             run = read_run(path)
@@ -80,7 +85,7 @@ def test_the_fixture_sets_are_complete():
             assert path.with_suffix(".cpu.json").exists()
 
 
-@pytest.mark.parametrize("path", [p for s in SETS for p in RUNS[s]], ids=lambda p: f"{p.parent.name}/{p.stem}")
+@pytest.mark.parametrize("path", [p for s in SETS for p in RUNS[s]] + QUIET, ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_the_measurement_agrees_with_the_servers_counters(path):
     assert_counters_agree(path)
 
