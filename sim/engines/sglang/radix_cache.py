@@ -311,10 +311,11 @@ class RadixCache:
                 return nodes[times.index(oldest)]
         return min(leaves, key=self._eviction_order)
 
-    def inc_lock_ref(self, node: TreeNode) -> int:
-        """Add a holder on `node` and its ancestors; returns the change in evictable tokens (<= 0)."""
+    def inc_lock_ref(self, node: TreeNode, until: TreeNode | None = None) -> int:
+        """Add a holder on `node` and its ancestors (up to, not including, `until`: default the root); returns the
+        change in evictable tokens (<= 0)."""
         delta = 0
-        root = self.root_node
+        root = self.root_node if until is None else until
         # NOTE: a node's leaf status reads only whether it has holders (and its children and tiers, which a lock does
         # not change), so only a node going from 0 to 1 holder is updated.
         while node is not root:
@@ -359,24 +360,14 @@ class RadixCache:
             self.inc_lock_ref(new)
             return
         node, root = new, self.root_node
-        below: list[TreeNode] = []
         if not self.has_host_tier:  # NOTE: a host tier's leaves also hang on its tiers: moved the plain way
             while node is not old and node is not root:
-                below.append(node)
                 node = node.parent
         if node is not old:  # `old` is on another branch
             self.dec_lock_ref(old)
             self.inc_lock_ref(new)
             return
-        for node in below:  # `inc_lock_ref`'s step on each
-            if node.lock_ref == 0:
-                n = node.key.length
-                self.evictable_size_ -= n
-                self.protected_size_ += n
-                node.lock_ref = 1
-                self._update_leaf_status(node)
-            else:
-                node.lock_ref += 1
+        self.inc_lock_ref(new, until=old)
 
     def evictable_size(self) -> int:
         return self.evictable_size_
