@@ -45,6 +45,8 @@ class Worker:
         self._wakeup: simpy.Event | None = None
         self._stretch: DecodeStretch | None = None
         self._stretch_cut = False
+        self._unseen: list[ServedRequest] = []
+        """Requests submitted since the loop last came round: it stamps their `queued_s` when it does."""
         self.fast_forward = fast_forward and device.exclusive
         self.num_steps = 0
         self.num_changes = 0
@@ -74,6 +76,7 @@ class Worker:
         """The request reaches the engine's queue (at `arrival_s`, which is now)."""
         self.num_changes += 1
         state = self.engine.add_request(request, worker=self.index, arrival_s=arrival_s)
+        self._unseen.append(state)
         self.device.admit(self.index)
         self._arrived()
         return state
@@ -82,6 +85,7 @@ class Worker:
         """A request this worker prefills for another (P/D): it keeps its KV after its finish until released."""
         self.num_changes += 1
         state = self.engine.add_remote_decode(request, worker=self.index, arrival_s=arrival_s)
+        self._unseen.append(state)
         self.device.admit(self.index)
         self._arrived()
         return state
@@ -97,6 +101,7 @@ class Worker:
         """A request another worker prefilled reaches the engine's queue (P/D: its prompt KV comes from `source`)."""
         self.num_changes += 1
         state = self.engine.add_remote_prefilled(request, worker=self.index, arrival_s=arrival_s, source=source)
+        self._unseen.append(state)
         self.device.admit(self.index)
         self._arrived()
         return state
@@ -126,11 +131,16 @@ class Worker:
     def _loop(self):
         env, engine = self.env, self.engine
         schedule, update_from_output, step_seconds = engine.schedule, engine.update_from_output, self.time_model.step_seconds
+        unseen = self._unseen
         while True:
             if not engine.has_work:
                 self._wakeup = env.event()
                 yield self._wakeup
                 self._wakeup = None
+            if unseen:  # the loop comes round: what arrived meanwhile is seen now (vLLM's queued_ts)
+                for state in unseen:
+                    state.queued_s = env.now
+                unseen.clear()
             if self.fast_forward:
                 stretch = engine.plan_decode_stretch(self.time_model, speed=self.device.speed, now_s=env.now)
                 if stretch is not None:

@@ -63,6 +63,10 @@ class ServedRequest:
     tier_load_s: float = 0.0
     """Of the first admission, the seconds from the step that admitted it with a tier hit to the step that promoted
     its loaded blocks (the load's share of its TTFT; 0 without a tier hit)."""
+    queued_s: float | None = None
+    """When the engine's loop first saw the request: its arrival if the loop was idle, else the end of the step then
+    in progress (vLLM's EngineCore reads its input queue between steps and stamps `queued_ts` there); set by the
+    worker."""
     admitted_s: float | None = None
     first_token_s: float | None = None
     finished_s: float | None = None

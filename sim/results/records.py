@@ -84,6 +84,9 @@ class RequestRecord:
     tier_load_s: float = 0.0
     """The load-from-tier part of the TTFT: from the step that admitted the request with a tier hit (host or shared)
     to the step that promoted its loaded blocks (0 without a tier hit)."""
+    queued_s: float | None = None
+    """When the engine's loop first saw the request (`ServedRequest.queued_s`: its arrival, or the end of the step
+    then in progress); None: not recorded (then `arrival_s` stands in)."""
 
     @property
     def ttft_s(self) -> float:
@@ -91,8 +94,9 @@ class RequestRecord:
 
     @property
     def engine_ttft_s(self) -> float:
-        """Queue time + engine time to the first token: what vLLM reports as queue_time + time_to_first_token."""
-        return self.engine_first_token_s - self.arrival_s
+        """Queue time + engine time to the first token: what vLLM reports as queue_time + time_to_first_token, from
+        when its loop first saw the request (`queued_s`) to the first token."""
+        return self.engine_first_token_s - (self.arrival_s if self.queued_s is None else self.queued_s)
 
     @property
     def e2e_s(self) -> float:
@@ -196,6 +200,7 @@ class RequestRecord:
             context_tokens=req.num_context_tokens,
             shared_cached_tokens=state.num_shared_hit_tokens,
             tier_load_s=state.tier_load_s,
+            queued_s=state.queued_s,
         )
 
 

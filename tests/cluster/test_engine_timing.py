@@ -10,6 +10,7 @@ from sim.cluster.worker import Worker
 from sim.engines.interface import StepPlan
 from sim.engines.vllm.engine import VllmEngine
 from sim.engines.vllm.spec import VllmEngineSpec
+from sim.results.records import RequestRecord
 from sim.timing.linear import LinearStepTimeModel
 from sim.workloads.request import Request
 
@@ -129,3 +130,33 @@ def test_decode_series_matches_step_by_step_times():
     for j in range(4):
         plan = StepPlan(num_decode_seqs=3, num_decode_context_tokens=3000 + 3 * j)
         assert tm.step_seconds(plan) == pytest.approx(first + j * growth)
+
+
+def test_a_request_is_queued_when_the_engines_loop_comes_round():
+    # vLLM's EngineCore reads its input queue between steps and stamps `queued_ts` there; its server-side TTFT
+    # (queue_time + time_to_first_token) starts at that stamp, not at the arrival.
+    env = simpy.Environment()
+    states = {}
+    w, events = _worker(env, Device(env, "d"))
+    states[1] = w.submit(_request(1, 40, 3), env.now)  # idle: seen at once
+    env.run(until=0.02)
+    states[2] = w.submit(_request(2, 40, 1), env.now)  # mid-way through request 1's prefill step (0 - 0.05 s)
+    env.run()
+    assert states[1].queued_s == 0.0
+    assert states[2].arrival_s == 0.02 and states[2].queued_s == pytest.approx(0.05)
+    # step 2: request 2's prefill with request 1's decode: 0.01 + 0.040 + 0.002 = 0.052 s
+    record = RequestRecord.from_state(states[2], 0.02)
+    assert record.engine_first_token_s == pytest.approx(0.102)
+    assert record.engine_ttft_s == pytest.approx(0.052)  # from the loop's stamp, not the 0.082 s from arrival
+
+
+def test_an_arrival_during_a_decode_stretch_is_seen_at_the_end_of_the_step_in_progress():
+    # Request 1 (4 tokens, 20 outputs): prefill 0.014 s, then decode steps of 0.012 s as one stretch. Request 2
+    # arrives at 0.02, inside the step 0.014 - 0.026: the stretch is cut there and the loop sees request 2 then.
+    env = simpy.Environment()
+    w, _ = _worker(env, Device(env, "d"))
+    w.submit(_request(1, 4, 20), env.now)
+    env.run(until=0.02)
+    state = w.submit(_request(2, 4, 1), env.now)
+    env.run()
+    assert state.queued_s == pytest.approx(0.026)

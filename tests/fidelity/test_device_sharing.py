@@ -1,15 +1,18 @@
 """Device sharing against real vLLM: 1, 2 and 3 servers on 2 CPU cores (tests/fixtures/real-vllm-sharing/, its README).
 
-scenarios/tiny-cpu-shared.yaml was fitted in two stages (benchmarks/studies/device-sharing/fit.sh): the time model on
-one server at concurrency 1 and 4, the sharing on three servers at concurrency 1 and 4, server TTFT, short prompts,
-reniced. Every run is simulated with its own requests and recorded routing; repeats of a setup are compared as a group
-(`kvsim validate`): the error is how far the prediction lies outside the measured range over the repeats, relative to
-its nearer end (sim/studies/repeats.py).
+scenarios/tiny-cpu-shared.yaml was fitted in two stages (benchmarks/studies/device-sharing/fit.sh) on the quiet
+machine's runs (`short-quiet/`): the time model on one server at concurrency 1 and 4, the sharing on three servers at
+concurrency 1 and 4, server TTFT (vLLM's: from its engine loop's first sight of the request), short prompts, reniced.
+Every run is simulated with its own requests and recorded routing; repeats of a setup are compared as a group (`kvsim
+validate`): the error is how far the prediction lies outside the measured range over the repeats, relative to its
+nearer end (sim/studies/repeats.py).
 
-Held out: two servers (a server count not in the fit), concurrency 2, 8 and 16, the ~4x longer prompts, the starved
-runs. The issue's goals: TTFT p50 within 25 %, p99 within 35 %, throughput here within 35 %. Where a figure misses, it
-is held to its measured error rounded up (`SHORTFALLS`), so that it cannot grow unseen; docs/time/device-sharing.md
-says what each miss is.
+Held out: two servers (a server count not in the fit), concurrency 2, 8 and 16, and the ~4x longer prompts
+(`long-quiet/`). The issue's goals: TTFT p50 within 25 %, p99 within 35 %, throughput here within 35 %. Where a figure
+misses, it is held to its measured error rounded up (`SHORTFALLS`), so that it cannot grow unseen;
+docs/time/device-sharing.md says what the misses are. The sets measured while other work shared the machine (`short/`,
+`short-starved/`, `long/`) are kept as measured and checked for completeness and against the servers' counters; the
+scenario does not describe them (the docs compare them).
 """
 
 from __future__ import annotations
@@ -24,36 +27,40 @@ from tests.support.paths import FIXTURES, SCENARIOS
 from tests.support.run_fixture_checks import assert_counters_agree
 
 ROOT = FIXTURES / "real-vllm-sharing"
-SETS = ("short", "short-starved", "long")
-RUNS = {s: sorted((ROOT / s).glob("*.csv")) for s in SETS}
-# Measured again on 2026-12-03 with nothing else running (the sets above had other work on the machine at nice 19 /
-# SCHED_IDLE): two and three servers 1.3-1.8x as fast. Not fitted yet; docs/time/device-sharing.md has the comparison.
-QUIET = sorted((ROOT / "short-quiet").glob("*.csv"))
+SETS = ("short-quiet", "long-quiet")  # nothing else running: what the scenario describes
+BUSY = ("short", "short-starved", "long")  # the session's other work beside (nice 19 / SCHED_IDLE)
+RUNS = {s: sorted((ROOT / s).glob("*.csv")) for s in SETS + BUSY}
 SCENARIO = SCENARIOS / "tiny-cpu-shared.yaml"
 GOALS = {"ttft_p50_ms": 0.25, "ttft_p99_ms": 0.35, "throughput_rps": 0.35}
-FITTED_ON = {("short", f"w{w}-n7-c{c}") for w in (1, 3) for c in (1, 4)}  # stage 1 on w1, stage 2 on w3
+FITTED_ON = {("short-quiet", f"w{w}-n7-c{c}") for w in (1, 3) for c in (1, 4)}  # stage 1 on w1, stage 2 on w3
 SHORTFALLS = {  # (set, setup) -> {metric: the bound it is held to instead (its error, rounded up to 0.05)}
-    # one server: kvsim's engine at concurrency 8 queues longer than the real one (the time model's, not sharing)
-    ("short", "w1-n7-c8"): {"ttft_p50_ms": 0.40},
-    ("long", "w1-n7-c8"): {"ttft_p50_ms": 0.45},
-    ("short-starved", "w1-n7-c1"): {"ttft_p99_ms": 0.40},
-    ("short-starved", "w1-n7-c8"): {"ttft_p50_ms": 0.35},
-    ("short-starved", "w1-n7-c16"): {"ttft_p50_ms": 0.45},
-    # two servers (held out): the p99 too long at 2 (kvsim's admissions meet its long pauses; the measured
-    # long stalls fall on one server's decode, not on its first token) and too short at 8 (the KV-bound queue of a
-    # server drains faster than measured); throughput at 2 still over-predicted
-    ("short", "w2-n7-c2"): {"ttft_p99_ms": 0.85, "throughput_rps": 0.40},
-    ("short", "w2-n7-c8"): {"ttft_p99_ms": 0.40},
-    # the long prompts at two servers: the medians about twice the measured (the real servers barely slow down with
-    # long prompts: 3.3 requests/s at concurrency 1 against one server's 4.0, where short prompts fall from 5.3 to 2.3)
-    ("long", "w2-n7-c1"): {"ttft_p50_ms": 1.25, "ttft_p99_ms": 0.80},
-    ("long", "w2-n7-c4"): {"ttft_p50_ms": 1.20, "ttft_p99_ms": 1.05},
-    ("long", "w2-n7-c8"): {"ttft_p50_ms": 1.05},
-    # three servers: the median TTFT too high (fitted at 1 and 4), the p99 at 2 too long
-    ("short", "w3-n7-c1"): {"ttft_p50_ms": 0.40},
-    ("short", "w3-n7-c2"): {"ttft_p50_ms": 0.35, "ttft_p99_ms": 0.70},
-    ("short", "w3-n7-c4"): {"ttft_p50_ms": 0.50},
-    ("short", "w3-n7-c16"): {"ttft_p50_ms": 1.55},
+    # one server (the time model alone): at concurrency 2 the closed loop's pairs of requests meet in one prefill
+    # step more often than measured; from 8 on kvsim's batches run slower than the real ones (its per-sequence cost,
+    # fitted at 1 and 4 where much of a request's time is spent outside the engine: docs)
+    ("short-quiet", "w1-n7-c2"): {"ttft_p50_ms": 0.45},
+    ("short-quiet", "w1-n7-c4"): {"ttft_p99_ms": 0.45},
+    ("short-quiet", "w1-n7-c8"): {"ttft_p50_ms": 0.55},
+    ("short-quiet", "w1-n7-c16"): {"ttft_p50_ms": 0.70, "ttft_p99_ms": 0.50},
+    ("long-quiet", "w1-n7-c2"): {"ttft_p50_ms": 0.65},
+    ("long-quiet", "w1-n7-c8"): {"ttft_p50_ms": 0.30},
+    # two servers (held out): the p99 at 1 and 2 too long (kvsim's stalls stop the whole device and meet
+    # admissions), the p50 from 8 on too high (as one server's)
+    ("short-quiet", "w2-n7-c1"): {"ttft_p50_ms": 0.35, "ttft_p99_ms": 0.50},
+    ("short-quiet", "w2-n7-c2"): {"ttft_p99_ms": 1.55},
+    ("short-quiet", "w2-n7-c8"): {"ttft_p50_ms": 0.55},
+    ("short-quiet", "w2-n7-c16"): {"ttft_p50_ms": 1.30},
+    ("long-quiet", "w2-n7-c2"): {"ttft_p50_ms": 0.40, "ttft_p99_ms": 2.20},
+    ("long-quiet", "w2-n7-c4"): {"ttft_p99_ms": 1.60},
+    ("long-quiet", "w2-n7-c8"): {"ttft_p50_ms": 0.60, "ttft_p99_ms": 0.70, "throughput_rps": 0.45},
+    # three servers: the median too high (+45 % on the fitted concurrency 4), the long prompts' at every concurrency
+    ("short-quiet", "w3-n7-c2"): {"ttft_p50_ms": 0.30, "ttft_p99_ms": 0.55},
+    ("short-quiet", "w3-n7-c4"): {"ttft_p50_ms": 0.50},
+    ("short-quiet", "w3-n7-c8"): {"ttft_p99_ms": 0.65, "throughput_rps": 0.45},
+    ("short-quiet", "w3-n7-c16"): {"ttft_p50_ms": 0.85},
+    ("long-quiet", "w3-n7-c1"): {"ttft_p50_ms": 0.40, "ttft_p99_ms": 0.45},
+    ("long-quiet", "w3-n7-c2"): {"ttft_p50_ms": 0.50},
+    ("long-quiet", "w3-n7-c4"): {"ttft_p50_ms": 0.90},
+    ("long-quiet", "w3-n7-c8"): {"ttft_p50_ms": 0.80},
 }
 
 
@@ -70,22 +77,23 @@ def groups() -> dict[tuple[str, str], dict[str, RepeatComparison]]:
 
 
 def test_the_fixture_sets_are_complete():
-    stems = {s: {p.stem for p in RUNS[s]} for s in SETS}
+    stems = {s: {p.stem for p in RUNS[s]} for s in SETS + BUSY}
     assert stems["short"] == {f"w{w}-n7-c{c}-r{r}" for w in (1, 2, 3) for c in (1, 2, 4, 8, 16)
                               for r in range(1, 4 if w == 1 else 3)}
     assert stems["short-starved"] == {f"w{w}-n7-c{c}-r{r}" for w in (1, 2, 3) for c in (1, 2, 4, 8, 16)
                                       for r in range(1, 3 if w == 1 else 2)}
     assert stems["long"] == {f"w{w}-n7-c{c}-r{r}" for w in (1, 2) for c in (1, 4, 8) for r in (1, 2)}
-    assert {p.stem for p in QUIET} == {f"w{w}-n7-c{c}-r{r}" for w in (1, 2, 3) for c in (1, 2, 4, 8, 16) for r in (1, 2)}
-    assert all(r.server_generation_ms is not None for p in QUIET for r in read_run(p).rows)
-    for which in SETS:
+    assert stems["short-quiet"] == {f"w{w}-n7-c{c}-r{r}" for w in (1, 2, 3) for c in (1, 2, 4, 8, 16) for r in (1, 2)}
+    assert stems["long-quiet"] == {f"w{w}-n7-c{c}-r{r}" for w in (1, 2, 3) for c in (1, 2, 4, 8) for r in (1, 2)}
+    assert all(r.server_generation_ms is not None for s in SETS for p in RUNS[s] for r in read_run(p).rows)
+    for which in SETS + BUSY:
         for path in RUNS[which]:
             run = read_run(path)
             assert run.setup.engine.version == "0.32.0" and not any(r.error for r in run.rows)
             assert path.with_suffix(".cpu.json").exists()
 
 
-@pytest.mark.parametrize("path", [p for s in SETS for p in RUNS[s]] + QUIET, ids=lambda p: f"{p.parent.name}/{p.stem}")
+@pytest.mark.parametrize("path", [p for s in SETS + BUSY for p in RUNS[s]], ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_the_measurement_agrees_with_the_servers_counters(path):
     assert_counters_agree(path)
 
@@ -95,9 +103,9 @@ def test_the_scenario_was_fitted_on_three_servers_at_1_and_4():
     assert {e.split(":")[0] for e in scenario.calibration.fitted_on} == {f"w3-n7-c{c}-r{r}" for c in (1, 4)
                                                                          for r in (1, 2)}
     devices = {d.workers: d for dep in scenario.cluster.deployments for d in dep.devices}
-    assert devices[1].host_load == 0.92 and devices[1].cores == 2
+    assert devices[1].host_load == 0.99 and devices[1].cores == 2
     # physically plausible: an idle server demands at most a core (its worker spins on its queue, its EngineCore polls
-    # it; two servers' workers use 1.28-1.41 cores between them at concurrency 1, one stepping); the share left while
+    # it; two servers' workers use 1.63 cores between them at concurrency 1, one stepping); the share left while
     # shared is most of it; stalls last tenths of a second and take a few percent of the time per unit of
     # oversubscription; a step's hand-overs wait milliseconds for their time slices (a scheduler's slice)
     d = devices[2]
@@ -124,10 +132,10 @@ def test_every_repeated_setup_within_its_goal_or_known_shortfall(which, groups):
 
 @pytest.mark.slow
 def test_two_servers_held_out_ttft_mostly_within_the_goals(groups):
-    # the held-out server count: the median TTFT within 25 % of the measured range at every concurrency, the p99
-    # within 35 % at 1, 4 and 16 (not at 2 and 8: SHORTFALLS)
+    # the held-out server count: the median TTFT within 25 % of the measured range at 2 and 4 (not at 1, 8, 16), the
+    # p99 within 35 % at 4, 8 and 16 (not at 1 and 2: SHORTFALLS)
     def within(metric, goal):
         return [c for c in (1, 2, 4, 8, 16)
-                if abs(groups[("short", f"w2-n7-c{c}")][metric].relative_error) <= goal]
-    assert within("ttft_p50_ms", 0.25) == [1, 2, 4, 8, 16]
-    assert within("ttft_p99_ms", 0.35) == [1, 4, 16]
+                if abs(groups[("short-quiet", f"w2-n7-c{c}")][metric].relative_error) <= goal]
+    assert within("ttft_p50_ms", 0.25) == [2, 4]
+    assert within("ttft_p99_ms", 0.35) == [4, 8, 16]

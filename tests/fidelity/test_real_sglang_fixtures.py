@@ -88,4 +88,5 @@ def test_concurrent_hit_rates_within_four_points(path, tiny_cpu):
     print(path.stem, {m: f"{by_metric[m].measured:.3f} vs {by_metric[m].predicted:.3f}"
                       for m in ("request_hit_rate", "full_hit_rate", "token_hit_rate")})
     for metric in ("request_hit_rate", "full_hit_rate", "token_hit_rate"):
-        assert abs(by_metric[metric].error) <= CONCURRENT_HIT_RATE_TOLERANCE, by_metric[metric]
+        # whole requests: 8 of 200 is four points, which the float difference of two rates can put a hair above 0.04
+        assert round(abs(by_metric[metric].error), 9) <= CONCURRENT_HIT_RATE_TOLERANCE, by_metric[metric]
