@@ -47,7 +47,8 @@ def _holdout(ctx: click.Context, param: click.Parameter, value: str | None):
 @click.option("--runs", "run_paths", multiple=True, type=click.Path(dir_okay=False),
               help="Measured run CSVs (with sidecars) to fit to; repeatable.")
 @click.option("--ttft", "ttft_source", type=click.Choice(["client", "server"]), default="client", show_default=True,
-              help="For --runs: fit the client-timed TTFT, or the server's queue + time to first token.")
+              help="For --runs: fit the client-timed TTFT and TPOT, or the server's (queue + time to first token; TPOT "
+                   "from vLLM's generation time where the run recorded it).")
 @click.option("--fit", "fit_params", default=None,
               help="Parameters to fit, comma-separated (time_model.<field>, cluster.request_overhead_s, "
                    "device.<name>.speed, device.<name>.sharing_efficiency, device.<name>.host_load, device.<name>.idle_load, device.<name>.step_occupancy, device.<name>.pause_s, device.<name>.pause_fraction, device.<name>.handoff_s). Default: the scenario's calibration.parameters, else the time model's own (linear: base_s, prefill_token_s, decode_seq_s; roofline: step_overhead_s, compute_ and memory_efficiency; both with cluster.request_overhead_s).")

@@ -142,7 +142,8 @@ def _tolerances(ctx: click.Context, param: click.Parameter, values: tuple[str, .
               help="recorded: each request goes to the worker it went to; simulated: the run's router decides.")
 @click.option("--ttft", "ttft_source", type=click.Choice(["client", "server"]), default="client", show_default=True,
               help="Compare the client-timed TTFT, or the server's queue + time to first token with kvsim's engine "
-                   "queue + prefill (needs the server_ttft_ms and server_queue_ms columns).")
+                   "queue + prefill (needs the server_ttft_ms and server_queue_ms columns; TPOT then from "
+                   "server_generation_ms where recorded).")
 @click.option("--tolerance", "tolerances", multiple=True, callback=_tolerances,
               help="METRIC=LIMIT,..., absolute (request_hit_rate=0.03) or relative (ttft_p50_ms=25%), e.g. "
                    "request_hit_rate=0.03,ttft_p50_ms=25%; repeatable. Exit 1 if a figure is outside.")

@@ -143,10 +143,16 @@ class RunRow:
     def is_hit(self) -> bool:
         return self.cached_tokens > 0
 
-    def tpot_ms(self, output_tokens: int) -> float | None:
-        """Client-timed time per output token after the first, (e2e - TTFT) / (outputs - 1); None for one output.
-        NOTE: a client starved of CPU receives streamed chunks in bursts, which shrinks this (not e2e)."""
-        return None if output_tokens < 2 else (self.e2e_ms - self.ttft_ms) / (output_tokens - 1)
+    def tpot_ms(self, output_tokens: int, source: str = "client") -> float | None:
+        """Time per output token after the first; None for one output. "client": client-timed, (e2e - TTFT) /
+        (outputs - 1); "server": vLLM's `generation_time_ms` / (outputs - 1) where the run recorded it, else the
+        client's. NOTE: a client starved of CPU receives streamed chunks in bursts, which shrinks the client's
+        figure (not e2e)."""
+        if output_tokens < 2:
+            return None
+        if source == "server" and self.server_generation_ms is not None:
+            return self.server_generation_ms / (output_tokens - 1)
+        return (self.e2e_ms - self.ttft_ms) / (output_tokens - 1)
 
     def ttft(self, source: str) -> float:
         """TTFT in ms as the client timed it ("client"), or as the server reports it ("server": queue time +

@@ -106,8 +106,9 @@ def targets_from_reference(measurements: Iterable[Measurement]) -> list[Target]:
 
 
 def targets_from_runs(runs: Iterable[Run], *, ttft_source: str = "client") -> list[Target]:
-    """TTFT p50/p90/p99 overall and of hits and misses, E2E and TPOT p50/p90/p99 (client-timed), and throughput,
-    of each measured run; TTFT as the client timed it or as the server reports it (`ttft_source`, `RunRow.ttft`)."""
+    """TTFT p50/p90/p99 overall and of hits and misses, E2E (client-timed) and TPOT p50/p90/p99, and throughput,
+    of each measured run; TTFT and TPOT as the client timed them or as the server reports them (`ttft_source`,
+    `RunRow.ttft`, `RunRow.tpot_ms`: the server's TPOT where the run recorded vLLM's generation time)."""
     out = []
     for measured_run in runs:
         rows = measured_run.measured
@@ -119,7 +120,7 @@ def targets_from_runs(runs: Iterable[Run], *, ttft_source: str = "client") -> li
         outputs = measured_run.setup.output_tokens
         for metric, (kind, q) in LATENCY_METRICS.items():
             values = [r.e2e_ms for r in rows] if kind == "e2e" else \
-                [v for r in rows if (v := r.tpot_ms(outputs)) is not None]
+                [v for r in rows if (v := r.tpot_ms(outputs, ttft_source)) is not None]
             if len(values) >= 10:
                 out.append(Target(measured_run.name, point, metric, percentile(values, q), pooled=True))
         out.append(Target(measured_run.name, point, "throughput_rps", measured_figures(measured_run)["throughput_rps"],

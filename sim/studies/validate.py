@@ -117,8 +117,9 @@ def stream_for_run(run: Run, *, block_size: int) -> RequestStream:
 def _figures(*, hit: list[bool], full: list[bool], cached: list[int], prompt: list[int], ttft_ms: list[float],
              tpot_ms: list[float | None], e2e_ms: list[float], duration_s: float) -> dict[str, float]:
     """The compared figures from per-request values (measured or simulated alike): the rates from their counts
-    (`RequestCounts`), the percentiles from the values. TPOT and E2E are always the client's (send to last token):
-    a server reports neither per request."""
+    (`RequestCounts`), the percentiles from the values. E2E is always the client's (send to last token); TPOT is the
+    client's too, but with the server's clock (`ttft_source` "server") where the run recorded vLLM's generation time
+    (`RunRow.tpot_ms`)."""
     counts = RequestCounts(requests=len(hit), hit_requests=sum(hit), full_hit_requests=sum(full),
                            prompt_tokens=sum(prompt), cached_tokens=sum(cached), span_s=duration_s)
     ttft = np.array(ttft_ms)
@@ -147,7 +148,7 @@ def measured_figures(run: Run, *, ttft_source: str = "client") -> dict[str, floa
                                                             block_size=s.block_size)) for r in rows],
         cached=[r.cached_tokens for r in rows], prompt=[r.prompt_tokens for r in rows],
         ttft_ms=[r.ttft(ttft_source) for r in rows],
-        tpot_ms=[r.tpot_ms(s.output_tokens) for r in rows], e2e_ms=[r.e2e_ms for r in rows],
+        tpot_ms=[r.tpot_ms(s.output_tokens, ttft_source) for r in rows], e2e_ms=[r.e2e_ms for r in rows],
         duration_s=max(r.end_s for r in rows) - min(r.start_s for r in rows),
     )
 

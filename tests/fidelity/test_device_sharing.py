@@ -2,7 +2,8 @@
 
 scenarios/tiny-cpu-shared.yaml was fitted in two stages (benchmarks/studies/device-sharing/fit.sh) on the quiet
 machine's runs (`short-quiet/`): the time model on one server at concurrency 1 and 4, the sharing on three servers at
-concurrency 1 and 4, server TTFT (vLLM's: from its engine loop's first sight of the request), short prompts, reniced.
+concurrency 1 and 4, short prompts, reniced, on the server's own clock (TTFT from vLLM's queued stamp, TPOT from its
+generation time).
 Every run is simulated with its own requests and recorded routing; repeats of a setup are compared as a group (`kvsim
 validate`): the error is how far the prediction lies outside the measured range over the repeats, relative to its
 nearer end (sim/studies/repeats.py).
@@ -34,33 +35,30 @@ SCENARIO = SCENARIOS / "tiny-cpu-shared.yaml"
 GOALS = {"ttft_p50_ms": 0.25, "ttft_p99_ms": 0.35, "throughput_rps": 0.35}
 FITTED_ON = {("short-quiet", f"w{w}-n7-c{c}") for w in (1, 3) for c in (1, 4)}  # stage 1 on w1, stage 2 on w3
 SHORTFALLS = {  # (set, setup) -> {metric: the bound it is held to instead (its error, rounded up to 0.05)}
-    # one server (the time model alone): at concurrency 2 the closed loop's pairs of requests meet in one prefill
-    # step more often than measured; from 8 on kvsim's batches run slower than the real ones (its per-sequence cost,
-    # fitted at 1 and 4 where much of a request's time is spent outside the engine: docs)
-    ("short-quiet", "w1-n7-c2"): {"ttft_p50_ms": 0.45},
-    ("short-quiet", "w1-n7-c4"): {"ttft_p99_ms": 0.45},
-    ("short-quiet", "w1-n7-c8"): {"ttft_p50_ms": 0.55},
-    ("short-quiet", "w1-n7-c16"): {"ttft_p50_ms": 0.70, "ttft_p99_ms": 0.50},
-    ("long-quiet", "w1-n7-c2"): {"ttft_p50_ms": 0.65},
-    ("long-quiet", "w1-n7-c8"): {"ttft_p50_ms": 0.30},
-    # two servers (held out): the p99 at 1 and 2 too long (kvsim's stalls stop the whole device and meet
-    # admissions), the p50 from 8 on too high (as one server's)
-    ("short-quiet", "w2-n7-c1"): {"ttft_p50_ms": 0.35, "ttft_p99_ms": 0.50},
-    ("short-quiet", "w2-n7-c2"): {"ttft_p99_ms": 1.55},
-    ("short-quiet", "w2-n7-c8"): {"ttft_p50_ms": 0.55},
-    ("short-quiet", "w2-n7-c16"): {"ttft_p50_ms": 1.30},
-    ("long-quiet", "w2-n7-c2"): {"ttft_p50_ms": 0.40, "ttft_p99_ms": 2.20},
-    ("long-quiet", "w2-n7-c4"): {"ttft_p99_ms": 1.60},
-    ("long-quiet", "w2-n7-c8"): {"ttft_p50_ms": 0.60, "ttft_p99_ms": 0.70, "throughput_rps": 0.45},
-    # three servers: the median too high (+45 % on the fitted concurrency 4), the long prompts' at every concurrency
-    ("short-quiet", "w3-n7-c2"): {"ttft_p50_ms": 0.30, "ttft_p99_ms": 0.55},
+    # one server (the time model alone, fitted on the server's clock): at concurrency 2 the closed loop's pairs of
+    # requests meet in one prefill step more often than measured; the throughput is high at 2 and 4, where much of a
+    # real request's time is spent outside the engine (not modelled: docs/time/device-sharing.md)
+    ("short-quiet", "w1-n7-c2"): {"ttft_p50_ms": 0.45, "throughput_rps": 0.40},
+    ("short-quiet", "w1-n7-c4"): {"throughput_rps": 0.60},
+    ("long-quiet", "w1-n7-c2"): {"ttft_p50_ms": 0.75},
+    # two servers (held out): the p99 at 1 and 2 too long and at 4 too short (kvsim's stalls stop the whole device
+    # and meet admissions), the p50 at 8 and 16 too high
+    ("short-quiet", "w2-n7-c1"): {"ttft_p99_ms": 1.15},
+    ("short-quiet", "w2-n7-c2"): {"ttft_p99_ms": 1.35},
+    ("short-quiet", "w2-n7-c4"): {"ttft_p99_ms": 0.60},
+    ("short-quiet", "w2-n7-c8"): {"ttft_p50_ms": 0.45},
+    ("short-quiet", "w2-n7-c16"): {"ttft_p50_ms": 0.40},
+    ("long-quiet", "w2-n7-c2"): {"ttft_p50_ms": 0.55},
+    ("long-quiet", "w2-n7-c4"): {"ttft_p99_ms": 0.65},
+    ("long-quiet", "w2-n7-c8"): {"ttft_p50_ms": 0.50},
+    # three servers: the median too high at 1-4 (+32 and +47 % on the fitted 1 and 4) and for the long prompts
+    ("short-quiet", "w3-n7-c1"): {"ttft_p50_ms": 0.35},
+    ("short-quiet", "w3-n7-c2"): {"ttft_p50_ms": 0.45, "ttft_p99_ms": 1.15},
     ("short-quiet", "w3-n7-c4"): {"ttft_p50_ms": 0.50},
-    ("short-quiet", "w3-n7-c8"): {"ttft_p99_ms": 0.65, "throughput_rps": 0.45},
-    ("short-quiet", "w3-n7-c16"): {"ttft_p50_ms": 0.85},
-    ("long-quiet", "w3-n7-c1"): {"ttft_p50_ms": 0.40, "ttft_p99_ms": 0.45},
-    ("long-quiet", "w3-n7-c2"): {"ttft_p50_ms": 0.50},
-    ("long-quiet", "w3-n7-c4"): {"ttft_p50_ms": 0.90},
-    ("long-quiet", "w3-n7-c8"): {"ttft_p50_ms": 0.80},
+    ("long-quiet", "w3-n7-c1"): {"ttft_p50_ms": 0.30},
+    ("long-quiet", "w3-n7-c2"): {"ttft_p50_ms": 0.65},
+    ("long-quiet", "w3-n7-c4"): {"ttft_p50_ms": 0.85},
+    ("long-quiet", "w3-n7-c8"): {"ttft_p50_ms": 0.65},
 }
 
 
@@ -132,10 +130,10 @@ def test_every_repeated_setup_within_its_goal_or_known_shortfall(which, groups):
 
 @pytest.mark.slow
 def test_two_servers_held_out_ttft_mostly_within_the_goals(groups):
-    # the held-out server count: the median TTFT within 25 % of the measured range at 2 and 4 (not at 1, 8, 16), the
-    # p99 within 35 % at 4, 8 and 16 (not at 1 and 2: SHORTFALLS)
+    # the held-out server count: the median TTFT within 25 % of the measured range at 1, 2 and 4 (not at 8, 16), the
+    # p99 within 35 % at 8 and 16 (not at 1, 2 and 4: SHORTFALLS)
     def within(metric, goal):
         return [c for c in (1, 2, 4, 8, 16)
                 if abs(groups[("short-quiet", f"w2-n7-c{c}")][metric].relative_error) <= goal]
-    assert within("ttft_p50_ms", 0.25) == [2, 4]
-    assert within("ttft_p99_ms", 0.35) == [4, 8, 16]
+    assert within("ttft_p50_ms", 0.25) == [1, 2, 4]
+    assert within("ttft_p99_ms", 0.35) == [8, 16]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 
 import pytest
@@ -11,7 +12,7 @@ from click.testing import CliRunner
 from sim.cli import main
 from sim.runner import run as simulate
 from sim.scenario import load_scenario
-from sim.servers.run_csv import RunFileError, read_run, write_run_bytes
+from sim.servers.run_csv import RunFileError, RunRow, read_run, write_run_bytes
 from sim.studies.validate import Tolerance, compare
 from sim.workloads.request import is_full_hit, shareable_tokens
 from sim.workloads.shared_prefix import SharedPrefixRequests
@@ -122,3 +123,14 @@ def test_the_full_hit_rule_is_the_requests_for_measured_and_simulated_runs():
     for prefix, prompt in ((2032, 2434), (2032, 2032), (2040, 2045), (10, 100)):
         made = maker.make(1, 0, prefix_tokens=prefix, prompt_tokens=prompt, output_tokens=4)
         assert made.num_shareable_tokens == shareable_tokens(prefix_tokens=prefix, prompt_tokens=prompt, block_size=16)
+
+
+def test_the_servers_tpot_is_its_generation_time_where_recorded():
+    row = RunRow(request_id=1, warmup=False, prefix_id=0, worker=0, prompt_tokens=612, cached_tokens=0, ttft_ms=30.0,
+                 e2e_ms=330.0, start_s=0.0, end_s=0.33, server_ttft_ms=10.0, server_queue_ms=0.0,
+                 server_generation_ms=126.0)
+    assert row.tpot_ms(64) == pytest.approx(300 / 63)  # the client's: (e2e - TTFT) / 63
+    assert row.tpot_ms(64, "server") == pytest.approx(2.0)  # vLLM's generation time / 63
+    assert row.tpot_ms(1, "server") is None
+    older = dataclasses.replace(row, server_generation_ms=None)  # a run measured before the column existed
+    assert older.tpot_ms(64, "server") == pytest.approx(300 / 63)  # the client's
