@@ -95,10 +95,11 @@ def _env(tree: Path) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(tree), "TTY_COMPATIBLE": "0"}
 
 
-def _cpu_of(cmd: list[str], env: dict[str, str]) -> tuple[float, str]:
-    """CPU seconds (user + system) of `cmd` and its children, and its stderr."""
+def _cpu_of(cmd: list[str], tree: Path) -> tuple[float, str]:
+    """CPU seconds (user + system) of `cmd` run in `tree` and its children, and its stderr."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    proc = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # NOTE: cwd=tree: `python -c` and `python -m` put the working directory first on the path, before PYTHONPATH.
+    proc = subprocess.run(cmd, env=_env(tree), cwd=tree, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd[:4])} ... failed:\n{proc.stderr[-2000:]}")
@@ -107,7 +108,7 @@ def _cpu_of(cmd: list[str], env: dict[str, str]) -> tuple[float, str]:
 
 def parts_of_one_run(tree: Path, args: list[str]) -> dict[str, float]:
     """One run's parts, in CPU seconds (`PARTS`)."""
-    total, err = _cpu_of([sys.executable, "-c", _WRAPPER, *args], _env(tree))
+    total, err = _cpu_of([sys.executable, "-c", _WRAPPER, *args], tree)
     acc = json.loads(err.strip().splitlines()[-1])
     return {"start-up": acc.get("start-up", 0.0), "read": acc.get("read", 0.0), "simulate": acc.get("simulate", 0.0),
             "collector": acc.get("collector", 0.0), "output": acc.get("output", 0.0),
@@ -132,6 +133,11 @@ def main() -> None:
     if not trace.exists():
         raise SystemExit(f"--traces: {trace} not found; `kvsim traces fetch` downloads the Mooncake traces")
     trees = [t.resolve() for t in (args.tree or [REPO])]
+    for tree in trees:
+        found = subprocess.run([sys.executable, "-c", "import sim; print(sim.__file__)"], env=_env(tree), cwd=tree,
+                               capture_output=True, text=True).stdout.strip()
+        if Path(found).resolve() != (tree / "sim" / "__init__.py").resolve():
+            raise SystemExit(f"--tree {tree}: `import sim` loads {found or 'nothing'}, not this tree's")
     routers = args.router or ["round-robin"]
     parts: dict[tuple[str, Path], list[dict[str, float]]] = {}
     plain: dict[tuple[str, Path], list[float]] = {}
@@ -146,7 +152,7 @@ def main() -> None:
                     parts.setdefault((router, tree), []).append(parts_of_one_run(tree, command))
                 for tree in trees:
                     plain.setdefault((router, tree), []).append(
-                        _cpu_of([sys.executable, "-m", "sim.cli", *command], _env(tree))[0])
+                        _cpu_of([sys.executable, "-m", "sim.cli", *command], tree)[0])
     print(f"CPU seconds, median of {args.runs} rounds ({time.perf_counter() - t0:.0f} s); load average "
           f"{os.getloadavg()[0]:.1f} at the end")
     for router in routers:
