@@ -6,6 +6,7 @@ is, the nearest valid name), for scenario files and router options alike."""
 from __future__ import annotations
 
 import difflib
+import importlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import UnionType
@@ -221,3 +222,45 @@ def named_registry(noun: str, classes: Sequence[Any], *, taken: Mapping[str, Any
             raise RuntimeError(f"{noun} name {cls.name!r} is empty or registered twice")
         registry[cls.name] = cls
     return registry
+
+
+class LazyRegistry(Mapping[str, Any]):
+    """One plugin family's registry whose classes are imported when first looked up: `{name: "module:Class"}` in the
+    order given, read as `{name: cls}` (a `Mapping`: `registry[name]`, `get`, `in`, iteration and `len` as a dict's).
+
+    Names, membership, iteration and `len` import nothing; `registry[name]` imports the one module that defines the
+    class (so a command that runs one router loads one router's module, not all of them), and `items()`/`values()`
+    import every one (a listing of all the routers). Loud, as `named_registry`, on an empty or repeated name (or one
+    already in `taken`), and on a class whose own `name` is not the name it is registered under.
+    """
+
+    def __init__(self, noun: str, entries: Sequence[tuple[str, str]], *, taken: Mapping[str, Any] | None = None):
+        self._noun = noun
+        self._paths: dict[str, str] = {}
+        for name, path in entries:
+            if not name or name in self._paths or (taken is not None and name in taken):
+                raise RuntimeError(f"{noun} name {name!r} is empty or registered twice")
+            self._paths[name] = path
+        self._classes: dict[str, Any] = {}
+
+    def __getitem__(self, name: str) -> Any:
+        cls = self._classes.get(name)
+        if cls is None:
+            module, _, attr = self._paths[name].partition(":")  # an unknown name: KeyError, as a dict's
+            cls = getattr(importlib.import_module(module), attr)
+            if cls.name != name:
+                raise RuntimeError(f"{self._noun} {self._paths[name]} is named {cls.name!r}, registered as {name!r}")
+            self._classes[name] = cls
+        return cls
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._paths
+
+    def __iter__(self):
+        return iter(self._paths)
+
+    def __len__(self) -> int:
+        return len(self._paths)
+
+    def __repr__(self) -> str:
+        return f"LazyRegistry({self._noun!r}, {list(self._paths)})"

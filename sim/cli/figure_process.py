@@ -31,6 +31,12 @@ from sim.results import figures
 figures._pyplot()
 name, args, kwargs = pickle.load(sys.stdin.buffer)
 sys.stdout.buffer.write(getattr(figures, name)(*args, **kwargs))
+# NOTE: the PNG is all this process owes: it ends once it has flushed its pipes, without tearing down matplotlib,
+# numpy and the figure (~0.1 s of CPU, a sixth of this process); it wrote no file that a teardown would close.
+sys.stdout.flush()
+sys.stderr.flush()
+import os
+os._exit(0)
 """
 """The child: the parent's module path, matplotlib loaded, then one figure drawn from stdin to stdout."""
 

@@ -49,6 +49,10 @@ def field(obj: dict, name: str, kind: type, path: Path, line: int):
     return value
 
 
+_NUMBER_TYPES = (int, float)
+"""The exact types of a JSON number (`field`'s `float`: an int or a float, no bool)."""
+
+
 def open_binary(path: Path) -> BinaryIO:
     """`path` opened for reading bytes, or a TraceError naming it and why it cannot be opened."""
     try:
@@ -66,7 +70,8 @@ def json_object(text: str | bytes, path: Path, line_no: int) -> dict:
         except UnicodeDecodeError as err:
             raise TraceError(f"{path}:{line_no}: not UTF-8 text (byte {err.start} of the line)") from None
     try:
-        obj = json.loads(text, parse_constant=_no_constant)
+        # NOTE: json.loads refuses a leading BOM with its own message; the shared decoder would not.
+        obj = json.loads(text, parse_constant=_no_constant) if text.startswith("\ufeff") else _DECODER.decode(text)
     except TraceError as err:  # NaN, Infinity
         raise TraceError(f"{path}:{line_no}: {err}") from None
     except json.JSONDecodeError as err:
@@ -146,10 +151,15 @@ def read_mooncake(path: str | Path, *, block_size: int, trace_block_tokens: int 
             if not text:
                 continue
             obj = json_object(text, path, line_no)
-            ts = field(obj, "timestamp", float, path, line_no)
-            n_in = field(obj, "input_length", int, path, line_no)
-            n_out = field(obj, "output_length", int, path, line_no)
-            ids = field(obj, "hash_ids", list, path, line_no)
+            ts, n_in, n_out, ids = (obj.get("timestamp"), obj.get("input_length"), obj.get("output_length"),
+                                    obj.get("hash_ids"))
+            # NOTE: the usual line's types checked at once (exact types: a bool is no number here); any other line
+            # goes through `field`, field by field in this order, which names the first that is wrong.
+            if not (type(ts) in _NUMBER_TYPES and type(n_in) is int and type(n_out) is int and type(ids) is list):
+                ts = field(obj, "timestamp", float, path, line_no)
+                n_in = field(obj, "input_length", int, path, line_no)
+                n_out = field(obj, "output_length", int, path, line_no)
+                ids = field(obj, "hash_ids", list, path, line_no)
             if ids and (not set(map(type, ids)) <= {int} or min(ids) < 0):
                 check_hash_ids(ids, n_in, trace_block_tokens, path, line_no)
             if n_in < 1:
@@ -160,7 +170,8 @@ def read_mooncake(path: str | Path, *, block_size: int, trace_block_tokens: int 
                 raise TraceError(f"{path}:{line_no}: field 'output_length' must be >= 0, got {n_out}")
             if n_out < 1:
                 n_out = 1  # a request always samples at least one token
-            check_hash_ids(ids, n_in, trace_block_tokens, path, line_no)
+            if len(ids) != -(-n_in // trace_block_tokens):  # the ids' values were checked above
+                check_hash_ids(ids, n_in, trace_block_tokens, path, line_no)
             if last_ts is not None and ts < last_ts:
                 raise TraceError(f"{path}:{line_no}: field 'timestamp' goes backwards ({ts} after {last_ts})")
             last_ts = ts
@@ -180,6 +191,11 @@ def read_mooncake(path: str | Path, *, block_size: int, trace_block_tokens: int 
 
 def _no_constant(name: str):
     raise TraceError(f"{name} is not a number a trace may hold")
+
+
+_DECODER = json.JSONDecoder(parse_constant=_no_constant)
+"""What `json.loads(text, parse_constant=_no_constant)` builds anew for every call (a decoder and its scanner: about
+as much as parsing a Mooncake line), built once."""
 
 
 def _lines(handle, path: Path) -> Iterator[str]:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 from collections import Counter
 
 import pytest
 
 from policies import PD_ROUTERS, ROUTERS
-from sim.config import named_registry
+from sim.config import LazyRegistry, named_registry
 from policies.prefix_hash import PrefixHashRouter
 from policies.random_router import RandomRouter
 from policies.round_robin import RoundRobinRouter
@@ -25,6 +27,24 @@ def test_registry_lists_every_router_and_refuses_duplicates():
     with pytest.raises(RuntimeError, match="^disaggregated router name 'random' is empty or registered twice$"):
         named_registry("disaggregated router", (RandomRouter,), taken=ROUTERS)
     assert not set(PD_ROUTERS) & set(ROUTERS)
+
+
+def test_the_lazy_registry_loads_a_router_when_looked_up_and_refuses_a_misnamed_one():
+    # Issue 27 (whole commands): a command imports the module of the router it runs, not every router's.
+    code = ("import sys\nfrom policies import ROUTERS\nbefore = {m for m in sys.modules if m.startswith('policies.')}\n"
+            "ROUTERS['round-robin']\nprint(sorted(before), sorted({m for m in sys.modules if m.startswith('policies.')} "
+            "- before), 'kv-aware' in ROUTERS, len(ROUTERS))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert "'policies.kv_aware'" not in " ".join(out) and "'policies.round_robin']" in " ".join(out)
+    assert out[-2:] == ["True", "17"]
+    assert all(cls.name == name for name, cls in [*ROUTERS.items(), *PD_ROUTERS.items()])
+    with pytest.raises(RuntimeError, match="^router name 'random' is empty or registered twice$"):
+        LazyRegistry("router", (("random", "policies.random_router:RandomRouter"),) * 2)
+    with pytest.raises(RuntimeError, match="^router policies.random_router:RandomRouter is named 'random', "
+                                           "registered as 'chance'$"):
+        LazyRegistry("router", (("chance", "policies.random_router:RandomRouter"),))["chance"]
+    with pytest.raises(KeyError):
+        ROUTERS["no-such-router"]
 
 
 def test_unknown_option_names_the_field_and_the_allowed_ones():
