@@ -86,6 +86,8 @@ class DecodeStretch(StretchTiming):
     def finished(self) -> list[RequestState]:
         """The requests whose last token the applied steps sampled (only the stretch's last step can), in running
         order: the worker ends them at the end of that step, as `Scheduler.update_from_output` would."""
+        if self.applied < self.num_steps:
+            return []  # cut short: every request has more tokens to sample than the stretch has steps (`plan`)
         return [r for r in self.requests if r.num_output_tokens >= r.request.output_tokens]
 
     def _schedule_step(self, idx: int, j: int) -> None:
