@@ -124,7 +124,27 @@ class Worker:
     def _wake_after(self, wakeup: simpy.Event, delay_s: float, steps: int) -> None:
         """Trigger `wakeup` with `steps` in `delay_s`, unless something triggered it first (then nothing)."""
         if delay_s > 0:
-            self.env.timeout(delay_s).callbacks.append(lambda _event: wakeup.triggered or wakeup.succeed(steps))
+            self.env.timeout(delay_s).callbacks.append(lambda _event: self._timer_due(wakeup, steps))
+        else:
+            wakeup.succeed(steps)
+
+    def _timer_due(self, wakeup: simpy.Event, steps: int) -> None:
+        """A timer of `wakeup` fires: trigger it with `steps`, unless something triggered it first (then nothing).
+
+        Triggered, `wakeup` would be scheduled now behind every event already due now and processed when they are
+        done. When none is due (the next event is later: the common case), it would be the very next event
+        processed, so the loop is resumed here, in this timer's processing, with the same value, at the same time
+        and in the same order: the wake-up costs no event of its own."""
+        if wakeup.triggered:
+            return  # a cut stretch's own end, or a cut in its last step whose end came first
+        env = self.env
+        if env.peek() > env.now:
+            # NOTE: what `Environment.step` does with a processed event (SimPy 4: `_ok`, `_value`, `callbacks` set to
+            # None so that a late trigger sees it processed), without its pass through the event queue.
+            wakeup._ok, wakeup._value = True, steps
+            callbacks, wakeup.callbacks = wakeup.callbacks, None
+            for callback in callbacks:
+                callback(wakeup)
         else:
             wakeup.succeed(steps)
 

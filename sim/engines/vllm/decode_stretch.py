@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from sim.engines.interface import StepTimeModel
 from sim.engines.stretch import MIN_STEPS, StretchTiming
-from sim.engines.vllm.math_utils import cdiv
 from sim.engines.vllm.request_state import RequestState
 from sim.engines.vllm.scheduler import Scheduler
 
@@ -58,17 +57,22 @@ class DecodeStretch(StretchTiming):
         context = 0
         for r in running:
             c = r.num_computed_tokens
-            if r.num_tokens - c != 1 or c < r.request.prompt_tokens:
-                return None  # a prefill (or recomputation) is in progress
-            left = r.request.output_tokens - r.num_output_tokens  # tokens still to sample, incl. this step's
-            limit = min(left, max_model_len - 2 - c)
-            steps = limit if steps is None else min(steps, limit)
+            request = r.request
+            if request.prompt_tokens + r.num_output_tokens - c != 1 or c < request.prompt_tokens:
+                return None  # a prefill (or recomputation) is in progress (num_tokens - c != 1)
+            limit = request.output_tokens - r.num_output_tokens  # tokens still to sample, incl. this step's
+            if max_model_len - 2 - c < limit:
+                limit = max_model_len - 2 - c
+            if steps is None or limit < steps:
+                steps = limit
             context += c
         if steps is None or steps < MIN_STEPS:
             return None
         kv = scheduler.kv
         B = kv.block_size
-        needed = sum(cdiv(r.num_computed_tokens + steps, B) - len(r.block_ids) for r in running)
+        needed = 0
+        for r in running:
+            needed += -(-(r.num_computed_tokens + steps) // B) - len(r.block_ids)  # cdiv, inlined
         if needed > kv.num_free_blocks:
             return None  # a block may run out: step one at a time (and preempt as vLLM would)
         if waiting and not scheduler.admission_stays_blocked(steps):
@@ -82,6 +86,8 @@ class DecodeStretch(StretchTiming):
     def finished(self) -> list[RequestState]:
         """The requests whose last token the applied steps sampled (only the stretch's last step can), in running
         order: the worker ends them at the end of that step, as `Scheduler.update_from_output` would."""
+        if self.applied < self.num_steps:
+            return []  # cut short: every request has more tokens to sample than the stretch has steps (`plan`)
         return [r for r in self.requests if r.num_output_tokens >= r.request.output_tokens]
 
     def _schedule_step(self, idx: int, j: int) -> None:
@@ -136,16 +142,20 @@ class DecodeStretch(StretchTiming):
             boundaries = []
             for idx, c in enumerate(self.computed0):
                 first = lo + (-(c + lo)) % B  # first step >= lo that computes the first token of a new block
-                boundaries.extend((j, idx) for j in range(first, k, B))
-            boundaries.sort()
-            for j, idx in boundaries:
-                self._schedule_step(idx, j)
+                if first < k:  # NOTE: most stretches are shorter than a block: none or one boundary a request
+                    if first + B >= k:
+                        boundaries.append((first, idx))
+                    else:
+                        boundaries.extend((j, idx) for j in range(first, k, B))
+            if boundaries:
+                boundaries.sort()
+                for j, idx in boundaries:
+                    self._schedule_step(idx, j)
         # NOTE: with events, every block that filled was cached (and its event published) at its own step, so the
         # caching here finds nothing new and records nothing.
-        for idx, r in enumerate(self.requests):
-            c = self.computed0[idx]
+        for r, c, out in zip(self.requests, self.computed0, self.outputs0):
             r.num_computed_tokens = c + k
-            r.num_output_tokens = self.outputs0[idx] + k
+            r.num_output_tokens = out + k
             if (c + k) // B > (c + lo) // B:  # a block filled in these steps (else caching is a no-op)
                 kv.cache_full_blocks(r, c + k)
         self.applied = k
