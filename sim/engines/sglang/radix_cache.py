@@ -189,45 +189,79 @@ class RadixCache:
         """Insert the page-aligned `key`; returns (tokens already in the tree, last node)."""
         return self._insert_helper(self.root_node, self.page_aligned(key), priority, inserted_len)
 
-    def insert_below(self, anchor: TreeNode, anchor_len: int, key: Tokens, *, priority: int = 0,
-                     inserted_len: int = 0) -> tuple[int, TreeNode]:
-        """`insert(key, ...)` where the path to `anchor` (a node the caller holds locked, so that nothing evicted or
-        changed it) is known to hold the first `anchor_len` tokens of the page-aligned `key`: the same stamps,
-        priorities, hit counts and splits, with that path walked up from `anchor` instead of matched down from the
-        root (a request's checkpoint: its locked prefix is most of a long context's path)."""
-        if self.has_host_tier or anchor is self.root_node:
+    def checkpoint_insert(self, lock: TreeNode | None, lock_len: int, key: Tokens, *, prompt_len: int,
+                          inserted_len: int) -> TreeNode:
+        """What a request's checkpoint (`RadixCache.checkpoint`, `KvPool.checkpoint`) does to the tree, in SGLang's
+        order: `insert(key, priority=0, inserted_len=inserted_len)`; if `0 < prompt_len < len(key)`, `insert(key[:
+        prompt_len], priority=1, inserted_len=prompt_len)` (a node boundary at the prompt's end); `match_prefix(key)`
+        (the path's stamps); the request's lock moved from `lock` (None: none) to the node `key` ends in, which is
+        returned. `key` is page-aligned; `lock`, if any, is locked and its path holds `key`'s first `lock_len`
+        tokens when `lock_len <= len(key)` (the inserts then walk down from it: a long context's path is mostly
+        the request's locked prefix)."""
+        if self.has_host_tier:
             # NOTE: a tree with more state hooks every node of the walk in order (`HiRadixCache._on_insert_path`)
-            return self.insert(key, priority=priority, inserted_len=inserted_len)
-        key = self.page_aligned(key)
+            node = self.insert(key, priority=0, inserted_len=inserted_len)[1]
+            if 0 < prompt_len < key.length:
+                self.insert(key.slice(0, prompt_len), priority=1, inserted_len=prompt_len)
+            node = self.match_prefix(key)[1]
+            self.move_lock(lock, node)
+            return node
+        root = self.root_node
+        anchor, anchor_len = (lock, lock_len) if lock is not None and lock is not root and lock_len <= key.length \
+            else (root, 0)
+        node = self._insert_under(anchor, anchor_len, key, 0, inserted_len)
+        if 0 < prompt_len < key.length:
+            # NOTE: the prompt's path is a prefix of `key`'s: it goes down from the deepest node above the anchor that
+            # ends at or before the prompt's end (locked, as the anchor's ancestors are).
+            while anchor_len > prompt_len:
+                anchor_len -= anchor.key.length
+                anchor = anchor.parent
+            self._insert_under(anchor, anchor_len, key.slice(0, prompt_len), 1, prompt_len)
+        # NOTE: the match's stamps (the last, so every stamp of the inserts on this path is overwritten: the inserts
+        # skip the nodes above their anchor), walking up once, which also finds whether the old lock is on the path.
+        if key.length:
+            access_time = self.tick()
+            on_path = False
+            stamped = node
+            while stamped is not None:
+                stamped.last_access_time = access_time
+                if stamped is lock:
+                    on_path = True
+                stamped = stamped.parent
+        else:  # SGLang's match of an empty key stamps nothing: the insert's stamp of the root, where it ended, stays
+            root.last_access_time = self._clock
+            on_path = lock is root
+        if lock is None:
+            self.inc_lock_ref(node)
+        elif on_path:  # the nodes from `lock` up would lose and regain a holder (`move_lock`)
+            self.inc_lock_ref(node, until=lock)
+        else:
+            self.dec_lock_ref(lock)
+            self.inc_lock_ref(node)
+        return node
+
+    def _insert_under(self, anchor: TreeNode, anchor_len: int, key: Tokens, priority: int,
+                      inserted_len: int) -> TreeNode:
+        """`insert(key, priority=priority, inserted_len=inserted_len)[1]` where the path to `anchor` (locked, so that
+        nothing evicted or changed it) holds `key`'s first `anchor_len` tokens: walked down from `anchor`, with the
+        hits and priorities an insert gives the nodes above it but not their stamps, which the caller overwrites
+        (`checkpoint_insert`)."""
         access_time = self.tick()
-        # NOTE: what `_insert_helper` does to each node of the path above the anchor, in any order (the same stamp,
-        # a max, an increment): no split (the key holds the path's tokens), a hit where the node ends past
-        # `inserted_len`.
-        node, end = anchor, anchor_len
-        while node is not self.root_node:
-            node.last_access_time = access_time
+        # NOTE: going up, a node's end falls (a hit only where it is past `inserted_len`) and its priority does not
+        # fall (an insert raises a whole path to at least its priority, a split copies the child's, a new leaf takes
+        # the insert's: checked by `check_invariants`), so the walk stops at the first node needing neither; the
+        # root's priority is at least that node's.
+        node, end, root = anchor, anchor_len, self.root_node
+        while node is not root and (end > inserted_len or node.priority < priority):
             if node.priority < priority:
                 node.priority = priority
             if end > inserted_len:
                 node.hit_count += 1
-            end -= len(node.key)
+            end -= node.key.length
             node = node.parent
-        node.last_access_time = access_time
-        node.priority = max(node.priority, priority)
-        return self._insert_from(anchor, anchor_len, key, priority, inserted_len, access_time)
-
-    def stamp_path(self, key: Tokens, node: TreeNode) -> TreeNode:
-        """`match_prefix(key)[1]` for a page-aligned `key` that the tree holds whole with a node ending where it
-        ends, `node` (just inserted): the same access stamps, walked up from `node`."""
-        if self.has_host_tier:
-            return self.match_prefix(key)[1]
-        if len(key):
-            access_time = self.tick()
-            stamped = node
-            while stamped is not None:
-                stamped.last_access_time = access_time
-                stamped = stamped.parent
-        return node
+        if node is root and root.priority < priority:
+            root.priority = priority
+        return self._insert_from(anchor, anchor_len, key, priority, inserted_len, access_time)[1]
 
     def evict(self, num_tokens: int) -> int:
         """Free whole evictable leaves, lowest priority first, until `num_tokens` are freed; returns the number."""
@@ -551,6 +585,9 @@ class RadixCache:
                 raise AssertionError(f"{node!r} holds {len(node.key)} tokens, not whole pages of {self.page_size}")
             if node.parent.children.get(self.child_key(node.key)) is not node:
                 raise AssertionError(f"{node!r} is not under its first page in its parent")
+            if node.priority > node.parent.priority:
+                raise AssertionError(f"{node!r} has priority {node.priority} above its parent's {node.parent.priority} "
+                                     "(an insert raises a whole path)")
             if node.lock_ref > node.parent.lock_ref and node.parent is not self.root_node:
                 raise AssertionError(f"{node!r} has more holders than its parent (a lock counts up to the root)")
             if node.lock_ref > 0:
