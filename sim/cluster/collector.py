@@ -7,10 +7,17 @@ survivors again and again: 10-14 % of a Mooncake-trace replay here (`benchmarks/
 memory returned (peak RSS the same with the collector off). `fewer_collections` collects young objects every
 50,000 allocations instead, for the simulation only: the same objects, the same results (nothing in kvsim depends on
 when a cycle is collected), and at most that many objects of cyclic garbage waiting at any time.
+
+A `kvsim` command is one short process, and there the default pace costs twice more (`command_collections`): once
+the simulation restores it, the next allocations run a full collection over everything the run left alive (the
+reuse ledger, the trees, the records: ~0.4 s of CPU after a Mooncake-trace replay), and the interpreter's exit runs
+another (~0.5 s). A command keeps the simulation's pace throughout, and its process freezes what is alive when it
+exits, so that the last collection skips it.
 """
 
 from __future__ import annotations
 
+import atexit
 import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,3 +36,31 @@ def fewer_collections() -> Iterator[None]:
         yield
     finally:
         gc.set_threshold(*before)
+
+
+COMMAND_THRESHOLDS = (200_000, 50, 100)
+"""`gc.set_threshold` during a command: as `SIMULATION_THRESHOLDS`, but a middle collection (which traverses every
+object that survived a young one since the last, up to millions in a replay: ~0.2 s each) only every 10 million net
+allocations; a command's process ends soon after its simulation."""
+
+
+@contextmanager
+def command_collections() -> Iterator[None]:
+    """The collector's pace for a whole command (imports, reading, simulating, writing: `COMMAND_THRESHOLDS`, raised
+    and restored as `fewer_collections` does), and `gc.freeze()` at the process's exit: the interpreter's last
+    collection then skips every object alive, which the exit frees by reference counts anyway (only a cycle among
+    them is left to the operating system, as at any exit). A test process that runs commands freezes at its end."""
+    global _freeze_at_exit
+    if not _freeze_at_exit:
+        atexit.register(gc.freeze)
+        _freeze_at_exit = True
+    before = gc.get_threshold()
+    gc.set_threshold(*(max(now, during) for now, during in zip(before, COMMAND_THRESHOLDS)))
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
+
+
+_freeze_at_exit = False
+"""Whether `command_collections` registered the exit's `gc.freeze` (once per process)."""
