@@ -147,12 +147,12 @@ class KvPool:
         tree, P = self.tree, self.page_size
         # NOTE: `tree.page_aligned(req.fill_tokens(up_to))`, cut once: the aligned prefix of the fill.
         key = req.fill_tokens(min(up_to, req.fill_len) // P * P)
-        key_len = len(key)
+        key_len = key.length
         protected = req.cache_protected_len
         # NOTE: the request's lock holds the path of its first `protected` tokens (SGLang's `last_node`), so the
         # inserts walk down from there; the tree also splits the leaf at the prompt's end, stamps the path (SGLang's
         # match_prefix(key)) and moves the lock to the node the insert ended in.
-        node = tree.checkpoint_insert(req.lock, protected, key, prompt_len=len(req.origin) // P * P,
+        node = tree.checkpoint_insert(req.lock, protected, key, prompt_len=req.origin.length // P * P,
                                       inserted_len=req.cache_inserted_len)
         req.cache_inserted_len = max(req.cache_inserted_len, key_len)
         moved = max(0, key_len - protected) // P

@@ -155,14 +155,14 @@ class RadixCache:
     def match_prefix(self, key: Tokens) -> tuple[int, TreeNode]:
         """(matched tokens, last node) for the page-aligned `key`; splits the last node at the match's end."""
         key = self.page_aligned(key)
-        if len(key) == 0:
+        if key.length == 0:
             return 0, self.root_node
         return self._match_prefix_helper(self.root_node, key)
 
     def touch_prefix(self, key: Tokens) -> None:
         """Refresh recency along `key`'s cached path (`RadixCache.touch_prefix`: a match that keeps nothing)."""
         key = self.page_aligned(key)
-        if len(key):
+        if key.length:
             self._match_prefix_helper(self.root_node, key)
 
     def peek_prefix(self, key: Tokens) -> int:
@@ -282,20 +282,25 @@ class RadixCache:
             return self._evict_scanning(num_tokens)
         leaves = self.evictable_leaves
         get_priority = self._priority
-        heappop, heappush = heapq.heappop, heapq.heappush
+        by_access = get_priority is lru
+        heappop, heapreplace = heapq.heappop, heapq.heapreplace
         num_evicted = 0
+        # NOTE: the top is read in place: a stale one is popped, one whose priority rose is replaced by its new entry
+        # (one sift instead of a pop and a push: most popped entries are of leaves stamped since they were pushed).
         while num_evicted < num_tokens and leaves:
-            entry = heappop(heap)
+            entry = heap[0]  # every evictable leaf has an entry, so the heap is not empty
             x = entry[2]
             if x not in leaves:
+                heappop(heap)
                 x.in_heap = False
                 continue
-            priority = get_priority(x)
+            priority = x.last_access_time if by_access else get_priority(x)
             if priority != entry[0]:
-                heappush(heap, (priority, x.id, x))
+                heapreplace(heap, (priority, x.id, x))
                 continue
+            heappop(heap)
             x.in_heap = False
-            num_evicted += len(x.key)
+            num_evicted += x.key.length
             self._delete_leaf(x)  # pushes the parent if it is now an evictable leaf
             if self.records_events:
                 self._record_remove(x)
@@ -314,7 +319,7 @@ class RadixCache:
                 self.num_evicted_tokens += num_evicted
                 return num_evicted
             x = self._lowest_leaf(leaves)
-            num_evicted += len(x.key)
+            num_evicted += x.key.length
             self._delete_leaf(x)
             if self.records_events:
                 self._record_remove(x)
@@ -323,7 +328,7 @@ class RadixCache:
         heapq.heapify(heap)
         while num_evicted < num_tokens and heap:
             _, _, x = heapq.heappop(heap)
-            num_evicted += len(x.key)
+            num_evicted += x.key.length
             self._delete_leaf(x)
             parent = x.parent
             if len(parent.children) == 0 and parent.lock_ref == 0:
@@ -463,13 +468,13 @@ class RadixCache:
         new_node = self.node_class(self, priority=child.priority)
         new_node.hit_count = child.hit_count
         suffix = child.key.slice(split_len)
-        new_node.children = {self.child_key(suffix): child}
+        new_node.children = {suffix.page_key(0, self.page_size): child}
         new_node.parent = child.parent
         new_node.lock_ref = child.lock_ref
         new_node.key = child.key.slice(0, split_len)
         child.parent = new_node
         child.key = suffix
-        new_node.parent.children[self.child_key(new_node.key)] = new_node
+        new_node.parent.children[new_node.key.page_key(0, self.page_size)] = new_node
         return new_node
 
     def _insert_helper(self, node: TreeNode, key: Tokens, priority: int, inserted_len: int) -> tuple[int, TreeNode]:
@@ -508,7 +513,7 @@ class RadixCache:
             child = node.children.get(child_key)
         if total_prefix_length < length:
             node = self._add_leaf(node, child_key, key.slice(total_prefix_length), priority)
-            self._on_insert_path(node, total_prefix_length + len(node.key) > inserted_len)
+            self._on_insert_path(node, total_prefix_length + node.key.length > inserted_len)
         return total_prefix_length, node
 
     def _on_insert_path(self, node: TreeNode, new_hit: bool) -> None:
@@ -523,7 +528,7 @@ class RadixCache:
         new_node.parent = parent
         new_node.key = key
         parent.children[child_key] = new_node
-        self.evictable_size_ += len(key)
+        self.evictable_size_ += key.length
         self._update_leaf_status(parent)
         self._update_leaf_status(new_node)
         if self.records_events:
@@ -532,9 +537,9 @@ class RadixCache:
 
     def _delete_leaf(self, node: TreeNode) -> None:
         parent = node.parent
-        if parent.children.pop(self.child_key(node.key), None) is not node:
+        if parent.children.pop(node.key.page_key(0, self.page_size), None) is not node:
             raise RuntimeError(f"{node!r} is not a child of its parent")
-        self.evictable_size_ -= len(node.key)
+        self.evictable_size_ -= node.key.length
         self.evictable_leaves.discard(node)
         self._update_leaf_status(parent)
 

@@ -114,7 +114,7 @@ class Tokens:
         # may be cut.
         #   runs:   | i .......... | i+1 | ... | j-1 | j .......... |
         #   slice:       ^start: (key, s + inner, n - inner)    ^stop: (key, s, stop - ends[j - 1])
-        i, inner = self._locate(start)
+        i, inner = self._locate(start) if start > 0 else (0, 0)  # NOTE: a prefix (most slices) needs no search
         j, inner_stop = self._locate(stop - 1)  # the run holding the last token taken
         runs = self.runs
         key, s, n = runs[i]
@@ -137,8 +137,11 @@ class Tokens:
         """Identity of the page of `page_size` tokens at `offset` (SGLang's `RadixKey.child_key_at`): the token
         itself for page size 1, else the page's canonical runs."""
         if page_size == 1:
+            if offset == 0 and self.length:  # a node's own key (a child's place, a leaf's removal): no search
+                key, s, _ = self.runs[0]
+                return key, s
             return self.token(offset)
-        i, inner = self._locate(offset)
+        i, inner = self._locate(offset) if offset else (0, 0)
         key, s, n = self.runs[i]
         if inner + page_size <= n:
             return ((key, s + inner, page_size),)  # the page lies inside one run
@@ -240,5 +243,7 @@ _last_aligned: list = [None, 0, 0, None]
 def output_tokens(request: Request, num_tokens: int) -> Tokens:
     """The first `num_tokens` sampled output tokens of `request`: unique to it (sampling is random), unless a later
     turn of its session resends them (`Request.output_key` names them then)."""
+    if num_tokens <= 0:
+        return Tokens()
     key = request.output_key
-    return Tokens([(("out", request.request_id) if key is None else key, 0, num_tokens)])
+    return Tokens._canonical_runs(((("out", request.request_id) if key is None else key, 0, num_tokens),), num_tokens)
