@@ -66,12 +66,14 @@ class TreeNode:
         self.parent: TreeNode | None = None
         self.key: Tokens = Tokens()
         self.lock_ref = 0
-        # NOTE: two `time.monotonic()` calls upstream, in this order.
-        self.last_access_time = cache.tick()
-        self.creation_time = cache.tick()
+        # NOTE: two `time.monotonic()` calls upstream, in this order (`cache.tick()` twice, inlined: a node is made per
+        # request chunk).
+        clock = cache._clock
+        self.last_access_time = clock + 1
+        self.creation_time = cache._clock = clock + 2
         self.hit_count = 0
         self.priority = priority
-        self.id = cache.next_node_id()
+        self.id = cache._node_ids = cache._node_ids + 1
         self.in_heap = False
         """Whether the tree's lazy leaf heap holds an entry for this node (at most one: see `RadixCache.evict`)."""
 
@@ -173,10 +175,11 @@ class RadixCache:
         node, matched = self.root_node, 0
         # NOTE: `child_key` and `_match_len` inlined (the walk's per-node cost is what a long context pays per node).
         while matched < length:
-            child = node.children.get(key.page_key(matched, P))
+            at = key._locate(matched) if matched else (0, 0)  # NOTE: once per node, for the child's page and the match
+            child = node.children.get(key.page_key_at(matched, P, at))
             if child is None:
                 break
-            n = child.key.match(key, matched)
+            n = child.key.match(key, matched, at)
             if P > 1:
                 n = n // P * P
             matched += n
@@ -446,10 +449,11 @@ class RadixCache:
         matched = 0
         P, length = self.page_size, key.length
         # NOTE: `child_key` and `_match_len` inlined, one dict lookup per node (as `peek_prefix`).
-        child = node.children.get(key.page_key(0, P)) if length else None
+        at = (0, 0)  # NOTE: `key._locate(matched)`, once per node, for the child's page and the match
+        child = node.children.get(key.page_key_at(0, P, at)) if length else None
         while child is not None:
             child.last_access_time = access_time
-            prefix_len = child.key.match(key, matched)
+            prefix_len = child.key.match(key, matched, at)
             if P > 1:
                 prefix_len = prefix_len // P * P
             if prefix_len < child.key.length:
@@ -460,7 +464,8 @@ class RadixCache:
             node = child
             if matched >= length:
                 break
-            child = node.children.get(key.page_key(matched, P))
+            at = key._locate(matched)
+            child = node.children.get(key.page_key_at(matched, P, at))
         return matched, node
 
     def _split_node(self, child: TreeNode, split_len: int) -> TreeNode:
@@ -492,12 +497,13 @@ class RadixCache:
         if total_prefix_length >= length:
             return total_prefix_length, node
         on_insert_path = self._on_insert_path
-        child_key = key.page_key(total_prefix_length, P)
+        at = key._locate(total_prefix_length) if total_prefix_length else (0, 0)  # once per node (as `peek_prefix`)
+        child_key = key.page_key_at(total_prefix_length, P, at)
         child = node.children.get(child_key)
         while child is not None:  # NOTE: `child_key` and `_match_len` inlined (as `peek_prefix`)
             node = child
             node.last_access_time = access_time
-            prefix_len = node.key.match(key, total_prefix_length)
+            prefix_len = node.key.match(key, total_prefix_length, at)
             if P > 1:
                 prefix_len = prefix_len // P * P
             total_prefix_length += prefix_len
@@ -509,7 +515,8 @@ class RadixCache:
             on_insert_path(node, total_prefix_length > inserted_len)
             if total_prefix_length >= length:
                 break
-            child_key = key.page_key(total_prefix_length, P)
+            at = key._locate(total_prefix_length)
+            child_key = key.page_key_at(total_prefix_length, P, at)
             child = node.children.get(child_key)
         if total_prefix_length < length:
             node = self._add_leaf(node, child_key, key.slice(total_prefix_length), priority)

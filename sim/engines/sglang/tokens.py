@@ -141,19 +141,29 @@ class Tokens:
                 key, s, _ = self.runs[0]
                 return key, s
             return self.token(offset)
-        i, inner = self._locate(offset) if offset else (0, 0)
+        return self.page_key_at(offset, page_size, self._locate(offset) if offset else (0, 0))
+
+    def page_key_at(self, offset: int, page_size: int, located: tuple[int, int]) -> Hashable:
+        """`page_key(offset, page_size)` where `located` is `_locate(offset)` (a walk locates each node's offset
+        once, for the child's page and for the match: `match(..., located)`)."""
+        i, inner = located
         key, s, n = self.runs[i]
+        if page_size == 1:
+            return key, s + inner
         if inner + page_size <= n:
             return ((key, s + inner, page_size),)  # the page lies inside one run
         return self.slice(offset, offset + page_size).runs
 
-    def match(self, other: Tokens, offset: int = 0) -> int:
+    def match(self, other: Tokens, offset: int = 0, located: tuple[int, int] | None = None) -> int:
         """How many leading tokens of `self` equal `other`'s from `offset` on (SGLang `RadixKey.match_at`, before
-        page rounding)."""
+        page rounding); `located`, if given, is `other._locate(offset)`."""
         a, b = self.runs, other.runs
         if offset >= other.length:
             return 0
-        ib, ob = other._locate(offset) if offset else (0, 0)
+        if located is not None:
+            ib, ob = located
+        else:
+            ib, ob = other._locate(offset) if offset else (0, 0)
         n = ia = oa = 0
         len_a, len_b = len(a), len(b)
         while ia < len_a and ib < len_b:
