@@ -174,12 +174,14 @@ class RadixCache:
         P, length = self.page_size, key.length
         node, matched = self.root_node, 0
         # NOTE: `child_key` and `_match_len` inlined (the walk's per-node cost is what a long context pays per node).
+        # NOTE: `at` is where token `matched` lies in the key's runs, for the child's page and the match; the match
+        # says where it ended, which is where the walk goes on when the node matched whole (a multiple of P).
+        at = (0, 0)
         while matched < length:
-            at = key._locate(matched) if matched else (0, 0)  # NOTE: once per node, for the child's page and the match
             child = node.children.get(key.page_key_at(matched, P, at))
             if child is None:
                 break
-            n = child.key.match(key, matched, at)
+            n, at = child.key.match_located(key, at)
             if P > 1:
                 n = n // P * P
             matched += n
@@ -449,11 +451,11 @@ class RadixCache:
         matched = 0
         P, length = self.page_size, key.length
         # NOTE: `child_key` and `_match_len` inlined, one dict lookup per node (as `peek_prefix`).
-        at = (0, 0)  # NOTE: `key._locate(matched)`, once per node, for the child's page and the match
+        at = (0, 0)  # NOTE: where token `matched` lies in the key's runs (as `peek_prefix`)
         child = node.children.get(key.page_key_at(0, P, at)) if length else None
         while child is not None:
             child.last_access_time = access_time
-            prefix_len = child.key.match(key, matched, at)
+            prefix_len, at = child.key.match_located(key, at)
             if P > 1:
                 prefix_len = prefix_len // P * P
             if prefix_len < child.key.length:
@@ -464,7 +466,6 @@ class RadixCache:
             node = child
             if matched >= length:
                 break
-            at = key._locate(matched)
             child = node.children.get(key.page_key_at(matched, P, at))
         return matched, node
 
@@ -497,15 +498,16 @@ class RadixCache:
         if total_prefix_length >= length:
             return total_prefix_length, node
         on_insert_path = self._on_insert_path
-        at = key._locate(total_prefix_length) if total_prefix_length else (0, 0)  # once per node (as `peek_prefix`)
+        at = key._locate(total_prefix_length) if total_prefix_length else (0, 0)  # as `peek_prefix`
         child_key = key.page_key_at(total_prefix_length, P, at)
         child = node.children.get(child_key)
         while child is not None:  # NOTE: `child_key` and `_match_len` inlined (as `peek_prefix`)
             node = child
             node.last_access_time = access_time
-            prefix_len = node.key.match(key, total_prefix_length, at)
-            if P > 1:
+            prefix_len, at = node.key.match_located(key, at)
+            if P > 1 and prefix_len % P:
                 prefix_len = prefix_len // P * P
+                at = None  # the match ended inside a page: the walk stops at the split below
             total_prefix_length += prefix_len
             if prefix_len < node.key.length:
                 node = self._split_node(node, prefix_len)
@@ -515,7 +517,8 @@ class RadixCache:
             on_insert_path(node, total_prefix_length > inserted_len)
             if total_prefix_length >= length:
                 break
-            at = key._locate(total_prefix_length)
+            if at is None:
+                at = key._locate(total_prefix_length)
             child_key = key.page_key_at(total_prefix_length, P, at)
             child = node.children.get(child_key)
         if total_prefix_length < length:

@@ -157,13 +157,18 @@ class Tokens:
     def match(self, other: Tokens, offset: int = 0, located: tuple[int, int] | None = None) -> int:
         """How many leading tokens of `self` equal `other`'s from `offset` on (SGLang `RadixKey.match_at`, before
         page rounding); `located`, if given, is `other._locate(offset)`."""
-        a, b = self.runs, other.runs
         if offset >= other.length:
             return 0
-        if located is not None:
-            ib, ob = located
-        else:
-            ib, ob = other._locate(offset) if offset else (0, 0)
+        if located is None:
+            located = other._locate(offset) if offset else (0, 0)
+        return self.match_located(other, located)[0]
+
+    def match_located(self, other: Tokens, located: tuple[int, int]) -> tuple[int, tuple[int, int]]:
+        """`match(other, offset, located)` for an offset inside `other`, with where the match ends in `other` (as
+        `other._locate(offset + matched)` would say, the run index past the end if it ends there): a walk down a
+        tree goes on from there without searching the run ends again."""
+        a, b = self.runs, other.runs
+        ib, ob = located
         n = ia = oa = 0
         len_a, len_b = len(a), len(b)
         while ia < len_a and ib < len_b:
@@ -179,7 +184,7 @@ class Tokens:
             ka, sa, na = a[ia]
             kb, sb, nb = b[ib]
             if ka != kb or sa + oa != sb + ob:
-                return n
+                return n, (ib, ob)
             step = min(na - oa, nb - ob)
             n += step
             oa += step
@@ -188,7 +193,7 @@ class Tokens:
                 ia, oa = ia + 1, 0
             if ob == nb:
                 ib, ob = ib + 1, 0
-        return n
+        return n, (ib, ob)
 
 
 def _common_runs(a: tuple[Run, ...], ia: int, b: tuple[Run, ...], ib: int, m: int) -> int:
