@@ -100,8 +100,14 @@ class Tokens:
             return other
         key, s, m = a[-1]
         k, t, n = b[0]
-        runs = a[:-1] + ((key, s, m + n),) + b[1:] if key == k and s + m == t else a + b
-        return Tokens._canonical_runs(runs, self.length + other.length)
+        merge = key == k and s + m == t
+        runs = a[:-1] + ((key, s, m + n),) + b[1:] if merge else a + b
+        out = Tokens._canonical_runs(runs, self.length + other.length)
+        ends = self._ends_list
+        if ends is not None and len(b) == 1:
+            # NOTE: a prompt and its outputs (one run): the prompt's run ends, located into once, carry over
+            out._ends_list = ends[:-1] + [out.length] if merge else ends + [out.length]
+        return out
 
     def slice(self, start: int, stop: int | None = None) -> Tokens:
         """Tokens [start, stop) (stop defaults to the end, and is clipped to it)."""
@@ -123,7 +129,10 @@ class Tokens:
         first = (key, s + inner, n - inner) if inner else runs[i]
         key, s, n = runs[j]
         last = runs[j] if inner_stop + 1 == n else (key, s, inner_stop + 1)
-        return Tokens._canonical_runs((first,) + runs[i + 1:j] + (last,), stop - start)
+        out = Tokens._canonical_runs((first,) + runs[i + 1:j] + (last,), stop - start)
+        if start <= 0:  # NOTE: a prefix's run ends are the sequence's, up to its own end (the last run may be cut)
+            out._ends_list = self._ends_list[:j] + [stop]
+        return out
 
     def token(self, index: int) -> tuple[Hashable, int]:
         """The identity of token `index`."""
