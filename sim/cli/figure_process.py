@@ -23,20 +23,22 @@ import click
 _CHILD = """
 import json, pickle, sys
 sys.path[:] = json.loads(sys.argv[1])
-import matplotlib.artist
-# NOTE: matplotlib writes a property table into the docstring of every Artist class's `set` as it defines them, a
-# fifth of its import here; this process only draws, so it skips them (docstrings only: the same pixels and bytes).
-matplotlib.artist.kwdoc = lambda artist: ""
-from sim.results import figures
-figures._pyplot()
-name, args, kwargs = pickle.load(sys.stdin.buffer)
-sys.stdout.buffer.write(getattr(figures, name)(*args, **kwargs))
-# NOTE: the PNG is all this process owes: it ends once it has flushed its pipes, without tearing down matplotlib,
-# numpy and the figure (~0.1 s of CPU, a sixth of this process); it wrote no file that a teardown would close.
-sys.stdout.flush()
-sys.stderr.flush()
-import os
-os._exit(0)
+from sim.cluster.collector import command_collections
+with command_collections():  # a command's process: its collector's pace (~0.1 s of CPU in matplotlib's import)
+    import matplotlib.artist
+    # NOTE: matplotlib writes a property table into the docstring of every Artist class's `set` as it defines them, a
+    # fifth of its import here; this process only draws, so it skips them (docstrings only: the same pixels and bytes).
+    matplotlib.artist.kwdoc = lambda artist: ""
+    from sim.results import figures
+    figures._pyplot()
+    name, args, kwargs = pickle.load(sys.stdin.buffer)
+    sys.stdout.buffer.write(getattr(figures, name)(*args, **kwargs))
+    # NOTE: the PNG is all this process owes: it ends once it has flushed its pipes, without tearing down matplotlib,
+    # numpy and the figure (~0.1 s of CPU, a sixth of this process); it wrote no file that a teardown would close.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    import os
+    os._exit(0)
 """
 """The child: the parent's module path, matplotlib loaded, then one figure drawn from stdin to stdout."""
 

@@ -52,7 +52,14 @@ or its `short_help`)."""
 
 
 class LazyGroup(click.Group):
-    """A group whose commands are imported on first use (`COMMANDS`)."""
+    """A group whose commands are imported on first use (`COMMANDS`), run at the collector's pace for a command
+    (`sim.cluster.collector.command_collections`)."""
+
+    def main(self, *args, **kwargs):
+        from sim.cluster.collector import command_collections
+
+        with command_collections():
+            return super().main(*args, **kwargs)
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*COMMANDS, *self.commands})

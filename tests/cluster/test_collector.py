@@ -4,7 +4,8 @@ import gc
 
 import pytest
 
-from sim.cluster.collector import SIMULATION_THRESHOLDS, fewer_collections
+from sim.cluster import collector
+from sim.cluster.collector import COMMAND_THRESHOLDS, SIMULATION_THRESHOLDS, command_collections, fewer_collections
 
 
 @pytest.fixture
@@ -50,3 +51,18 @@ def test_a_disabled_collector_stays_disabled(thresholds):
     finally:
         if was_enabled:
             gc.enable()
+
+
+def test_a_command_raises_the_pace_restores_it_and_freezes_at_exit(thresholds, monkeypatch):
+    registered = []
+    monkeypatch.setattr(collector.atexit, "register", registered.append)
+    monkeypatch.setattr(collector, "_freeze_at_exit", False)
+    gc.set_threshold(700, 10, 10)
+    with command_collections():
+        assert gc.get_threshold() == COMMAND_THRESHOLDS
+        with fewer_collections():  # the simulation inside keeps the command's higher pace
+            assert gc.get_threshold() == COMMAND_THRESHOLDS
+    assert gc.get_threshold() == (700, 10, 10)
+    with command_collections():
+        pass
+    assert registered == [gc.freeze]  # once per process

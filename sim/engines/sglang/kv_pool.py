@@ -147,26 +147,18 @@ class KvPool:
         tree, P = self.tree, self.page_size
         # NOTE: `tree.page_aligned(req.fill_tokens(up_to))`, cut once: the aligned prefix of the fill.
         key = req.fill_tokens(min(up_to, req.fill_len) // P * P)
-        key_len = len(key)
+        key_len = key.length
         protected = req.cache_protected_len
         # NOTE: the request's lock holds the path of its first `protected` tokens (SGLang's `last_node`), so the
-        # inserts walk down from there (`insert_below`).
-        anchor = req.lock if req.lock is not None and protected <= key_len else tree.root_node
-        anchor_len = protected if anchor is not tree.root_node else 0
-        _, node = tree.insert_below(anchor, anchor_len, key, priority=0, inserted_len=req.cache_inserted_len)
+        # inserts walk down from there; the tree also splits the leaf at the prompt's end, stamps the path (SGLang's
+        # match_prefix(key)) and moves the lock to the node the insert ended in.
+        node = tree.checkpoint_insert(req.lock, protected, key, prompt_len=req.origin.length // P * P,
+                                      inserted_len=req.cache_inserted_len)
         req.cache_inserted_len = max(req.cache_inserted_len, key_len)
-        prompt_len = len(req.origin) // P * P
-        if 0 < prompt_len < key_len:
-            # NOTE: a node boundary at the prompt's end, so that eviction can drop the outputs and keep the prompt.
-            if anchor_len > prompt_len:
-                anchor, anchor_len = tree.root_node, 0
-            tree.insert_below(anchor, anchor_len, key.slice(0, prompt_len), priority=1, inserted_len=prompt_len)
         moved = max(0, key_len - protected) // P
         req.private_pages -= moved
         self.private_pages -= moved  # duplicates go back to free, the rest now belongs to the tree
-        node = tree.stamp_path(key, node)  # SGLang's match_prefix(key): the node the insert ended in
         req.cache_protected_len = key_len
-        tree.move_lock(req.lock, node)
         req.lock = req.last_node = node
 
     def checkpoint_kv_cache(self, req: SglangRequest) -> None:

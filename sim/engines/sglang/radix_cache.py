@@ -66,12 +66,14 @@ class TreeNode:
         self.parent: TreeNode | None = None
         self.key: Tokens = Tokens()
         self.lock_ref = 0
-        # NOTE: two `time.monotonic()` calls upstream, in this order.
-        self.last_access_time = cache.tick()
-        self.creation_time = cache.tick()
+        # NOTE: two `time.monotonic()` calls upstream, in this order (`cache.tick()` twice, inlined: a node is made per
+        # request chunk).
+        clock = cache._clock
+        self.last_access_time = clock + 1
+        self.creation_time = cache._clock = clock + 2
         self.hit_count = 0
         self.priority = priority
-        self.id = cache.next_node_id()
+        self.id = cache._node_ids = cache._node_ids + 1
         self.in_heap = False
         """Whether the tree's lazy leaf heap holds an entry for this node (at most one: see `RadixCache.evict`)."""
 
@@ -155,14 +157,14 @@ class RadixCache:
     def match_prefix(self, key: Tokens) -> tuple[int, TreeNode]:
         """(matched tokens, last node) for the page-aligned `key`; splits the last node at the match's end."""
         key = self.page_aligned(key)
-        if len(key) == 0:
+        if key.length == 0:
             return 0, self.root_node
         return self._match_prefix_helper(self.root_node, key)
 
     def touch_prefix(self, key: Tokens) -> None:
         """Refresh recency along `key`'s cached path (`RadixCache.touch_prefix`: a match that keeps nothing)."""
         key = self.page_aligned(key)
-        if len(key):
+        if key.length:
             self._match_prefix_helper(self.root_node, key)
 
     def peek_prefix(self, key: Tokens) -> int:
@@ -172,11 +174,14 @@ class RadixCache:
         P, length = self.page_size, key.length
         node, matched = self.root_node, 0
         # NOTE: `child_key` and `_match_len` inlined (the walk's per-node cost is what a long context pays per node).
+        # NOTE: `at` is where token `matched` lies in the key's runs, for the child's page and the match; the match
+        # says where it ended, which is where the walk goes on when the node matched whole (a multiple of P).
+        at = (0, 0)
         while matched < length:
-            child = node.children.get(key.page_key(matched, P))
+            child = node.children.get(key.page_key_at(matched, P, at))
             if child is None:
                 break
-            n = child.key.match(key, matched)
+            n, at = child.key.match_located(key, at)
             if P > 1:
                 n = n // P * P
             matched += n
@@ -189,45 +194,79 @@ class RadixCache:
         """Insert the page-aligned `key`; returns (tokens already in the tree, last node)."""
         return self._insert_helper(self.root_node, self.page_aligned(key), priority, inserted_len)
 
-    def insert_below(self, anchor: TreeNode, anchor_len: int, key: Tokens, *, priority: int = 0,
-                     inserted_len: int = 0) -> tuple[int, TreeNode]:
-        """`insert(key, ...)` where the path to `anchor` (a node the caller holds locked, so that nothing evicted or
-        changed it) is known to hold the first `anchor_len` tokens of the page-aligned `key`: the same stamps,
-        priorities, hit counts and splits, with that path walked up from `anchor` instead of matched down from the
-        root (a request's checkpoint: its locked prefix is most of a long context's path)."""
-        if self.has_host_tier or anchor is self.root_node:
+    def checkpoint_insert(self, lock: TreeNode | None, lock_len: int, key: Tokens, *, prompt_len: int,
+                          inserted_len: int) -> TreeNode:
+        """What a request's checkpoint (`RadixCache.checkpoint`, `KvPool.checkpoint`) does to the tree, in SGLang's
+        order: `insert(key, priority=0, inserted_len=inserted_len)`; if `0 < prompt_len < len(key)`, `insert(key[:
+        prompt_len], priority=1, inserted_len=prompt_len)` (a node boundary at the prompt's end); `match_prefix(key)`
+        (the path's stamps); the request's lock moved from `lock` (None: none) to the node `key` ends in, which is
+        returned. `key` is page-aligned; `lock`, if any, is locked and its path holds `key`'s first `lock_len`
+        tokens when `lock_len <= len(key)` (the inserts then walk down from it: a long context's path is mostly
+        the request's locked prefix)."""
+        if self.has_host_tier:
             # NOTE: a tree with more state hooks every node of the walk in order (`HiRadixCache._on_insert_path`)
-            return self.insert(key, priority=priority, inserted_len=inserted_len)
-        key = self.page_aligned(key)
+            node = self.insert(key, priority=0, inserted_len=inserted_len)[1]
+            if 0 < prompt_len < key.length:
+                self.insert(key.slice(0, prompt_len), priority=1, inserted_len=prompt_len)
+            node = self.match_prefix(key)[1]
+            self.move_lock(lock, node)
+            return node
+        root = self.root_node
+        anchor, anchor_len = (lock, lock_len) if lock is not None and lock is not root and lock_len <= key.length \
+            else (root, 0)
+        node = self._insert_under(anchor, anchor_len, key, 0, inserted_len)
+        if 0 < prompt_len < key.length:
+            # NOTE: the prompt's path is a prefix of `key`'s: it goes down from the deepest node above the anchor that
+            # ends at or before the prompt's end (locked, as the anchor's ancestors are).
+            while anchor_len > prompt_len:
+                anchor_len -= anchor.key.length
+                anchor = anchor.parent
+            self._insert_under(anchor, anchor_len, key.slice(0, prompt_len), 1, prompt_len)
+        # NOTE: the match's stamps (the last, so every stamp of the inserts on this path is overwritten: the inserts
+        # skip the nodes above their anchor), walking up once, which also finds whether the old lock is on the path.
+        if key.length:
+            access_time = self.tick()
+            on_path = False
+            stamped = node
+            while stamped is not None:
+                stamped.last_access_time = access_time
+                if stamped is lock:
+                    on_path = True
+                stamped = stamped.parent
+        else:  # SGLang's match of an empty key stamps nothing: the insert's stamp of the root, where it ended, stays
+            root.last_access_time = self._clock
+            on_path = lock is root
+        if lock is None:
+            self.inc_lock_ref(node)
+        elif on_path:  # the nodes from `lock` up would lose and regain a holder (`move_lock`)
+            self.inc_lock_ref(node, until=lock)
+        else:
+            self.dec_lock_ref(lock)
+            self.inc_lock_ref(node)
+        return node
+
+    def _insert_under(self, anchor: TreeNode, anchor_len: int, key: Tokens, priority: int,
+                      inserted_len: int) -> TreeNode:
+        """`insert(key, priority=priority, inserted_len=inserted_len)[1]` where the path to `anchor` (locked, so that
+        nothing evicted or changed it) holds `key`'s first `anchor_len` tokens: walked down from `anchor`, with the
+        hits and priorities an insert gives the nodes above it but not their stamps, which the caller overwrites
+        (`checkpoint_insert`)."""
         access_time = self.tick()
-        # NOTE: what `_insert_helper` does to each node of the path above the anchor, in any order (the same stamp,
-        # a max, an increment): no split (the key holds the path's tokens), a hit where the node ends past
-        # `inserted_len`.
-        node, end = anchor, anchor_len
-        while node is not self.root_node:
-            node.last_access_time = access_time
+        # NOTE: going up, a node's end falls (a hit only where it is past `inserted_len`) and its priority does not
+        # fall (an insert raises a whole path to at least its priority, a split copies the child's, a new leaf takes
+        # the insert's: checked by `check_invariants`), so the walk stops at the first node needing neither; the
+        # root's priority is at least that node's.
+        node, end, root = anchor, anchor_len, self.root_node
+        while node is not root and (end > inserted_len or node.priority < priority):
             if node.priority < priority:
                 node.priority = priority
             if end > inserted_len:
                 node.hit_count += 1
-            end -= len(node.key)
+            end -= node.key.length
             node = node.parent
-        node.last_access_time = access_time
-        node.priority = max(node.priority, priority)
-        return self._insert_from(anchor, anchor_len, key, priority, inserted_len, access_time)
-
-    def stamp_path(self, key: Tokens, node: TreeNode) -> TreeNode:
-        """`match_prefix(key)[1]` for a page-aligned `key` that the tree holds whole with a node ending where it
-        ends, `node` (just inserted): the same access stamps, walked up from `node`."""
-        if self.has_host_tier:
-            return self.match_prefix(key)[1]
-        if len(key):
-            access_time = self.tick()
-            stamped = node
-            while stamped is not None:
-                stamped.last_access_time = access_time
-                stamped = stamped.parent
-        return node
+        if node is root and root.priority < priority:
+            root.priority = priority
+        return self._insert_from(anchor, anchor_len, key, priority, inserted_len, access_time)[1]
 
     def evict(self, num_tokens: int) -> int:
         """Free whole evictable leaves, lowest priority first, until `num_tokens` are freed; returns the number."""
@@ -248,20 +287,25 @@ class RadixCache:
             return self._evict_scanning(num_tokens)
         leaves = self.evictable_leaves
         get_priority = self._priority
-        heappop, heappush = heapq.heappop, heapq.heappush
+        by_access = get_priority is lru
+        heappop, heapreplace = heapq.heappop, heapq.heapreplace
         num_evicted = 0
+        # NOTE: the top is read in place: a stale one is popped, one whose priority rose is replaced by its new entry
+        # (one sift instead of a pop and a push: most popped entries are of leaves stamped since they were pushed).
         while num_evicted < num_tokens and leaves:
-            entry = heappop(heap)
+            entry = heap[0]  # every evictable leaf has an entry, so the heap is not empty
             x = entry[2]
             if x not in leaves:
+                heappop(heap)
                 x.in_heap = False
                 continue
-            priority = get_priority(x)
+            priority = x.last_access_time if by_access else get_priority(x)
             if priority != entry[0]:
-                heappush(heap, (priority, x.id, x))
+                heapreplace(heap, (priority, x.id, x))
                 continue
+            heappop(heap)
             x.in_heap = False
-            num_evicted += len(x.key)
+            num_evicted += x.key.length
             self._delete_leaf(x)  # pushes the parent if it is now an evictable leaf
             if self.records_events:
                 self._record_remove(x)
@@ -280,7 +324,7 @@ class RadixCache:
                 self.num_evicted_tokens += num_evicted
                 return num_evicted
             x = self._lowest_leaf(leaves)
-            num_evicted += len(x.key)
+            num_evicted += x.key.length
             self._delete_leaf(x)
             if self.records_events:
                 self._record_remove(x)
@@ -289,7 +333,7 @@ class RadixCache:
         heapq.heapify(heap)
         while num_evicted < num_tokens and heap:
             _, _, x = heapq.heappop(heap)
-            num_evicted += len(x.key)
+            num_evicted += x.key.length
             self._delete_leaf(x)
             parent = x.parent
             if len(parent.children) == 0 and parent.lock_ref == 0:
@@ -407,10 +451,11 @@ class RadixCache:
         matched = 0
         P, length = self.page_size, key.length
         # NOTE: `child_key` and `_match_len` inlined, one dict lookup per node (as `peek_prefix`).
-        child = node.children.get(key.page_key(0, P)) if length else None
+        at = (0, 0)  # NOTE: where token `matched` lies in the key's runs (as `peek_prefix`)
+        child = node.children.get(key.page_key_at(0, P, at)) if length else None
         while child is not None:
             child.last_access_time = access_time
-            prefix_len = child.key.match(key, matched)
+            prefix_len, at = child.key.match_located(key, at)
             if P > 1:
                 prefix_len = prefix_len // P * P
             if prefix_len < child.key.length:
@@ -421,7 +466,7 @@ class RadixCache:
             node = child
             if matched >= length:
                 break
-            child = node.children.get(key.page_key(matched, P))
+            child = node.children.get(key.page_key_at(matched, P, at))
         return matched, node
 
     def _split_node(self, child: TreeNode, split_len: int) -> TreeNode:
@@ -429,13 +474,13 @@ class RadixCache:
         new_node = self.node_class(self, priority=child.priority)
         new_node.hit_count = child.hit_count
         suffix = child.key.slice(split_len)
-        new_node.children = {self.child_key(suffix): child}
+        new_node.children = {suffix.page_key(0, self.page_size): child}
         new_node.parent = child.parent
         new_node.lock_ref = child.lock_ref
         new_node.key = child.key.slice(0, split_len)
         child.parent = new_node
         child.key = suffix
-        new_node.parent.children[self.child_key(new_node.key)] = new_node
+        new_node.parent.children[new_node.key.page_key(0, self.page_size)] = new_node
         return new_node
 
     def _insert_helper(self, node: TreeNode, key: Tokens, priority: int, inserted_len: int) -> tuple[int, TreeNode]:
@@ -453,14 +498,16 @@ class RadixCache:
         if total_prefix_length >= length:
             return total_prefix_length, node
         on_insert_path = self._on_insert_path
-        child_key = key.page_key(total_prefix_length, P)
+        at = key._locate(total_prefix_length) if total_prefix_length else (0, 0)  # as `peek_prefix`
+        child_key = key.page_key_at(total_prefix_length, P, at)
         child = node.children.get(child_key)
         while child is not None:  # NOTE: `child_key` and `_match_len` inlined (as `peek_prefix`)
             node = child
             node.last_access_time = access_time
-            prefix_len = node.key.match(key, total_prefix_length)
-            if P > 1:
+            prefix_len, at = node.key.match_located(key, at)
+            if P > 1 and prefix_len % P:
                 prefix_len = prefix_len // P * P
+                at = None  # the match ended inside a page: the walk stops at the split below
             total_prefix_length += prefix_len
             if prefix_len < node.key.length:
                 node = self._split_node(node, prefix_len)
@@ -470,11 +517,13 @@ class RadixCache:
             on_insert_path(node, total_prefix_length > inserted_len)
             if total_prefix_length >= length:
                 break
-            child_key = key.page_key(total_prefix_length, P)
+            if at is None:
+                at = key._locate(total_prefix_length)
+            child_key = key.page_key_at(total_prefix_length, P, at)
             child = node.children.get(child_key)
         if total_prefix_length < length:
             node = self._add_leaf(node, child_key, key.slice(total_prefix_length), priority)
-            self._on_insert_path(node, total_prefix_length + len(node.key) > inserted_len)
+            self._on_insert_path(node, total_prefix_length + node.key.length > inserted_len)
         return total_prefix_length, node
 
     def _on_insert_path(self, node: TreeNode, new_hit: bool) -> None:
@@ -489,7 +538,7 @@ class RadixCache:
         new_node.parent = parent
         new_node.key = key
         parent.children[child_key] = new_node
-        self.evictable_size_ += len(key)
+        self.evictable_size_ += key.length
         self._update_leaf_status(parent)
         self._update_leaf_status(new_node)
         if self.records_events:
@@ -498,9 +547,9 @@ class RadixCache:
 
     def _delete_leaf(self, node: TreeNode) -> None:
         parent = node.parent
-        if parent.children.pop(self.child_key(node.key), None) is not node:
+        if parent.children.pop(node.key.page_key(0, self.page_size), None) is not node:
             raise RuntimeError(f"{node!r} is not a child of its parent")
-        self.evictable_size_ -= len(node.key)
+        self.evictable_size_ -= node.key.length
         self.evictable_leaves.discard(node)
         self._update_leaf_status(parent)
 
@@ -551,6 +600,9 @@ class RadixCache:
                 raise AssertionError(f"{node!r} holds {len(node.key)} tokens, not whole pages of {self.page_size}")
             if node.parent.children.get(self.child_key(node.key)) is not node:
                 raise AssertionError(f"{node!r} is not under its first page in its parent")
+            if node.priority > node.parent.priority:
+                raise AssertionError(f"{node!r} has priority {node.priority} above its parent's {node.parent.priority} "
+                                     "(an insert raises a whole path)")
             if node.lock_ref > node.parent.lock_ref and node.parent is not self.root_node:
                 raise AssertionError(f"{node!r} has more holders than its parent (a lock counts up to the root)")
             if node.lock_ref > 0:

@@ -60,20 +60,20 @@ class SglangRequest(ServedRequest):
 
     @property
     def input_len(self) -> int:
-        return len(self.origin)
+        return self.origin.length
 
     @property
     def fill_len(self) -> int:
         """len(origin_input_ids + output_ids)."""
-        return len(self.origin) + self.num_output_tokens
+        return self.origin.length + self.num_output_tokens
 
     def fill_tokens(self, stop: int | None = None) -> Tokens:
         """`full_untruncated_fill_ids[:stop]`: the prompt, then the sampled outputs."""
         n = self.num_output_tokens
-        if stop is not None and stop <= len(self.origin):
+        if stop is not None and stop <= self.origin.length:
             return self.origin.slice(0, stop)
         if stop is not None:
-            n = min(n, stop - len(self.origin))
+            n = min(n, stop - self.origin.length)
         return self.origin + output_tokens(self.request, n) if n else self.origin
 
     def finished(self) -> bool:
@@ -99,4 +99,4 @@ class SglangRequest(ServedRequest):
         """KV positions the request owns (`Req.owned_kv_len`): its committed KV, at most prompt + outputs."""
         if self.finished_reason is None:
             return self.kv_committed_len
-        return min(self.kv_committed_len, len(self.origin) + self.num_output_tokens)
+        return min(self.kv_committed_len, self.origin.length + self.num_output_tokens)

@@ -133,15 +133,15 @@ def match_kv_cache(req: SglangRequest, tree: RadixCache, fill=None, *, max_prefi
     fill = req.fill_tokens() if fill is None else fill
     # NOTE: the tree matches the page-aligned key (`page_aligned`): cut to it at once, not to the cap and then again.
     P = tree.page_size
-    cap = len(fill) if max_prefix_len is None else min(max_prefix_len, len(fill))
+    cap = fill.length if max_prefix_len is None else min(max_prefix_len, fill.length)
     key = fill.slice(0, cap // P * P)
     if tree.has_host_tier:
         # HiCache: the device prefix is the request's; the host-only part after it may be loaded at admission.
         req.prefix_len, req.last_node, req.host_hit_length, req.best_match_node = tree.match_prefix_tiers(key)
-        req.num_matched_prefix_tokens = min(req.prefix_len + req.host_hit_length, max(len(fill) - 1, 0))
+        req.num_matched_prefix_tokens = min(req.prefix_len + req.host_hit_length, max(fill.length - 1, 0))
         return
     req.prefix_len, req.last_node = tree.match_prefix(key)
-    req.num_matched_prefix_tokens = min(req.prefix_len, max(len(fill) - 1, 0))
+    req.num_matched_prefix_tokens = min(req.prefix_len, max(fill.length - 1, 0))
 
 
 def init_next_round_input(req: SglangRequest, tree: RadixCache | None) -> None:

@@ -100,8 +100,14 @@ class Tokens:
             return other
         key, s, m = a[-1]
         k, t, n = b[0]
-        runs = a[:-1] + ((key, s, m + n),) + b[1:] if key == k and s + m == t else a + b
-        return Tokens._canonical_runs(runs, self.length + other.length)
+        merge = key == k and s + m == t
+        runs = a[:-1] + ((key, s, m + n),) + b[1:] if merge else a + b
+        out = Tokens._canonical_runs(runs, self.length + other.length)
+        ends = self._ends_list
+        if ends is not None and len(b) == 1:
+            # NOTE: a prompt and its outputs (one run): the prompt's run ends, located into once, carry over
+            out._ends_list = ends[:-1] + [out.length] if merge else ends + [out.length]
+        return out
 
     def slice(self, start: int, stop: int | None = None) -> Tokens:
         """Tokens [start, stop) (stop defaults to the end, and is clipped to it)."""
@@ -114,7 +120,7 @@ class Tokens:
         # may be cut.
         #   runs:   | i .......... | i+1 | ... | j-1 | j .......... |
         #   slice:       ^start: (key, s + inner, n - inner)    ^stop: (key, s, stop - ends[j - 1])
-        i, inner = self._locate(start)
+        i, inner = self._locate(start) if start > 0 else (0, 0)  # NOTE: a prefix (most slices) needs no search
         j, inner_stop = self._locate(stop - 1)  # the run holding the last token taken
         runs = self.runs
         key, s, n = runs[i]
@@ -123,7 +129,10 @@ class Tokens:
         first = (key, s + inner, n - inner) if inner else runs[i]
         key, s, n = runs[j]
         last = runs[j] if inner_stop + 1 == n else (key, s, inner_stop + 1)
-        return Tokens._canonical_runs((first,) + runs[i + 1:j] + (last,), stop - start)
+        out = Tokens._canonical_runs((first,) + runs[i + 1:j] + (last,), stop - start)
+        if start <= 0:  # NOTE: a prefix's run ends are the sequence's, up to its own end (the last run may be cut)
+            out._ends_list = self._ends_list[:j] + [stop]
+        return out
 
     def token(self, index: int) -> tuple[Hashable, int]:
         """The identity of token `index`."""
@@ -137,20 +146,38 @@ class Tokens:
         """Identity of the page of `page_size` tokens at `offset` (SGLang's `RadixKey.child_key_at`): the token
         itself for page size 1, else the page's canonical runs."""
         if page_size == 1:
+            if offset == 0 and self.length:  # a node's own key (a child's place, a leaf's removal): no search
+                key, s, _ = self.runs[0]
+                return key, s
             return self.token(offset)
-        i, inner = self._locate(offset)
+        return self.page_key_at(offset, page_size, self._locate(offset) if offset else (0, 0))
+
+    def page_key_at(self, offset: int, page_size: int, located: tuple[int, int]) -> Hashable:
+        """`page_key(offset, page_size)` where `located` is `_locate(offset)` (a walk locates each node's offset
+        once, for the child's page and for the match: `match(..., located)`)."""
+        i, inner = located
         key, s, n = self.runs[i]
+        if page_size == 1:
+            return key, s + inner
         if inner + page_size <= n:
             return ((key, s + inner, page_size),)  # the page lies inside one run
         return self.slice(offset, offset + page_size).runs
 
-    def match(self, other: Tokens, offset: int = 0) -> int:
+    def match(self, other: Tokens, offset: int = 0, located: tuple[int, int] | None = None) -> int:
         """How many leading tokens of `self` equal `other`'s from `offset` on (SGLang `RadixKey.match_at`, before
-        page rounding)."""
-        a, b = self.runs, other.runs
+        page rounding); `located`, if given, is `other._locate(offset)`."""
         if offset >= other.length:
             return 0
-        ib, ob = other._locate(offset) if offset else (0, 0)
+        if located is None:
+            located = other._locate(offset) if offset else (0, 0)
+        return self.match_located(other, located)[0]
+
+    def match_located(self, other: Tokens, located: tuple[int, int]) -> tuple[int, tuple[int, int]]:
+        """`match(other, offset, located)` for an offset inside `other`, with where the match ends in `other` (as
+        `other._locate(offset + matched)` would say, the run index past the end if it ends there): a walk down a
+        tree goes on from there without searching the run ends again."""
+        a, b = self.runs, other.runs
+        ib, ob = located
         n = ia = oa = 0
         len_a, len_b = len(a), len(b)
         while ia < len_a and ib < len_b:
@@ -166,7 +193,7 @@ class Tokens:
             ka, sa, na = a[ia]
             kb, sb, nb = b[ib]
             if ka != kb or sa + oa != sb + ob:
-                return n
+                return n, (ib, ob)
             step = min(na - oa, nb - ob)
             n += step
             oa += step
@@ -175,7 +202,7 @@ class Tokens:
                 ia, oa = ia + 1, 0
             if ob == nb:
                 ib, ob = ib + 1, 0
-        return n
+        return n, (ib, ob)
 
 
 def _common_runs(a: tuple[Run, ...], ia: int, b: tuple[Run, ...], ib: int, m: int) -> int:
@@ -240,5 +267,7 @@ _last_aligned: list = [None, 0, 0, None]
 def output_tokens(request: Request, num_tokens: int) -> Tokens:
     """The first `num_tokens` sampled output tokens of `request`: unique to it (sampling is random), unless a later
     turn of its session resends them (`Request.output_key` names them then)."""
+    if num_tokens <= 0:
+        return Tokens()
     key = request.output_key
-    return Tokens([(("out", request.request_id) if key is None else key, 0, num_tokens)])
+    return Tokens._canonical_runs(((("out", request.request_id) if key is None else key, 0, num_tokens),), num_tokens)

@@ -286,41 +286,6 @@ def _dump(tree: RadixCache) -> list:
     return out
 
 
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["insert", "lock", "below", "evict"]), SEQ, st.integers(0, 40)),
-                max_size=30),
-       st.sampled_from(["lru", "lfu", "priority"]), st.sampled_from([1, 2]))
-def test_insert_below_a_locked_node_is_insert_from_the_root(ops, policy, page_size):
-    """A checkpoint inserts the request's tokens below the node its lock holds (`insert_below`, then `stamp_path` for
-    SGLang's match of the same key): the same tree, stamps, hit counts, priorities and ids as from the root."""
-    trees = [RadixCache(page_size=page_size, eviction_policy=policy) for _ in range(2)]
-    held: list[list] = [[], []]
-    for kind, seq, n in ops:
-        for t, (tree, locks) in enumerate(zip(trees, held)):
-            if kind == "insert":
-                tree.insert(Tokens(seq), priority=n % 3, inserted_len=n)
-            elif kind == "lock":
-                locks.append(tree.match_prefix(Tokens(seq))[1])
-                tree.inc_lock_ref(locks[-1])
-            elif kind == "evict":
-                tree.evict(n)
-            elif kind == "below" and locks:
-                anchor = locks[n % len(locks)]
-                key = tree.page_aligned(tree.path_tokens(anchor) + Tokens(seq))
-                if t == 0:
-                    got = tree.insert_below(anchor, tree.path_length(anchor), key, priority=n % 2, inserted_len=n)
-                    end = tree.stamp_path(key, got[1])
-                else:
-                    got = tree.insert(key, priority=n % 2, inserted_len=n)
-                    end = tree.match_prefix(key)[1]
-                locks[n % len(locks)] = end
-                tree.inc_lock_ref(end)
-                tree.dec_lock_ref(anchor)
-                assert end is got[1]
-            tree.check_invariants()
-        assert _dump(trees[0]) == _dump(trees[1])
-
-
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["insert", "lock", "move", "unlock", "evict"]), SEQ, st.integers(0, 40)),
                 max_size=30),
@@ -358,3 +323,57 @@ def test_move_lock_is_dec_then_inc(ops, policy, page_size):
         assert trees[0].take_events() == trees[1].take_events()
         assert (trees[0].evictable_size(), trees[0].protected_size()) == (trees[1].evictable_size(),
                                                                          trees[1].protected_size())
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["insert", "lock", "checkpoint", "unlock", "evict"]), SEQ,
+                          st.integers(0, 40)), max_size=30),
+       st.sampled_from(["lru", "lfu", "priority", "mru"]), st.sampled_from([1, 2]))
+def test_checkpoint_insert_is_sglangs_inserts_match_and_lock_move(ops, policy, page_size):
+    """A checkpoint's tree work in one call (`checkpoint_insert`: the inserts walk down from the request's lock and
+    skip the stamps above it, one walk up stamps the path and finds the old lock) leaves the same tree, stamps, hit
+    counts, priorities, ids, holders, events and later evictions as SGLang's sequence from the root: insert the key,
+    insert its prompt part with priority 1, match the key, release the old lock and lock the match's node."""
+    trees = [RadixCache(page_size=page_size, eviction_policy=policy) for _ in range(2)]
+    held: list[list] = [[], []]
+    for tree in trees:
+        tree.enable_events()
+    for kind, seq, n in ops:
+        for t, (tree, locks) in enumerate(zip(trees, held)):
+            if kind == "insert":
+                tree.insert(Tokens(seq), priority=n % 3, inserted_len=n)
+            elif kind == "lock":
+                locks.append(tree.match_prefix(Tokens(seq))[1])
+                tree.inc_lock_ref(locks[-1])
+            elif kind == "unlock" and locks:
+                tree.dec_lock_ref(locks.pop(n % len(locks)))
+            elif kind == "evict":
+                tree.evict(n)
+            elif kind == "checkpoint":
+                # the request's lock (or none), a key extending its path (or cut inside it), a prompt end anywhere
+                lock = locks[n % len(locks)] if locks and n % 5 else None
+                path = tree.path_tokens(lock) if lock is not None else Tokens()
+                key = path + Tokens(seq)
+                key = tree.page_aligned(key.slice(0, len(key) - n % 7) if n % 3 == 0 else key)
+                lock_len = len(path)
+                prompt_len = n % (len(key) + 2) // page_size * page_size
+                inserted_len = (n * 7) % (len(key) + 3)
+                if t == 0:
+                    end = tree.checkpoint_insert(lock, lock_len, key, prompt_len=prompt_len, inserted_len=inserted_len)
+                else:
+                    tree.insert(key, priority=0, inserted_len=inserted_len)
+                    if 0 < prompt_len < len(key):
+                        tree.insert(key.slice(0, prompt_len), priority=1, inserted_len=prompt_len)
+                    end = tree.match_prefix(key)[1]
+                    if lock is not None:
+                        tree.dec_lock_ref(lock)
+                    tree.inc_lock_ref(end)
+                if lock is not None:
+                    locks[locks.index(lock)] = end
+                else:
+                    locks.append(end)
+            tree.check_invariants()
+        assert _dump(trees[0]) == _dump(trees[1])
+        assert trees[0].take_events() == trees[1].take_events()
+        assert (trees[0].evictable_size(), trees[0].protected_size(), trees[0].num_evicted_tokens) == (
+            trees[1].evictable_size(), trees[1].protected_size(), trees[1].num_evicted_tokens)
