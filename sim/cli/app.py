@@ -661,31 +661,6 @@ def _no_step(advance: int = 1, note: str | None = None, completed: int | None = 
     """`progress_bar`'s step when no bar is drawn."""
 
 
-def leave_the_simulation_uncollected() -> None:
-    """Keep the cycle collector off what exists now (a finished simulation's objects, ~350,000 for the conversation
-    trace on 8 workers) for the rest of the command, and at the interpreter's exit.
-
-    A simulation's SimPy environment, workers, pools and blocks refer to one another, so once the replay returns they
-    are one big cycle of garbage that only the collector frees: its next full pass (as the command prints its first
-    table) walked and freed all of them, ~0.3 s of CPU, and so did the final collection at exit when the command
-    ended before one. `gc.freeze` moves every tracked object to the permanent generation, which no collection visits
-    (CPython's exit included); `gc.unfreeze` when the command's context closes returns them to the oldest generation,
-    so that a process that runs more commands (tests, notebooks) collects them later, and an `atexit` freeze (which
-    runs before the exit's collection) leaves them to the operating system in a process that exits now.
-    NOTE: nothing is lost: the objects are unreachable, and what kvsim writes is written and closed explicitly
-    (`write_atomic`), so no finalizer of theirs has anything left to do.
-    """
-    import atexit
-    import gc
-
-    gc.freeze()
-    ctx = click.get_current_context(silent=True)
-    if ctx is not None:
-        ctx.call_on_close(gc.unfreeze)
-    atexit.unregister(gc.freeze)  # registered once, however many commands a process runs
-    atexit.register(gc.freeze)
-
-
 def checked_out_dir(out_dir: str | None) -> Path | None:
     """`--out DIR` created and probed for writing before any work starts, or a one-line usage error (exit 2)."""
     from sim.results.output_set import OutDirError, check_writable

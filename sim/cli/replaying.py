@@ -12,7 +12,7 @@ import click
 from sim.cli.app import (
     ARRIVAL_CURVE_FORM, arrival_curve_option,
     CPU_KV_HELP, ENGINE_HELP, SHARED_FIRST_BLOCK, SLO_HELP, UsageExit, checked_out_dir, console, err_console,
-    executor_options, fmt, hit_rates_legend, leave_the_simulation_uncollected, load_or_exit, main, on_cpu_kv, on_engine, one_engine, open_executor_or_exit, positional_or_option, progress_bar,
+    executor_options, fmt, hit_rates_legend, load_or_exit, main, on_cpu_kv, on_engine, one_engine, open_executor_or_exit, positional_or_option, progress_bar,
     on_shared_kv, shared_kv_columns, shared_kv_option, cpu_kv_connector_option, on_cpu_kv_connector,
     on_peer_fetch, peer_fetch_option, gpu_price_option, on_gpu_price,
     router_list, scenario_option, setup_text, slo_option, with_slo,
@@ -454,7 +454,6 @@ def replay(trace_file, trace_path, workers, kv_tokens, kv_blocks, kv_bytes, rout
                                               arrival_curve=arrival_curve)
     except (ScenarioError, TraceError) as err:
         raise click.ClickException(str(err)) from None
-    leave_the_simulation_uncollected()
     st = result.stats
     sessions = st.session_figures()
     row = {

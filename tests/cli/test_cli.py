@@ -169,31 +169,6 @@ def test_run_takes_its_scenario_as_scenario_file_or_positional(tmp_path):
     assert res.exit_code == 2 and res.output.strip().splitlines()[-1] == "Error: give SCENARIO or --scenario, not both"
 
 
-def test_a_replay_keeps_the_collector_off_its_finished_simulation_until_the_command_ends(monkeypatch):
-    # Issue 27 (whole commands): the finished simulation is one big cycle of garbage; a full collection of it as the
-    # command prints cost ~0.3 s. It stays frozen while the command prints, is unfrozen when the command ends (a test
-    # process collects it later), and a freeze registered at exit spares the interpreter's last collection.
-    import atexit
-    import gc
-
-    from sim.cli.render import Output
-
-    frozen_while_printing, real_print = [], Output.print
-
-    def counting_print(self, *objects, **kwargs):
-        frozen_while_printing.append(gc.get_freeze_count())
-        real_print(self, *objects, **kwargs)
-
-    monkeypatch.setattr(Output, "print", counting_print)
-    registered = []
-    monkeypatch.setattr(atexit, "register", registered.append)
-    res = invoke("replay", str(TRACES / "conversation_head400.jsonl"), "--workers", "2", "--kv-tokens", "100000",
-                 "--limit", "40", "--jobs", "1")
-    assert res.exit_code == 0, res.output
-    assert frozen_while_printing and min(frozen_while_printing) > 0
-    assert gc.get_freeze_count() == 0 and registered.count(gc.freeze) == 1
-
-
 def test_replay_and_validate_take_their_files_as_compare_and_calibrate_spell_them():
     trace, run_csv = str(TRACES / "conversation_head400.jsonl"), str(FIXTURES / "real-vllm" / "w2-n12-c1.csv")
     replay = ["--workers", "2", "--kv-tokens", "100000", "--limit", "40"]
