@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from trees import add_tree_options, trace_and_trees, tree_env  # benchmarks/speed/trees.py, beside this script
 
 _WRAPPER = r"""
 import gc, json, resource, sys, time
@@ -91,15 +91,12 @@ finally:
 PARTS = ("start-up", "read", "simulate", "collector", "output", "exit", "figure process", "total")
 
 
-def _env(tree: Path) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(tree), "TTY_COMPATIBLE": "0"}
-
-
 def _cpu_of(cmd: list[str], tree: Path) -> tuple[float, str]:
     """CPU seconds (user + system) of `cmd` run in `tree` and its children, and its stderr."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     # NOTE: cwd=tree: `python -c` and `python -m` put the working directory first on the path, before PYTHONPATH.
-    proc = subprocess.run(cmd, env=_env(tree), cwd=tree, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.run(cmd, env=tree_env(tree), cwd=tree, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                          text=True)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd[:4])} ... failed:\n{proc.stderr[-2000:]}")
@@ -118,26 +115,11 @@ def parts_of_one_run(tree: Path, args: list[str]) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=3, help="rounds (the median is printed)")
-    parser.add_argument("--tree", type=Path, action="append", default=None,
-                        help="a checkout of kvsim to time (repeatable; default: this one)")
+    add_tree_options(parser, runs=3, runs_help="rounds (the median is printed)")
     parser.add_argument("--router", action="append", default=None, help="router (repeatable; default round-robin)")
-    parser.add_argument("--traces", type=Path, default=Path(os.environ.get("TRACES", REPO / "traces")),
-                        help="folder with conversation_trace.jsonl (default: $TRACES, else traces/ at the repository "
-                             "root)")
     parser.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
     args = parser.parse_args()
-    if args.runs < 1:
-        raise SystemExit(f"--runs must be >= 1, got {args.runs}")
-    trace = (args.traces / "conversation_trace.jsonl").resolve()
-    if not trace.exists():
-        raise SystemExit(f"--traces: {trace} not found; `kvsim traces fetch` downloads the Mooncake traces")
-    trees = [t.resolve() for t in (args.tree or [REPO])]
-    for tree in trees:
-        found = subprocess.run([sys.executable, "-c", "import sim; print(sim.__file__)"], env=_env(tree), cwd=tree,
-                               capture_output=True, text=True).stdout.strip()
-        if Path(found).resolve() != (tree / "sim" / "__init__.py").resolve():
-            raise SystemExit(f"--tree {tree}: `import sim` loads {found or 'nothing'}, not this tree's")
+    trace, trees = trace_and_trees(args)
     routers = args.router or ["round-robin"]
     parts: dict[tuple[str, Path], list[dict[str, float]]] = {}
     plain: dict[tuple[str, Path], list[float]] = {}

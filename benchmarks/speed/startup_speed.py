@@ -29,7 +29,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from trees import add_tree_options, trace_and_trees, tree_env  # benchmarks/speed/trees.py, beside this script
 
 
 def _cases(trace: Path, out_dir: str) -> list[tuple[str, list[str], float | None]]:
@@ -41,16 +41,11 @@ def _cases(trace: Path, out_dir: str) -> list[tuple[str, list[str], float | None
             ("replay 50 requests, --out DIR", [*replay, "--out", out_dir], 1.0)]
 
 
-def _env(tree: Path) -> dict[str, str]:
-    # NOTE: TTY_COMPATIBLE=0: the output is piped here, as a script's would be; it keeps rich from probing.
-    return {**os.environ, "PYTHONPATH": str(tree), "TTY_COMPATIBLE": "0"}
-
-
 def _timed(tree: Path, args: list[str]) -> tuple[float, float]:
     """(wall s, CPU s) of one `python -m sim.cli ARGS` with `tree` first on the path."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "sim.cli", *args], env=_env(tree), cwd=tree,
+    proc = subprocess.run([sys.executable, "-m", "sim.cli", *args], env=tree_env(tree), cwd=tree,
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -59,17 +54,9 @@ def _timed(tree: Path, args: list[str]) -> tuple[float, float]:
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
-def _check_tree(tree: Path) -> None:
-    """`sim` must be imported from `tree` (not from an installed copy elsewhere)."""
-    found = subprocess.run([sys.executable, "-c", "import sim; print(sim.__file__)"], env=_env(tree), cwd=tree,
-                           capture_output=True, text=True).stdout.strip()
-    if Path(found).resolve() != (tree / "sim" / "__init__.py").resolve():
-        raise SystemExit(f"--tree {tree}: `import sim` loads {found or 'nothing'}, not this tree's")
-
-
 def import_costs(tree: Path, args: list[str]) -> list[tuple[int, int, int, str]]:
     """`python -X importtime`'s rows of one run: (self us, cumulative us, depth, module)."""
-    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "sim.cli", *args], env=_env(tree), cwd=tree,
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "sim.cli", *args], env=tree_env(tree), cwd=tree,
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     rows = []
     for line in proc.stderr.splitlines():
@@ -81,22 +68,10 @@ def import_costs(tree: Path, args: list[str]) -> list[tuple[int, int, int, str]]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=5, help="runs of each case per tree (the median is printed)")
-    parser.add_argument("--tree", type=Path, action="append", default=None,
-                        help="a checkout of kvsim to time (repeatable; default: this one)")
-    parser.add_argument("--traces", type=Path, default=Path(os.environ.get("TRACES", REPO / "traces")),
-                        help="folder with conversation_trace.jsonl (default: $TRACES, else traces/ at the repository "
-                             "root)")
+    add_tree_options(parser, runs=5, runs_help="runs of each case per tree (the median is printed)")
     parser.add_argument("--top", type=int, default=15, help="rows of each importtime table (0: none)")
     args = parser.parse_args()
-    if args.runs < 1:
-        raise SystemExit(f"--runs must be >= 1, got {args.runs}")
-    trace = (args.traces / "conversation_trace.jsonl").resolve()
-    if not trace.exists():
-        raise SystemExit(f"--traces: {trace} not found; `kvsim traces fetch` downloads the Mooncake traces")
-    trees = [t.resolve() for t in (args.tree or [REPO])]
-    for tree in trees:
-        _check_tree(tree)
+    trace, trees = trace_and_trees(args)
     with tempfile.TemporaryDirectory() as tmp:
         cases = _cases(trace, str(Path(tmp) / "out"))
         times: dict[tuple[str, Path], list[tuple[float, float]]] = {}

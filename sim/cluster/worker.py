@@ -74,21 +74,11 @@ class Worker:
 
     def submit(self, request: Request, arrival_s: float) -> ServedRequest:
         """The request reaches the engine's queue (at `arrival_s`, which is now)."""
-        self.num_changes += 1
-        state = self.engine.add_request(request, worker=self.index, arrival_s=arrival_s)
-        self._unseen.append(state)
-        self.device.admit(self.index)
-        self._arrived()
-        return state
+        return self._queued(self.engine.add_request(request, worker=self.index, arrival_s=arrival_s))
 
     def submit_remote_decode(self, request: Request, arrival_s: float) -> ServedRequest:
         """A request this worker prefills for another (P/D): it keeps its KV after its finish until released."""
-        self.num_changes += 1
-        state = self.engine.add_remote_decode(request, worker=self.index, arrival_s=arrival_s)
-        self._unseen.append(state)
-        self.device.admit(self.index)
-        self._arrived()
-        return state
+        return self._queued(self.engine.add_remote_decode(request, worker=self.index, arrival_s=arrival_s))
 
     def release_remote_decode(self, state: ServedRequest) -> None:
         """The decode side has read `state`'s KV: the engine frees it."""
@@ -99,8 +89,13 @@ class Worker:
 
     def submit_remote(self, request: Request, arrival_s: float, source: RemoteKvSource) -> ServedRequest:
         """A request another worker prefilled reaches the engine's queue (P/D: its prompt KV comes from `source`)."""
+        return self._queued(self.engine.add_remote_prefilled(request, worker=self.index, arrival_s=arrival_s,
+                                                             source=source))
+
+    def _queued(self, state: ServedRequest) -> ServedRequest:
+        """`state` is in the engine's queue: the engine's load changed, the loop stamps `state` when it next comes
+        round, the device counts the worker's demand, and an idle or decoding loop is woken."""
         self.num_changes += 1
-        state = self.engine.add_remote_prefilled(request, worker=self.index, arrival_s=arrival_s, source=source)
         self._unseen.append(state)
         self.device.admit(self.index)
         self._arrived()
