@@ -236,13 +236,7 @@ class RadixCache:
         else:  # SGLang's match of an empty key stamps nothing: the insert's stamp of the root, where it ended, stays
             root.last_access_time = self._clock
             on_path = lock is root
-        if lock is None:
-            self.inc_lock_ref(node)
-        elif on_path:  # the nodes from `lock` up would lose and regain a holder (`move_lock`)
-            self.inc_lock_ref(node, until=lock)
-        else:
-            self.dec_lock_ref(lock)
-            self.inc_lock_ref(node)
+        self._move_lock(lock, node, on_path=on_path)
         return node
 
     def _insert_under(self, anchor: TreeNode, anchor_len: int, key: Tokens, priority: int,
@@ -400,18 +394,23 @@ class RadixCache:
         """`dec_lock_ref(old)` (if any), then `inc_lock_ref(new)`: the same holders, sizes and leaves after. Where
         `old` is on `new`'s path (a checkpoint moves a request's lock down the path it extends), the nodes from `old`
         up lose and regain a holder, so only those below it, down to `new`, are touched."""
-        if old is None:
-            self.inc_lock_ref(new)
+        if old is None or self.has_host_tier:  # NOTE: a host tier's leaves also hang on its tiers: moved the plain way
+            self._move_lock(old, new, on_path=old is new)
             return
         node, root = new, self.root_node
-        if not self.has_host_tier:  # NOTE: a host tier's leaves also hang on its tiers: moved the plain way
-            while node is not old and node is not root:
-                node = node.parent
-        if node is not old:  # `old` is on another branch
+        while node is not old and node is not root:
+            node = node.parent
+        self._move_lock(old, new, on_path=node is old)
+
+    def _move_lock(self, old: TreeNode | None, new: TreeNode, *, on_path: bool) -> None:
+        """`move_lock(old, new)` where the caller knows whether `old` is on `new`'s path (`new` itself included)."""
+        if old is None:
+            self.inc_lock_ref(new)
+        elif on_path:  # the nodes from `old` up would lose and regain a holder
+            self.inc_lock_ref(new, until=old)
+        else:  # `old` is on another branch
             self.dec_lock_ref(old)
             self.inc_lock_ref(new)
-            return
-        self.inc_lock_ref(new, until=old)
 
     def evictable_size(self) -> int:
         return self.evictable_size_
