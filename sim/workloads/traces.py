@@ -86,6 +86,11 @@ def check_hash_ids(ids: list, n_in: int, trace_block_tokens: int, path: Path, li
     # NOTE: type() is exact, so bools (an int subclass) fail; both checks run in C.
     if ids and (not set(map(type, ids)) <= {int} or min(ids) < 0):
         raise TraceError(f"{path}:{line_no}: field 'hash_ids' must hold non-negative integers")
+    check_hash_count(ids, n_in, trace_block_tokens, path, line_no)
+
+
+def check_hash_count(ids: list, n_in: int, trace_block_tokens: int, path: Path, line_no: int) -> None:
+    """TraceError unless there are ceil(n_in / trace block) `ids` (`check_hash_ids` without the values' check)."""
     if len(ids) != -(-n_in // trace_block_tokens):
         raise TraceError(f"{path}:{line_no}: field 'hash_ids' has {len(ids)} ids; input_length {n_in} "
                          f"needs ceil({n_in}/{trace_block_tokens}) = {-(-n_in // trace_block_tokens)}")
@@ -170,8 +175,7 @@ def read_mooncake(path: str | Path, *, block_size: int, trace_block_tokens: int 
                 raise TraceError(f"{path}:{line_no}: field 'output_length' must be >= 0, got {n_out}")
             if n_out < 1:
                 n_out = 1  # a request always samples at least one token
-            if len(ids) != -(-n_in // trace_block_tokens):  # the ids' values were checked above
-                check_hash_ids(ids, n_in, trace_block_tokens, path, line_no)
+            check_hash_count(ids, n_in, trace_block_tokens, path, line_no)  # the ids' values were checked above
             if last_ts is not None and ts < last_ts:
                 raise TraceError(f"{path}:{line_no}: field 'timestamp' goes backwards ({ts} after {last_ts})")
             last_ts = ts
